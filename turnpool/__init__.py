@@ -1,0 +1,41 @@
+"""turnpool: the environment side of multi-turn LLM-agent RL, parallel, deterministic, safe.
+
+    >>> import turnpool
+    >>> env = turnpool.make("sokoban", dim_room=(6, 6), num_boxes=1)
+    >>> obs, info = env.reset(seed=123)
+
+Public names are imported lazily so that ``import turnpool`` stays cheap and optional extras
+(ray, transformers, fastapi) are only imported by the parts that need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from turnpool.envs.base import TextEnv
+from turnpool.envs.registry import make, register, registered
+
+__version__ = "0.1.0"
+
+_LAZY: dict[str, str] = {
+    "create_projection_function": "turnpool.projection",
+    "parse_response": "turnpool.projection",
+    "EnvPool": "turnpool.pool",
+    "MultiProcessEnvironmentContainer": "turnpool.compat",
+    "EnvStateManager": "turnpool.compat",
+    "ParallelRolloutManager": "turnpool.compat",
+    "TrajectoryCollector": "turnpool.collector",
+    "load_config": "turnpool.config",
+}
+
+__all__ = ["TextEnv", "__version__", "make", "register", "registered", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'turnpool' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,66 @@
+"""Name -> env class registry with gymnasium-style ``"module.path:ClassName"`` entry points.
+
+Workers in other processes rebuild envs from ``(name_or_entry_point, kwargs)``, so a user env
+registered by entry point works on every backend, including spawn and Ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnpool.envs.base import TextEnv
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A registered env: its entry point and default keyword arguments."""
+
+    name: str
+    entry_point: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def register(name: str, entry_point: str, **kwargs: Any) -> None:
+    """Register ``name`` -> ``"module.path:ClassName"``; re-registering replaces the entry."""
+    if ":" not in entry_point:
+        raise ValueError(f"entry_point must look like 'module.path:ClassName', got {entry_point!r}")
+    _REGISTRY[name] = EnvSpec(name, entry_point, dict(kwargs))
+
+
+def registered() -> dict[str, EnvSpec]:
+    """A copy of the registry (name -> spec)."""
+    return dict(_REGISTRY)
+
+
+def resolve(name_or_entry_point: str) -> tuple[type[TextEnv], dict[str, Any]]:
+    """The env class and default kwargs for a registered name or an entry point string."""
+    spec = _REGISTRY.get(name_or_entry_point)
+    entry = spec.entry_point if spec else name_or_entry_point
+    if ":" not in entry:
+        known = ", ".join(sorted(_REGISTRY))
+        raise KeyError(f"unknown env {name_or_entry_point!r}; registered: {known}")
+    module_name, _, attr = entry.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    return cls, dict(spec.kwargs) if spec else {}
+
+
+def make(name_or_entry_point: str, **kwargs: Any) -> TextEnv:
+    """Build an env from a registered name or ``"module.path:ClassName"``."""
+    cls, defaults = resolve(name_or_entry_point)
+    return cls(**{**defaults, **kwargs})
+
+
+for _name, _entry in {
+    "sokoban": "turnpool.envs.sokoban:SokobanEnv",
+    "frozen_lake": "turnpool.envs.frozen_lake:FrozenLakeEnv",
+    "bandit": "turnpool.envs.bandit:BanditEnv",
+    "countdown": "turnpool.envs.countdown:CountdownEnv",
+    "metamathqa": "turnpool.envs.metamathqa:MetaMathQAEnv",
+    "webshop": "turnpool.envs.webshop:WebShopEnv",
+}.items():
+    register(_name, _entry)
