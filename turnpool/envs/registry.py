@@ -64,3 +64,7 @@ for _name, _entry in {
     "webshop": "turnpool.envs.webshop:WebShopEnv",
 }.items():
     register(_name, _entry)
+
+for _name, _cls in {"trivial": "TrivialEnv", "cpu": "CpuEnv", "sleep": "SleepEnv",
+                    "faulty": "FaultyEnv"}.items():
+    register(_name, f"turnpool.envs.synthetic:{_cls}")
