@@ -1,0 +1,52 @@
+"""Policies: ``generate(batch_of_messages, contexts) -> list[str]``, one file per kind.
+
+``make_policy({"name": "oracle", "epsilon": 0.1, "seed": 0})`` builds one from a config dict.
+Each kind lives in its own module and is imported only when asked for, so the core install
+never imports torch, transformers or openai.
+
+| name     | module          | what it is                                                  |
+|----------|-----------------|-------------------------------------------------------------|
+| random   | scripted        | well-formed random answers, ``invalid_rate`` malformed ones |
+| oracle   | scripted        | the env oracles, with ``epsilon`` noise                     |
+| openai   | openai_compat   | any OpenAI-compatible chat endpoint (vLLM, SGLang, ...)     |
+| hf       | hf_local        | a local transformers model, batched, thread-safe            |
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from turnpool.policies.base import Message, Policy, PolicyStats, TurnContext
+
+_KINDS: dict[str, str] = {
+    "random": "turnpool.policies.scripted:RandomPolicy",
+    "oracle": "turnpool.policies.scripted:OraclePolicy",
+    "openai": "turnpool.policies.openai_compat:OpenAIPolicy",
+    "hf": "turnpool.policies.hf_local:HFPolicy",
+}
+
+__all__ = ["Message", "Policy", "PolicyStats", "TurnContext", "make_policy", "policy_names"]
+
+
+def policy_names() -> list[str]:
+    """The names ``make_policy`` accepts."""
+    return sorted(_KINDS)
+
+
+def make_policy(cfg: dict[str, Any]) -> Policy:
+    """Build a policy from ``{"name": <kind>, **options}``.
+
+    Unknown names and unknown options raise ``ValueError``/``TypeError`` naming them.
+    """
+    options = dict(cfg)
+    name = options.pop("name", None) or options.pop("type", None)
+    if name not in _KINDS:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(policy_names())}")
+    module_name, _, attr = _KINDS[name].partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    try:
+        policy: Policy = cls(**options)
+    except TypeError as exc:
+        raise TypeError(f"policy {name!r}: {exc}") from exc
+    return policy

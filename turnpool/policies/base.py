@@ -1,0 +1,72 @@
+"""The policy protocol: a batch of chat conversations in, one reply text per conversation out.
+
+The collector calls ``generate`` once per turn with the conversations of the envs that are
+still running. ``contexts`` carries what the collector knows about each env (its type, the
+current observation, the legal action names, the turn index, the seed, ...), so scripted
+policies can act without parsing prompts and stay deterministic per env whatever the batch
+composition. LLM-backed policies ignore it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """What the collector knows about one env at the turn being generated for."""
+
+    env_id: int
+    env_type: str
+    env_kwargs: dict[str, Any]
+    obs: str
+    action_names: list[str] | None
+    turn: int
+    actions_left: int
+    max_actions_per_turn: int
+    action_sep: str
+    enable_think: bool
+    seed: int
+    tag: str
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything with ``generate`` and ``close`` is a policy."""
+
+    def generate(
+        self, batch: list[list[Message]], contexts: list[TurnContext] | None = None
+    ) -> list[str]:
+        """One reply per conversation, in order; never raises for a bad reply (returns "")."""
+        ...
+
+    def close(self) -> None:
+        """Release clients, threads or models. Idempotent."""
+        ...
+
+
+@dataclass
+class PolicyStats:
+    """Counters a policy keeps across calls (exposed as ``policy.stats``)."""
+
+    calls: int = 0
+    requests: int = 0
+    failures: int = 0
+    retries: int = 0
+    timeouts: int = 0
+    generate_seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "requests": self.requests,
+            "failures": self.failures,
+            "retries": self.retries,
+            "timeouts": self.timeouts,
+            "generate_seconds": self.generate_seconds,
+            "errors": list(self.errors[-20:]),
+        }
