@@ -1,0 +1,21 @@
+"""Shared test fixtures. Keep this file small and generic."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Nothing in the tests may reach a model hub; local directories load fine offline.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama chat model + byte-level BPE tokenizer, built offline and briefly fine-tuned
+    so that greedy replies look like ``<think>…</think><answer>Left</answer>``."""
+    from turnpool.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), sft_steps=150, seed=0)

@@ -1,0 +1,246 @@
+"""Any OpenAI-compatible chat endpoint as a policy (vLLM, SGLang, ``transformers serve`` ...).
+
+Requests go out on a bounded thread pool (``concurrency`` in flight at most, shared by every
+thread that calls ``generate``). Nothing waits without a limit: each attempt has ``timeout``
+seconds, retries are bounded (``max_retries``, exponential backoff) and a whole ``generate``
+call has a ``deadline``. A request that still fails yields ``""`` -- an invalid reply, which the
+collector turns into a format penalty -- and is counted in ``policy.stats``; ``on_error="raise"``
+raises instead. Response bodies are read up to ``max_body_bytes`` and replies are cut to
+``max_response_chars``: the server's text is hostile input like any model output.
+
+Example:
+    >>> policy = OpenAIPolicy(base_url="http://127.0.0.1:8000/v1", model="qwen",
+    ...                       concurrency=8)                                   # doctest: +SKIP
+    >>> policy.generate([[{"role": "user", "content": "hi"}]])                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from typing import Any
+
+import httpx
+
+from turnpool.policies.base import Message, PolicyStats, TurnContext
+
+logger = logging.getLogger(__name__)
+
+_RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+class PolicyRequestError(RuntimeError):
+    """Raised by ``generate`` for a failed request when ``on_error="raise"``."""
+
+
+class _Failure(Exception):
+    def __init__(self, reason: str, retryable: bool, timeout: bool = False) -> None:
+        super().__init__(reason)
+        self.retryable = retryable
+        self.timeout = timeout
+
+
+class OpenAIPolicy:
+    """Chat completions over HTTP with a concurrency limit, timeouts and bounded retries.
+
+    ``model=None`` leaves the field out of the request: servers pinned to one model (such as
+    ``transformers serve DIR``) reject any other name.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        api_key: str = "EMPTY",
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        concurrency: int = 8,
+        timeout: float = 60.0,
+        max_retries: int = 2,
+        backoff: float = 0.5,
+        backoff_max: float = 8.0,
+        deadline: float | None = None,
+        on_error: str = "empty",
+        extra_body: dict[str, Any] | None = None,
+        max_response_chars: int = 65536,
+        max_body_bytes: int = 8 * 2**20,
+    ) -> None:
+        if on_error not in ("empty", "raise"):
+            raise ValueError(f"on_error must be 'empty' or 'raise', got {on_error!r}")
+        if concurrency < 1 or max_retries < 0 or timeout <= 0:
+            raise ValueError("need concurrency >= 1, max_retries >= 0 and timeout > 0")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.max_tokens = int(max_tokens)
+        self.temperature = float(temperature)
+        self.top_p = top_p
+        self.seed = seed
+        self.stop = stop
+        self.concurrency = int(concurrency)
+        self.timeout = float(timeout)
+        self.max_retries = int(max_retries)
+        self.backoff = float(backoff)
+        self.backoff_max = float(backoff_max)
+        self.deadline = deadline
+        self.on_error = on_error
+        self.extra_body = dict(extra_body or {})
+        self.max_response_chars = int(max_response_chars)
+        self.max_body_bytes = int(max_body_bytes)
+        self.stats = PolicyStats()
+        self._stats_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._client = httpx.Client(
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=httpx.Timeout(self.timeout),
+            limits=httpx.Limits(max_connections=self.concurrency,
+                                max_keepalive_connections=self.concurrency),
+            trust_env=False,
+        )
+        self._pool = ThreadPoolExecutor(max_workers=self.concurrency,
+                                        thread_name_prefix="turnpool-openai")
+        self._closed = False
+
+    # ------------------------------------------------------------------ protocol
+    def generate(
+        self, batch: list[list[Message]], contexts: list[TurnContext] | None = None
+    ) -> list[str]:
+        """One reply per conversation; failed requests give ``""`` (or raise, see on_error)."""
+        if not batch:
+            return []
+        if self._closed:
+            raise RuntimeError("openai policy is closed")
+        start = time.monotonic()
+        budget = self._call_budget(len(batch))
+        until = start + budget
+        futures: list[Future[str]] = [
+            self._pool.submit(self._request, messages, until) for messages in batch]
+        done, not_done = wait_futures(futures, timeout=budget + self.timeout)
+        replies: list[str] = []
+        failures: list[str] = []
+        for fut in futures:
+            if fut in not_done:
+                fut.cancel()
+                replies.append("")
+                failures.append("deadline exceeded")
+                self._count(failures=1, timeouts=1, error="deadline exceeded")
+                continue
+            exc = fut.exception()
+            if exc is None:
+                replies.append(fut.result())
+            else:
+                replies.append("")
+                failures.append(str(exc))
+        with self._stats_lock:
+            self.stats.calls += 1
+            self.stats.generate_seconds += time.monotonic() - start
+        if failures and self.on_error == "raise":
+            raise PolicyRequestError(f"{len(failures)}/{len(batch)} requests failed; "
+                                     f"first: {failures[0]}")
+        return replies
+
+    def close(self) -> None:
+        """Stop the thread pool and the HTTP client (idempotent; in-flight requests abort)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._closing.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+    def __enter__(self) -> OpenAIPolicy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _call_budget(self, n: int) -> float:
+        """Seconds one ``generate`` call may take: ``deadline``, or enough for every retry."""
+        if self.deadline is not None:
+            return float(self.deadline)
+        waves = math.ceil(n / self.concurrency)
+        return waves * (self.max_retries + 1) * (self.timeout + self.backoff_max)
+
+    def _payload(self, messages: list[Message]) -> dict[str, Any]:
+        body: dict[str, Any] = {"messages": messages, "max_tokens": self.max_tokens,
+                                "temperature": self.temperature, "stream": False}
+        for key, value in (("model", self.model), ("top_p", self.top_p), ("seed", self.seed),
+                           ("stop", self.stop)):
+            if value is not None:
+                body[key] = value
+        body.update(self.extra_body)
+        return body
+
+    def _request(self, messages: list[Message], until: float) -> str:
+        """One conversation: attempts with backoff until success, a permanent error or time."""
+        body = self._payload(messages)
+        attempt = 0
+        while True:
+            remaining = until - time.monotonic()
+            if remaining <= 0 or self._closing.is_set():
+                reason = "closed" if self._closing.is_set() else "deadline exceeded"
+                self._count(failures=1, timeouts=int(reason != "closed"), error=reason)
+                raise PolicyRequestError(reason)
+            self._count(requests=1)
+            try:
+                return self._attempt(body, min(self.timeout, remaining))
+            except _Failure as exc:
+                if exc.timeout:
+                    self._count(timeouts=1)
+                if not exc.retryable or attempt >= self.max_retries:
+                    self._count(failures=1, error=str(exc))
+                    logger.warning("request to %s failed after %d attempt(s): %s",
+                                   self.url, attempt + 1, exc)
+                    raise PolicyRequestError(str(exc)) from None
+            attempt += 1
+            self._count(retries=1)
+            pause = min(self.backoff_max, self.backoff * 2 ** (attempt - 1))
+            if self._closing.wait(min(pause, max(0.0, until - time.monotonic()))):
+                continue  # closed while backing off: the loop head reports it
+
+    def _attempt(self, body: dict[str, Any], timeout: float) -> str:
+        try:
+            with self._client.stream("POST", self.url, json=body,
+                                     timeout=httpx.Timeout(timeout)) as response:
+                raw = bytearray()
+                for chunk in response.iter_bytes():
+                    raw += chunk
+                    if len(raw) > self.max_body_bytes:
+                        raise _Failure(f"response body over {self.max_body_bytes} bytes",
+                                       retryable=False)
+                status = response.status_code
+        except httpx.TimeoutException as exc:
+            raise _Failure(f"timeout after {timeout:.1f}s ({type(exc).__name__})",
+                           retryable=True, timeout=True) from None
+        except httpx.HTTPError as exc:
+            raise _Failure(f"{type(exc).__name__}: {exc}", retryable=True) from None
+        if status != 200:
+            snippet = bytes(raw[:200]).decode("utf-8", "replace")
+            raise _Failure(f"HTTP {status}: {snippet}", retryable=status in _RETRY_STATUS)
+        try:
+            data = json.loads(raw)
+            content = data["choices"][0]["message"].get("content")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise _Failure(f"malformed response: {type(exc).__name__}", retryable=False) from None
+        if not isinstance(content, str):
+            return ""
+        return content[: self.max_response_chars]
+
+    def _count(self, requests: int = 0, failures: int = 0, retries: int = 0,
+               timeouts: int = 0, error: str | None = None) -> None:
+        with self._stats_lock:
+            self.stats.requests += requests
+            self.stats.failures += failures
+            self.stats.retries += retries
+            self.stats.timeouts += timeouts
+            if error is not None:
+                self.stats.errors.append(error[:200])
+                del self.stats.errors[:-100]

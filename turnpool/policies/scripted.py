@@ -1,0 +1,232 @@
+"""Scripted policies: ``random`` (well-formed random answers, some malformed on purpose) and
+``oracle`` (the env's own solver, with optional epsilon noise).
+
+They exist to exercise the whole loop without a language model: the random policy checks the
+format-penalty and invalid-action paths at a known rate, the oracle checks that success is
+reachable and gives a fast, meaningful baseline for benchmarks.
+
+Determinism: every decision for one env at one turn comes from
+``np.random.default_rng([policy_seed, ctx.seed, ctx.env_id, ctx.turn])``. The reply therefore
+does not depend on which other envs share the batch, on the backend, or on thread timing.
+
+Oracles are module-level functions ``oracle(obs: str, env_config: dict) -> list[str]`` next to
+each env class (``turnpool.envs.sokoban.oracle`` ...), found through the env registry, so a
+user env registered by entry point can ship its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from turnpool.policies.base import Message, PolicyStats, TurnContext
+
+logger = logging.getLogger(__name__)
+
+OracleFn = Callable[[str, dict[str, Any]], list[str]]
+
+_NUMS = re.compile(r"nums:\s*\[([^\]]*)\]")
+_INT = re.compile(r"-?\d+")
+_GARBAGE_ALPHABET = np.array(list("abcdefghijklmnopqrstuvwxyz ABCDEFXYZ0123456789.,;!?-_"))
+_THOUGHTS = ("Let me think about the state.", "This move looks good.",
+             "I will try this.", "Following the plan.")
+
+
+def _require_contexts(batch: list[list[Message]], contexts: list[TurnContext] | None,
+                      who: str) -> list[TurnContext]:
+    if contexts is None or len(contexts) != len(batch):
+        raise ValueError(f"the {who} policy needs one TurnContext per conversation "
+                         f"(got {0 if contexts is None else len(contexts)} for {len(batch)})")
+    return contexts
+
+
+def turn_rng(policy_seed: int, ctx: TurnContext) -> np.random.Generator:
+    """The generator for one env at one turn, independent of batch composition."""
+    return np.random.default_rng([int(policy_seed), int(ctx.seed), int(ctx.env_id),
+                                  int(ctx.turn)])
+
+
+def format_reply(actions: list[str], ctx: TurnContext, thought: str) -> str:
+    """``<think>…</think><answer>a1 || a2</answer>`` (no think part when think is disabled)."""
+    answer = f"<answer>{f' {ctx.action_sep} '.join(actions)}</answer>"
+    return f"<think>{thought}</think>{answer}" if ctx.enable_think else answer
+
+
+def _turn_capacity(ctx: TurnContext) -> int:
+    """How many actions one reply may carry: the per-turn limit, within the remaining budget."""
+    return max(1, min(int(ctx.max_actions_per_turn), int(ctx.actions_left)))
+
+
+def random_free_text(rng: np.random.Generator, ctx: TurnContext) -> str:
+    """A random answer for envs without an action list: an expression or a number."""
+    match = _NUMS.search(ctx.obs)
+    if match is None:
+        return str(int(rng.integers(0, 1000)))
+    nums = [int(x) for x in _INT.findall(match.group(1))] or [int(rng.integers(1, 10))]
+    order = rng.permutation(len(nums))
+    used = [str(nums[int(i)]) for i in order[: int(rng.integers(1, len(nums) + 1))]]
+    expr = used[0]
+    for term in used[1:]:
+        op = "+-*/"[int(rng.integers(4))]
+        expr = f"({expr} {op} {term})" if rng.random() < 0.3 else f"{expr} {op} {term}"
+    return expr
+
+
+def random_action(rng: np.random.Generator, ctx: TurnContext) -> str:
+    """One legal-looking action: a random name from the list, or random free text."""
+    if ctx.action_names:
+        return str(ctx.action_names[int(rng.integers(len(ctx.action_names)))])
+    return random_free_text(rng, ctx)
+
+
+def malformed_reply(rng: np.random.Generator, ctx: TurnContext) -> str:
+    """A reply that fails the ``<think>/<answer>`` format in one of several ways."""
+    kind = int(rng.integers(4))
+    if kind == 0:  # the action without any tags
+        return random_action(rng, ctx)
+    if kind == 1:  # thinking but no answer
+        return f"<think>{_THOUGHTS[int(rng.integers(len(_THOUGHTS)))]}</think>"
+    if kind == 2:  # an answer that carries no action
+        return format_reply([], ctx, "nothing to do")
+    length = int(rng.integers(1, 80))
+    return "".join(rng.choice(_GARBAGE_ALPHABET, size=length))
+
+
+class RandomPolicy:
+    """Well-formed random answers; with probability ``invalid_rate`` a malformed reply.
+
+    Example:
+        >>> from turnpool.policies import TurnContext
+        >>> ctx = TurnContext(env_id=0, env_type="sokoban", env_kwargs={}, obs="#P#",
+        ...                   action_names=["Up", "Down"], turn=0, actions_left=5,
+        ...                   max_actions_per_turn=1, action_sep="||", enable_think=False,
+        ...                   seed=1, tag="S")
+        >>> RandomPolicy(seed=0).generate([[]], [ctx])[0] in ("<answer>Up</answer>",
+        ...                                                  "<answer>Down</answer>")
+        True
+    """
+
+    def __init__(self, seed: int = 0, invalid_rate: float = 0.0,
+                 min_actions: int = 1, max_actions: int | None = None) -> None:
+        if not 0.0 <= invalid_rate <= 1.0:
+            raise ValueError(f"invalid_rate must be in [0, 1], got {invalid_rate}")
+        self.seed = int(seed)
+        self.invalid_rate = float(invalid_rate)
+        self.min_actions = max(1, int(min_actions))
+        self.max_actions = max_actions
+        self.stats = PolicyStats()
+
+    def generate(self, batch: list[list[Message]],
+                 contexts: list[TurnContext] | None = None) -> list[str]:
+        ctxs = _require_contexts(batch, contexts, "random")
+        self.stats.calls += 1
+        self.stats.requests += len(ctxs)
+        return [self.reply(ctx) for ctx in ctxs]
+
+    def reply(self, ctx: TurnContext) -> str:
+        """The reply for one env at one turn (a pure function of seeds and context)."""
+        rng = turn_rng(self.seed, ctx)
+        if rng.random() < self.invalid_rate:
+            return malformed_reply(rng, ctx)
+        cap = _turn_capacity(ctx)
+        if self.max_actions is not None:
+            cap = max(1, min(cap, int(self.max_actions)))
+        n = int(rng.integers(min(self.min_actions, cap), cap + 1))
+        actions = [random_action(rng, ctx) for _ in range(n)]
+        return format_reply(actions, ctx, _THOUGHTS[int(rng.integers(len(_THOUGHTS)))])
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def find_oracle(env_type: str) -> OracleFn:
+    """The ``oracle`` function in the module that defines ``env_type``'s class."""
+    from turnpool.envs.registry import resolve
+
+    cls, _ = resolve(env_type)
+    fn = getattr(sys.modules[cls.__module__], "oracle", None) or getattr(cls, "oracle", None)
+    if not callable(fn):
+        raise LookupError(f"env {env_type!r} ({cls.__module__}) has no oracle function")
+    return fn  # type: ignore[no-any-return]
+
+
+class OraclePolicy:
+    """Acts with the env's oracle; each action is replaced by a random one w.p. ``epsilon``.
+
+    Plans are cached per (env type, config, observation), so the members of a group (which
+    share their state until they diverge) solve a Sokoban room once, not ``group_n`` times.
+    """
+
+    def __init__(self, seed: int = 0, epsilon: float = 0.0, cache_size: int = 4096) -> None:
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
+        self.seed = int(seed)
+        self.epsilon = float(epsilon)
+        self.stats = PolicyStats()
+        self._cache_size = int(cache_size)
+        self._plans: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
+        self._oracles: dict[str, OracleFn] = {}
+        self._lock = threading.Lock()
+
+    def generate(self, batch: list[list[Message]],
+                 contexts: list[TurnContext] | None = None) -> list[str]:
+        ctxs = _require_contexts(batch, contexts, "oracle")
+        self.stats.calls += 1
+        self.stats.requests += len(ctxs)
+        return [self.reply(ctx) for ctx in ctxs]
+
+    def reply(self, ctx: TurnContext) -> str:
+        """The reply for one env at one turn."""
+        rng = turn_rng(self.seed, ctx)
+        plan = self.plan(ctx)[: _turn_capacity(ctx)]
+        if not plan:  # no plan (unsolvable or unknown state): still answer in format
+            plan = [random_action(rng, ctx)]
+        actions = [random_action(rng, ctx) if rng.random() < self.epsilon else a for a in plan]
+        return format_reply(actions, ctx, "Following the plan.")
+
+    def plan(self, ctx: TurnContext) -> list[str]:
+        """The oracle's action list for this observation ([] when the oracle fails)."""
+        key = (ctx.env_type, repr(sorted(ctx.env_kwargs.items(), key=lambda kv: str(kv[0]))),
+               ctx.obs)
+        with self._lock:
+            cached = self._plans.get(key)
+            if cached is not None:
+                self._plans.move_to_end(key)
+                return list(cached)
+        try:
+            plan = [str(a) for a in self._oracle(ctx.env_type)(ctx.obs, self._config(ctx))]
+        except Exception as exc:  # an oracle bug must not stop a rollout
+            logger.warning("oracle for %s failed: %s", ctx.env_type, exc)
+            self.stats.failures += 1
+            self.stats.errors.append(f"{ctx.env_type}: {exc}"[:200])
+            plan = []
+        with self._lock:
+            self._plans[key] = plan
+            while len(self._plans) > self._cache_size:
+                self._plans.popitem(last=False)
+        return list(plan)
+
+    def close(self) -> None:
+        """Drop cached plans."""
+        with self._lock:
+            self._plans.clear()
+
+    def _oracle(self, env_type: str) -> OracleFn:
+        fn = self._oracles.get(env_type)
+        if fn is None:
+            fn = self._oracles[env_type] = find_oracle(env_type)
+        return fn
+
+    @staticmethod
+    def _config(ctx: TurnContext) -> dict[str, Any]:
+        from turnpool.envs.registry import resolve
+
+        _, defaults = resolve(ctx.env_type)
+        return {**defaults, **ctx.env_kwargs}
