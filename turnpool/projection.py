@@ -36,11 +36,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from turnpool.safe_math import MAX_CHARS as MAX_EXPRESSION_CHARS
+from turnpool.safe_math import MAX_DEPTH as MAX_EXPRESSION_DEPTH
+
 #: Texts longer than this are cut before any search; a real turn is a few thousand characters.
 MAX_TEXT_CHARS = 65_536
 #: Bounds on what a single valid action may be, per kind of env.
 MAX_FREE_TEXT_CHARS = 4_096
-MAX_EXPRESSION_CHARS = 256
 MAX_WEBSHOP_ACTION_CHARS = 512
 MAX_WORD_CHARS = 64
 
@@ -55,7 +57,8 @@ SPECIAL_TOKENS = (
 #: A bare text containing one of these is a broken tag structure, not an action.
 _TAG_MARKERS = ("<think>", "</think>", "<answer>", "</answer>", "<action>", "</action>")
 
-_EXPRESSION_CHARS = re.compile(r"[0-9+\-*/() ]+")
+#: The characters Countdown's expression reader accepts (it reads × ÷ − as * / -).
+_EXPRESSION_CHARS = re.compile(r"[0-9+\-*/() \t×÷−]+")
 _WORD = re.compile(r"\w[\w\-]*")
 _WEBSHOP_VERBS = ("search", "click")
 
@@ -223,7 +226,7 @@ def _check_expression(candidate: str) -> tuple[str, bool]:
     depth = 0
     for char in candidate:
         depth += (char == "(") - (char == ")")
-        if depth < 0:
+        if not 0 <= depth <= MAX_EXPRESSION_DEPTH:
             return INVALID_TEXT_ACTION, False
     return (candidate, True) if depth == 0 else (INVALID_TEXT_ACTION, False)
 
@@ -318,8 +321,9 @@ def create_projection_function(
       name -> its id; ``action_lookup`` overrides the class's table;
     * ``bandit``: with ``arm_names`` the matching configured name, else any single word,
       lowercased (the env maps names itself: its arm order changes per episode);
-    * ``countdown``: the expression when it uses only digits, ``+ - * / ( )`` and spaces,
-      with balanced parentheses and at most ``MAX_EXPRESSION_CHARS`` (never evaluated here);
+    * ``countdown``: the expression when it uses only digits, ``+ - * / ( )`` (or ``× ÷ −``)
+      and blanks, with balanced parentheses nested at most ``MAX_EXPRESSION_DEPTH`` deep and at
+      most ``MAX_EXPRESSION_CHARS`` long -- the env's own bounds; never evaluated here;
     * ``metamathqa`` and envs without an ``action_lookup``: any non-empty stripped text up to
       ``MAX_FREE_TEXT_CHARS``;
     * ``webshop``: ``search[...]`` or ``click[...]`` with non-empty content (the env checks it
