@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 PACKAGED_DIR = Path(__file__).resolve().parent / "configs"
 OVERRIDES_SOURCE = "command-line overrides"
 ON_BUDGET_EXHAUSTED = ("raise", "keep_all", "return_short")
-COLLECTOR_MODES = ("lockstep", "async")
+COLLECTOR_MODES = ("lockstep",)
 MP_CONTEXTS = ("spawn", "forkserver", "fork")
-ON_ERROR = ("isolate", "raise")
+ON_ERROR = ("flag", "raise")
 _INTERP = re.compile(r"\$\{.*\}")
 
 
@@ -228,8 +228,8 @@ def validate(cfg: DictConfig, source: str | Source, *, resolved: bool = False) -
             node = cfg[section]
             if not isinstance(node, DictConfig):
                 continue
-            value = {str(k): _plain(node, str(k), source, resolved, f"{section}.{k}")
-                     for k in node if k in schema}
+            keys = [str(k) for k in node if k in schema]
+            value = {k: _plain(node, k, source, resolved, section + "." + k) for k in keys}
         else:
             value = _plain(cfg, section, source, resolved, section)
         _walk(schema, value, section, source, resolved=resolved)
@@ -400,7 +400,7 @@ class PoolSettings:
     num_workers: int | None = None
     mp_context: str | None = None
     step_timeout: float | None = 30.0
-    on_error: str = "isolate"
+    on_error: str = "flag"
     fallback: bool = True
     ray_address: str | None = None
 
@@ -478,7 +478,7 @@ def pool_settings(cfg: DictConfig, env_types: Iterable[str] = ()) -> PoolSetting
             backend = "sequential"
     return PoolSettings(backend=backend, num_workers=workers, mp_context=tp.get("mp_context"),
                         step_timeout=tp.get("step_timeout"),
-                        on_error=str(tp.get("on_error", "isolate")),
+                        on_error=str(tp.get("on_error", "flag")),
                         fallback=bool(tp.get("fallback", True)),
                         ray_address=tp.get("ray_address"))
 

@@ -30,10 +30,12 @@ Deliberate differences from RAGEN (each a bug there):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnpool.envs.base import TextEnv
 from turnpool.envs.registry import resolve
 from turnpool.trajectory import Message, Turn
 
@@ -44,6 +46,8 @@ ANSWER_FORMAT = "<answer> [your answer] </answer>"
 DEFAULT_MAX_TOKENS = 400
 #: LLM text is hostile: what is stored and replayed into later prompts is capped.
 MAX_RESPONSE_CHARS = 32_768
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,23 +78,38 @@ class TurnSettings:
 
 @dataclass(frozen=True)
 class EnvPrompt:
-    """What a tag's prompts are built from."""
+    """What a tag's prompts are built from.
+
+    ``action_names`` are listed in the prompt (RAGEN lists the env config's
+    ``action_lookup``); ``valid_names`` are what the manager accepts, which also covers envs
+    whose lookup is only known per episode (Bandit shuffles its arm ids; RAGEN's prompt does
+    not list them but its manager still drops unknown arm names).
+    """
 
     spec: TagSpec
     prefix: str
     action_names: tuple[str, ...] | None
+    valid_names: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class EnvDescription:
+    """An env as configured: its default instruction, legend and action names."""
+
+    instruction: str
+    grid_vocab: dict[str, str] | None
+    action_lookup: dict[int, str] | None
+    episode_action_names: tuple[str, ...] | None
 
 
 # ------------------------------------------------------------------ env descriptions
-def describe_env(
-    env_type: str, env_kwargs: Mapping[str, Any] | None = None
-) -> tuple[str, dict[str, str] | None, dict[int, str] | None]:
-    """``(instruction, grid_vocab, action_lookup)`` of the env *as configured*.
+def describe_env(env_type: str, env_kwargs: Mapping[str, Any] | None = None) -> EnvDescription:
+    """The env *as configured* (class defaults overridden by its keyword arguments).
 
-    ``env_kwargs`` overrides win over class defaults because they are what the env draws with:
-    an env configured with its own ``grid_vocab`` (RAGEN's SokobanDifferentGridVocab) gets
-    that legend; one that only remaps ``grid_lookup`` (code -> symbol) gets the default
-    meanings re-keyed by its symbols.
+    ``env_kwargs`` win over class attributes because they are what the env draws with: an env
+    configured with its own ``grid_vocab`` (RAGEN's SokobanDifferentGridVocab) gets that
+    legend; one that only remaps ``grid_lookup`` (code -> symbol) gets the default meanings
+    re-keyed by its symbols.
     """
     cls, defaults = resolve(env_type)
     kw = {**defaults, **dict(env_kwargs or {})}
@@ -98,7 +117,28 @@ def describe_env(
     if kw.get("grid_lookup") and not kw.get("grid_vocab"):
         vocab = _rekey_vocab(vocab, getattr(cls, "grid_lookup", None), kw["grid_lookup"])
     lookup = _as_lookup(kw.get("action_lookup")) or _as_lookup(getattr(cls, "action_lookup", None))
-    return str(getattr(cls, "instruction", "") or ""), vocab, lookup
+    episode_names: tuple[str, ...] | None = None
+    if lookup is None and _has_episode_lookup(cls):
+        episode_names = _episode_action_names(cls, kw)
+    return EnvDescription(str(getattr(cls, "instruction", "") or ""), vocab, lookup,
+                          episode_names)
+
+
+def _has_episode_lookup(cls: type) -> bool:
+    own = getattr(cls, "action_lookup_for_episode", None)
+    return own is not None and own is not TextEnv.action_lookup_for_episode
+
+
+def _episode_action_names(cls: type, kw: dict[str, Any]) -> tuple[str, ...] | None:
+    # Envs with per-episode lookups (ids shuffled on reset) keep the same *names*; a fresh
+    # instance reports them. Only such envs are built here, and building does no I/O.
+    try:
+        lookup = cls(**kw).action_lookup_for_episode()
+    except Exception as exc:  # noqa: BLE001 - a user env may fail any way; fall back to free text
+        log.warning("cannot list the actions of %s (%s); accepting any action text",
+                    cls.__name__, exc)
+        return None
+    return tuple(str(v) for _, v in sorted(lookup.items())) if lookup else None
 
 
 def _as_str_dict(x: Any) -> dict[str, str] | None:
@@ -152,20 +192,19 @@ def build_prefix(
 
 def make_env_prompt(spec: TagSpec, settings: TurnSettings) -> EnvPrompt:
     """Resolve a tag's prompt prefix once (config keys over the env's own description)."""
-    instruction, vocab, lookup = describe_env(spec.env_type, spec.env_kwargs)
-    if spec.env_instruction is not None:
-        instruction = spec.env_instruction
-    if spec.grid_vocab and not spec.env_kwargs.get("grid_vocab"):
-        # A top-level custom_envs.grid_vocab only reaches the prompt, never the env; it is
-        # used only where the env draws with its class defaults.
-        if not spec.env_kwargs.get("grid_lookup"):
-            vocab = dict(spec.grid_vocab)
-    if spec.action_lookup:
-        lookup = dict(spec.action_lookup)
+    desc = describe_env(spec.env_type, spec.env_kwargs)
+    instruction = desc.instruction if spec.env_instruction is None else spec.env_instruction
+    vocab = desc.grid_vocab
+    if spec.grid_vocab and not (spec.env_kwargs.get("grid_vocab")
+                                or spec.env_kwargs.get("grid_lookup")):
+        # custom_envs.<tag>.grid_vocab only reaches the prompt, never the env, so it is
+        # trusted only while the env draws with its default symbols.
+        vocab = _as_str_dict(spec.grid_vocab)
+    lookup = _as_lookup(spec.action_lookup) or desc.action_lookup
     names = tuple(lookup[k] for k in sorted(lookup)) if lookup else None
     prefix = build_prefix(instruction, vocab, names, spec.max_actions_per_traj,
                           settings.action_sep)
-    return EnvPrompt(spec, prefix, names)
+    return EnvPrompt(spec, prefix, names, names or desc.episode_action_names)
 
 
 # ------------------------------------------------------------------ episodes
@@ -188,6 +227,7 @@ class EpisodeState:
     truncated: bool = False
     end_reason: str = "running"
     error: str | None = None
+    gen_batch: int = 0
 
     @property
     def tag(self) -> str:
@@ -251,7 +291,7 @@ def plan_turn(ep: EpisodeState, reply: str, settings: TurnSettings) -> TurnPlan:
                             settings.enable_think)
     actions = tuple(str(a) for a in parsed.actions) if parsed.format_valid else ()
     llm_response = parsed.text if parsed.format_valid else raw
-    names = ep.prompt.action_names
+    names = ep.prompt.valid_names
     if names is None:
         valid = actions
     else:
@@ -276,12 +316,14 @@ def apply_turn(
         reward, n_exec, error = float(outcome.reward), int(outcome.n_executed), outcome.error
         env_done = bool(outcome.terminated or outcome.truncated)
     # Free-text envs (countdown, webshop, ...) judge validity themselves.
-    penalize = plan.penalize or (n_exec > 0 and info.get("action_is_valid") is False)
+    env_rejected = n_exec > 0 and info.get("action_is_valid") is False
+    penalize = plan.penalize or env_rejected
     if penalize:
         ep.penalty += settings.format_penalty
     turn = Turn(state=ep.state, actions_left=ep.actions_left, anchor_obs=ep.anchor_obs,
                 llm_raw_response=plan.raw, llm_response=plan.llm_response,
                 format_valid=plan.format_valid, actions=list(plan.actions),
+                n_valid=max(0, len(plan.valid) - int(env_rejected)),
                 executed=list(plan.to_execute[:n_exec]), reward=reward, penalized=penalize,
                 info=info, error=error)
     ep.turns.append(turn)

@@ -32,6 +32,7 @@ class Turn:
     llm_response: str = ""
     format_valid: bool = False
     actions: list[str] = field(default_factory=list)
+    n_valid: int = 0
     executed: list[str] = field(default_factory=list)
     reward: float = 0.0
     penalized: bool = False
