@@ -292,14 +292,26 @@ def _layers_of(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, DictC
 
 
 def load_config(
-    path: str | Path | None = None, overrides: Iterable[str] = ()
+    path: str | Path | DictConfig | Mapping[str, Any] | None = None,
+    overrides: Iterable[str] = (),
 ) -> DictConfig:
-    """Load and validate a config (see the module docstring for the layering)."""
+    """Load and validate a config (see the module docstring for the layering).
+
+    ``path`` may also be an already-built config object (a Hydra ``DictConfig`` as RAGEN
+    passes around, or a dict); it is layered over the packaged defaults the same way.
+    """
     layers: list[tuple[str, DictConfig]] = [
         (f"turnpool's packaged {n}", _read_yaml(PACKAGED_DIR / n))
         for n in ("base.yaml", "envs.yaml")
     ]
-    if path is not None:
+    if isinstance(path, (DictConfig, Mapping)):
+        given = path if isinstance(path, DictConfig) else OmegaConf.create(dict(path))
+        given = given.copy()
+        OmegaConf.set_struct(given, False)  # Hydra hands configs over in struct mode
+        OmegaConf.set_readonly(given, False)
+        given.pop("defaults", None)
+        layers.append(("the config object passed in", given))
+    elif path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
@@ -532,8 +544,25 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
         target_groups=col.get("target_groups"),
         collector_mode=str(col.get("mode", "lockstep")),
         pool=pool_settings(cfg, [t.env_type for t in tags]),
-        policy=dict(tp.get("policy") or {"name": "oracle"}),
+        policy=policy_options(tp.get("policy") or {}),
     )
+
+
+def policy_options(section: Mapping[str, Any]) -> dict[str, Any]:
+    """``turnpool.policy`` -> ``make_policy``'s dict: the chosen kind's own section, then any
+    options given next to ``name`` (switching ``name`` never drags another kind's options)."""
+    from turnpool.policies import policy_names
+
+    kinds = set(policy_names())
+    name = section.get("name", "oracle")
+    if name not in kinds:
+        raise ConfigError(f"turnpool.policy.name: unknown policy {name!r}; choose one of "
+                          f"{', '.join(sorted(kinds))}")
+    own = section.get(name) or {}
+    if not isinstance(own, Mapping):
+        raise ConfigError(f"turnpool.policy.{name}: expected a mapping of options")
+    flat = {k: v for k, v in section.items() if k != "name" and k not in kinds}
+    return {"name": name, **own, **flat}
 
 
 def to_yaml(cfg: DictConfig | Mapping[str, Any]) -> str:

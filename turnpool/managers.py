@@ -277,30 +277,38 @@ def start_episode(
 
 
 def plan_turn(ep: EpisodeState, reply: str, settings: TurnSettings) -> TurnPlan:
-    """Parse a reply and decide what runs. Never raises on any text.
+    """Parse a reply and decide what runs. Never raises on any text."""
+    from turnpool.projection import parse_response
+
+    raw = reply[:MAX_RESPONSE_CHARS] if isinstance(reply, str) else ""
+    parsed = parse_response(raw, settings.action_sep, settings.max_actions_per_turn,
+                            settings.enable_think)
+    if not parsed.format_valid:
+        return plan_actions(ep, (), raw=raw, llm_response=raw, format_valid=False)
+    return plan_actions(ep, parsed.actions, raw=raw, llm_response=parsed.text,
+                        format_valid=True)
+
+
+def plan_actions(
+    ep: EpisodeState, actions: Sequence[str], *, raw: str = "", llm_response: str = "",
+    format_valid: bool = True,
+) -> TurnPlan:
+    """Decide what runs from already-parsed action strings (RAGEN's manager rules).
 
     Actions outside a discrete env's action set are dropped before the env sees them, those
     past the remaining action budget are cut silently, and a turn with any invalid action or
-    no valid action at all costs one format penalty (RAGEN's rule: once per turn).
+    no valid action at all costs one format penalty (once per turn, however many were bad).
     """
-    from turnpool.projection import parse_response
-
-    raw = reply if isinstance(reply, str) else ""
-    raw = raw[:MAX_RESPONSE_CHARS]
-    parsed = parse_response(raw, settings.action_sep, settings.max_actions_per_turn,
-                            settings.enable_think)
-    actions = tuple(str(a) for a in parsed.actions) if parsed.format_valid else ()
-    llm_response = parsed.text if parsed.format_valid else raw
+    acts = tuple(str(a) for a in actions)
     names = ep.prompt.valid_names
     if names is None:
-        valid = actions
+        valid = acts
     else:
         by_lower = {n.lower(): n for n in names}
-        valid = tuple(by_lower[a.strip().lower()] for a in actions
-                      if a.strip().lower() in by_lower)
-    penalize = len(valid) != len(actions) or not valid
-    return TurnPlan(raw=raw, llm_response=llm_response, format_valid=bool(parsed.format_valid),
-                    actions=actions, valid=valid, to_execute=valid[: ep.actions_left],
+        valid = tuple(by_lower[a.strip().lower()] for a in acts if a.strip().lower() in by_lower)
+    penalize = len(valid) != len(acts) or not valid
+    return TurnPlan(raw=raw, llm_response=llm_response, format_valid=format_valid,
+                    actions=acts, valid=valid, to_execute=valid[: ep.actions_left],
                     penalize=penalize)
 
 
