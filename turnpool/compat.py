@@ -54,3 +54,9 @@ class MultiProcessEnvironmentContainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# RAGEN's rollout facades (seeds 001, 002) live next to the collector they wrap.
+from turnpool.compat_rollout import EnvStateManager, ParallelRolloutManager  # noqa: E402
+
+__all__ = ["EnvStateManager", "MultiProcessEnvironmentContainer", "ParallelRolloutManager"]
