@@ -6,7 +6,7 @@ episode ends with ``click[buy now]`` (reward = the purchase's score, see
 ``turnpool.webshop.catalog``) or after ``max_steps`` actions (truncated).
 
 Goals by seed and split, as in WebShop (with its 3,000 bundled goals: test 0-499, val 500-1499,
-train 1500-2999; smaller catalogs shrink the test/val blocks to a quarter each)::
+train 1500-2999; smaller catalogs shrink the test/val blocks to a sixth and a third)::
 
     test  -> seed % n_test
     val   -> n_test + seed % n_val
@@ -62,11 +62,9 @@ class WebShopUnavailable(RuntimeError):
 
 def split_sizes(n_goals: int) -> tuple[int, int]:
     """``(n_test, n_val)``: WebShop's 500 / 1000 when there are enough goals."""
-    n_test = min(500, n_goals // 4)
-    n_val = min(1000, n_goals // 4)
-    if n_goals - n_test - n_val < 1:
-        raise ValueError(f"a webshop catalog needs at least 4 goals, got {n_goals}")
-    return max(1, n_test), max(1, n_val)
+    if n_goals < 3:
+        raise ValueError(f"a webshop catalog needs at least 3 goals, got {n_goals}")
+    return max(1, min(500, n_goals // 6)), max(1, min(1000, n_goals // 3))
 
 
 def goal_index(seed: int, split: str, n_goals: int) -> int:

@@ -173,8 +173,9 @@ def create_app(catalog_path: str | None = None, latency_ms: float = 0.0) -> Fast
         if not _SESSION_ID.match(sid) or not shop.has(sid):
             return error(404, "unknown session")
         out = shop.step(sid, action if action else f"search[{q}]")
-        if wants(request) == "html":
-            return RedirectResponse(f"/s/{sid}", status_code=303)
+        if wants(request) == "html":  # post/redirect/get: a reload shows, never re-acts
+            keep = "?format=html" if request.query_params.get("format") == "html" else ""
+            return RedirectResponse(f"/s/{sid}{keep}", status_code=303)
         return render(request, sid, out.page, out)
 
     return app
