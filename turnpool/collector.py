@@ -439,6 +439,7 @@ def build_pool(tags: Sequence[TagSpec], group_size: int, pool_settings: Any,
         kwargs["mp_context"] = ps.mp_context
     if ps.ray_address is not None:
         kwargs["ray_address"] = ps.ray_address
+    kwargs.update(getattr(ps, "options", {}) or {})
     return EnvPool.from_specs(specs, group_n=group_size, seed=seed, **kwargs)
 
 

@@ -94,7 +94,7 @@ class EnvStateManager:
     def _build_pool(self) -> Any:
         cfg = self.sys_config.copy()
         cfg.es_manager.use_multiprocessing = self._use_mp
-        settings = pool_settings(cfg, [t.env_type for t in self.plan.tags])
+        settings = pool_settings(cfg)
         return build_pool(self.plan.tags, self.group_size, settings,
                           seed=self.base_seed or 0)
 

@@ -415,6 +415,7 @@ class PoolSettings:
     on_error: str = "flag"
     fallback: bool = True
     ray_address: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -458,12 +459,12 @@ def _max_tokens_fallback(cfg: DictConfig) -> int:
     return int(v) if _is_int(v) else DEFAULT_MAX_TOKENS
 
 
-def pool_settings(cfg: DictConfig, env_types: Iterable[str] = ()) -> PoolSettings:
+def pool_settings(cfg: DictConfig) -> PoolSettings:
     """Map RAGEN's switches to one backend; an explicit ``turnpool.backend`` wins.
 
     ``agent_proxy.use_parallel_rollout`` -> ``joblib`` with ``parallel_n_jobs`` workers (seed
-    002); ``es_manager.use_multiprocessing`` -> ``process_pool`` with ``max_workers`` (seed
-    001), but ``sequential`` when an env type of the pool is in ``sequential_env_types``;
+    002); ``es_manager.use_multiprocessing`` -> ``process_pool`` with ``max_workers`` and
+    ``sequential_env_types`` (those env types stay in the calling process; seed 001);
     ``use_parallel_envs: false`` -> ``sequential``.
     """
     tp = _section(cfg, "turnpool") or {}
@@ -471,6 +472,7 @@ def pool_settings(cfg: DictConfig, env_types: Iterable[str] = ()) -> PoolSetting
     es = _section(cfg, "es_manager") or {}
     backend = str(tp.get("backend", "auto"))
     workers = tp.get("num_workers")
+    options: dict[str, Any] = {}
     if backend == "auto":
         if ap.get("use_parallel_rollout"):
             backend = "joblib"
@@ -478,21 +480,16 @@ def pool_settings(cfg: DictConfig, env_types: Iterable[str] = ()) -> PoolSetting
             workers = workers if workers is not None else (n_jobs if n_jobs and n_jobs > 0
                                                            else None)
         elif es.get("use_multiprocessing"):
-            seq_types = set(es.get("sequential_env_types") or [])
-            if seq_types & set(env_types):
-                log.info("env types %s are in es_manager.sequential_env_types: sequential",
-                         sorted(seq_types & set(env_types)))
-                backend = "sequential"
-            else:
-                backend = "process_pool"
-                workers = workers if workers is not None else es.get("max_workers")
+            backend = "process_pool"
+            options["max_workers"] = es.get("max_workers")
+            options["sequential_env_types"] = list(es.get("sequential_env_types") or [])
         elif cfg.get("use_parallel_envs") is False:
             backend = "sequential"
     return PoolSettings(backend=backend, num_workers=workers, mp_context=tp.get("mp_context"),
                         step_timeout=tp.get("step_timeout"),
                         on_error=str(tp.get("on_error", "flag")),
                         fallback=bool(tp.get("fallback", True)),
-                        ray_address=tp.get("ray_address"))
+                        ray_address=tp.get("ray_address"), options=options)
 
 
 def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
@@ -543,7 +540,7 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
         on_budget_exhausted=str(col.get("on_budget_exhausted", "raise")),
         target_groups=col.get("target_groups"),
         collector_mode=str(col.get("mode", "lockstep")),
-        pool=pool_settings(cfg, [t.env_type for t in tags]),
+        pool=pool_settings(cfg),
         policy=policy_options(tp.get("policy") or {}),
     )
 
