@@ -312,6 +312,8 @@ class Backend(ABC):
     name: ClassVar[str] = "base"
     #: ``restart`` really stops a stuck worker (so ``step_timeout`` frees its resources).
     can_interrupt: ClassVar[bool] = False
+    #: the ``mp_context`` values this backend honours (empty: it ignores ``mp_context``).
+    start_methods: ClassVar[tuple[str, ...]] = ()
     #: worker count used when the caller passes ``num_workers=None``.
     @staticmethod
     def default_num_workers(num_envs: int) -> int:

@@ -10,7 +10,8 @@ when) in a small shared array: the pool uses it to enforce ``step_timeout`` per 
 blame the right env when a worker dies or hangs. A hung worker is killed with SIGKILL.
 
 Workers never outlive the pool's process: they ask the kernel to kill them when their parent
-dies (Linux ``PR_SET_PDEATHSIG``) and a watchdog thread exits when their parent pid changes.
+dies (Linux ``PR_SET_PDEATHSIG``), and a watchdog thread exits when their parent pid changes or
+multiprocessing's parent sentinel closes (the only signal that works under forkserver).
 
 Start methods: ``spawn`` (default; safe when the caller has threads, e.g. CUDA or tokenizers),
 ``forkserver`` (env modules preloaded into the server) and ``fork`` (fastest start, unsafe with
@@ -72,9 +73,19 @@ def _die_with_parent() -> None:
 
 
 def _watch_parent(parent: int) -> None:
-    """Exit as soon as the parent is gone (re-parenting changes our ppid)."""
+    """Exit as soon as the pool's process is gone.
+
+    Two signals, because neither covers every start method: re-parenting changes our ppid
+    (spawn, fork), and multiprocessing's parent sentinel reaches EOF when the pool's process
+    dies (the only one for forkserver, whose server outlives the pool while we run).
+    """
+    mp_parent = multiprocessing.parent_process()
+    sentinel = mp_parent.sentinel if mp_parent is not None else None
     while os.getppid() == parent:
-        time.sleep(_WATCHDOG_PERIOD_S)
+        if sentinel is None:
+            time.sleep(_WATCHDOG_PERIOD_S)
+        elif multiprocessing.connection.wait([sentinel], _WATCHDOG_PERIOD_S):
+            break
     os._exit(0)
 
 
@@ -169,6 +180,7 @@ class ProcessBackend(Backend):
 
     name: ClassVar[str] = "process"
     can_interrupt: ClassVar[bool] = True
+    start_methods: ClassVar[tuple[str, ...]] = ("spawn", "forkserver", "fork")
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:

@@ -1,0 +1,181 @@
+"""Fault isolation on the process backend, with real processes that raise, hang and exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from turnpool.pool import EnvPool
+
+pytestmark = pytest.mark.timeout(90)
+
+STEP_TIMEOUT = 2.0
+N_GROUPS, GROUP_N = 3, 2  # 6 envs on 2 workers: envs 0-2 and 3-5
+FAULTY = 1  # shares worker 0 with innocent envs 0 and 2
+
+
+def _mp_helpers() -> set[int]:
+    """multiprocessing's own per-interpreter helpers (resource tracker, fork server)."""
+    helpers = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if "resource_tracker" in cmd or "forkserver" in cmd:
+            helpers.add(child.pid)
+    return helpers
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(pids: list[int], within: float) -> list[int]:
+    """Poll until every pid is gone or ``within`` seconds pass; the survivors."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = [p for p in pids if not _gone(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[EnvPool]:
+    p = EnvPool("faulty", env_num=N_GROUPS, group_n=GROUP_N, seed=7, backend="process",
+                num_workers=2, mp_context="spawn", step_timeout=STEP_TIMEOUT)
+    assert p.backend_name == "process"
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def reference() -> Iterator[EnvPool]:
+    p = EnvPool("faulty", env_num=N_GROUPS, group_n=GROUP_N, seed=7, backend="sequential")
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize("fault", ["raise", "exit", "hang"])
+def test_only_the_faulty_env_is_flagged(pool: EnvPool, reference: EnvPool, fault: str) -> None:
+    n = pool.num_envs
+    assert pool.reset(seed=30) == reference.reset(seed=30)
+    warmup = [f"w{i}" for i in range(n)]
+    assert pool.step(warmup) == reference.step(warmup)  # history the restart must replay
+    pids_before = pool.worker_pids()
+
+    actions = ["go"] * n
+    actions[FAULTY] = fault
+    started = time.monotonic()
+    obs, rewards, dones, infos = pool.step(actions)
+    elapsed = time.monotonic() - started
+    assert elapsed < STEP_TIMEOUT + 1.0
+
+    ref = reference.step(["go"] * n)
+    expected_error = {"raise": "RuntimeError", "exit": "worker died",
+                      "hang": "step timeout"}[fault]
+    assert expected_error in infos[FAULTY]["error"]
+    assert dones[FAULTY] and rewards[FAULTY] == 0.0 and obs[FAULTY] == ""
+    for i in range(n):
+        if i != FAULTY:  # innocent envs, including the faulty env's worker-mates
+            assert (obs[i], rewards[i], dones[i], infos[i]) == (
+                ref[0][i], ref[1][i], ref[2][i], ref[3][i])
+            assert "error" not in infos[i]
+    if fault == "raise":
+        assert pool.worker_pids()[0] == pids_before[0]
+    else:
+        assert pool.worker_pids()[0] != pids_before[0]
+        assert _wait_gone([pids_before[0]], 5.0) == []
+    assert pool.worker_pids()[1] == pids_before[1]  # the other worker was untouched
+
+    # The restored envs keep going exactly as if nothing happened ...
+    others = [i for i in range(n) if i != FAULTY]
+    nxt = pool.step(["again"] * (n - 1), env_ids=others)
+    assert nxt == reference.step(["again"] * (n - 1), env_ids=others)
+    # ... and the next reset brings the faulty env back.
+    obs, infos = pool.reset(seed=31)
+    assert (obs, infos) == reference.reset(seed=31)
+    assert pool.step(["fine"] * n) == reference.step(["fine"] * n)
+
+
+def test_stale_replies_are_discarded_after_a_timeout(pool: EnvPool) -> None:
+    """A worker that answers after being given up on must not leak into later steps."""
+    pool.reset(seed=40)
+    actions = ["go"] * pool.num_envs
+    actions[4] = "hang"
+    _, _, _, infos = pool.step(actions)
+    assert "step timeout" in infos[4]["error"]
+    _, _, _, infos = pool.step(["go"] * pool.num_envs)
+    assert [i["t"] for k, i in enumerate(infos) if k != 4] == [2] * (pool.num_envs - 1)
+
+
+def test_async_faults_are_isolated(pool: EnvPool, reference: EnvPool) -> None:
+    pool.reset(seed=50)
+    reference.reset(seed=50)
+    pool.step_async([0, 1, 3], [["a"], ["exit"], ["b", "c"]])
+    got = {}
+    while len(got) < 3:
+        got.update(pool.poll(timeout=STEP_TIMEOUT + 5, min_ready=1))
+    assert "worker died" in got[1].info["error"]
+    want = reference.step_turns([["a"], ["b", "c"]], env_ids=[0, 3])
+    assert [got[0], got[3]] == want
+
+
+def test_close_leaves_no_child_process() -> None:
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    p = EnvPool("trivial", env_num=2, group_n=2, backend="process", num_workers=2,
+                mp_context="spawn")
+    pids = p.worker_pids()
+    assert len(pids) >= 2 and all(psutil.pid_exists(x) for x in pids)
+    p.reset()
+    p.close()
+    assert _wait_gone(pids, 0.0) == []  # close() returns only after reaping its workers
+    now = {c.pid for c in psutil.Process().children(recursive=True)}
+    assert now - before - _mp_helpers() == set()
+
+
+_PARENT = textwrap.dedent("""
+    import json, sys
+    from turnpool.pool import EnvPool
+
+    if __name__ == "__main__":
+        pool = EnvPool("faulty", env_num=2, group_n=2, backend="process", num_workers=2,
+                       mp_context=sys.argv[1], step_timeout=600)
+        pool.reset()
+        pool.step_async([0], [["hang"]])  # worker 0 is stuck inside env code
+        print(json.dumps(pool.worker_pids()), flush=True)
+        sys.stdin.read()
+""")
+
+
+@pytest.mark.parametrize("mp_context", ["spawn", "forkserver", "fork"])
+def test_workers_die_with_a_killed_parent(tmp_path: Path, mp_context: str) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script), mp_context], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        assert parent.stdout is not None
+        pids = json.loads(parent.stdout.readline())
+        assert len(pids) >= 2 and not any(_gone(p) for p in pids)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        assert _wait_gone(pids, 5.0) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
