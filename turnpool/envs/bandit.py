@@ -1,0 +1,103 @@
+"""Two-armed bandit whose arms are named for what they pay (RAGEN's Bandit).
+
+The low arm (``"phoenix"``) always pays ``lo_arm_score`` (0.1); the high arm (``"dragon"``)
+pays ``hi_arm_hiscore`` (1.0) with probability ``hi_arm_hiscore_prob`` (0.25), else
+``hi_arm_loscore`` (0), so its expected reward is higher. Each reset flips a coin (from the
+env's generator) for which of the ids ``action_space_start`` and ``action_space_start + 1`` is
+which arm; :meth:`BanditEnv.action_lookup_for_episode` gives the episode's id -> name map, and
+arm names are matched case-insensitively. One pull ends the episode; ``success`` means the high
+arm was chosen.
+
+Example:
+    >>> env = BanditEnv()
+    >>> obs, _ = env.reset(seed=0)
+    >>> obs, reward, terminated, truncated, info = env.step("Dragon")
+    >>> terminated, info["success"]
+    (True, True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnpool.envs.base import TextEnv
+
+PROMPT = (
+    "You are playing a bandit game. Goal: maximize your total reward by choosing which arm "
+    "to pull.\n"
+    "Game rules:\n"
+    "1. There are 2 arms, named {a} and {b}.\n"
+    "2. Each arm has its own reward distribution, related to its name.\n"
+    "3. Think about what each name symbolizes to guess how its rewards might behave.\n"
+    "4. Which arm is more likely to give higher rewards on average? Choose between {a} and "
+    "{b}, and output like <answer> {a} </answer> or <answer> {b} </answer>.\n")
+
+
+class BanditEnv(TextEnv):
+    """One-pull, two-armed bandit; see the module docstring for the rules."""
+
+    def __init__(
+        self, lo_arm_name: str = "phoenix", lo_arm_score: float = 0.1,
+        hi_arm_name: str = "dragon", hi_arm_loscore: float = 0.0,
+        hi_arm_hiscore: float = 1.0, hi_arm_hiscore_prob: float = 0.25,
+        action_space_start: int = 1, **config: Any,
+    ) -> None:
+        super().__init__(
+            lo_arm_name=lo_arm_name, lo_arm_score=lo_arm_score, hi_arm_name=hi_arm_name,
+            hi_arm_loscore=hi_arm_loscore, hi_arm_hiscore=hi_arm_hiscore,
+            hi_arm_hiscore_prob=hi_arm_hiscore_prob, action_space_start=action_space_start,
+            **config)
+        if lo_arm_name.lower() == hi_arm_name.lower():
+            raise ValueError("bandit arms need different names")
+        self.lo_arm_name = str(lo_arm_name)
+        self.hi_arm_name = str(hi_arm_name)
+        self.lo_arm_score = float(lo_arm_score)
+        self.hi_arm_loscore = float(hi_arm_loscore)
+        self.hi_arm_hiscore = float(hi_arm_hiscore)
+        self.hi_arm_hiscore_prob = float(hi_arm_hiscore_prob)
+        self.start = int(action_space_start)
+        self.lookup: dict[int, str] = {self.start: self.lo_arm_name,
+                                       self.start + 1: self.hi_arm_name}
+        self.done = False
+        self._text = ""
+
+    def action_lookup_for_episode(self) -> dict[int, str]:
+        return dict(self.lookup)
+
+    def _reset(self, seed: int, options: dict[str, Any]) -> str:
+        names = [self.lo_arm_name, self.hi_arm_name]
+        if self.np_random.random() >= 0.5:
+            names.reverse()
+        self.lookup = {self.start: names[0], self.start + 1: names[1]}
+        self.done = False
+        self._text = PROMPT.format(a=names[0], b=names[1])
+        return self._text
+
+    def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.done:
+            return self._text, 0.0, True, False, {"action_is_valid": False}
+        self.done = True
+        if action is None:
+            first, second = self.lookup.values()
+            self._text = f"Invalid choice: the arms are {first} and {second}."
+            return self._text, 0.0, True, False, {"action_is_valid": False}
+        arm = self.lookup[action]
+        if arm == self.hi_arm_name:
+            hit = self.np_random.random() < self.hi_arm_hiscore_prob
+            reward = self.hi_arm_hiscore if hit else self.hi_arm_loscore
+        else:
+            reward = self.lo_arm_score
+        self._text = f"{arm}: {reward} points"
+        return self._text, reward, True, False, {
+            "action_is_effective": True, "success": arm == self.hi_arm_name}
+
+    def _render_text(self) -> str:
+        return self._text
+
+
+def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
+    """The arm with the higher expected reward (the high arm with the default payouts)."""
+    arms = BanditEnv(**env_config)
+    hi_mean = (arms.hi_arm_hiscore_prob * arms.hi_arm_hiscore
+               + (1 - arms.hi_arm_hiscore_prob) * arms.hi_arm_loscore)
+    return [arms.hi_arm_name if hi_mean >= arms.lo_arm_score else arms.lo_arm_name]

@@ -1,0 +1,254 @@
+"""FrozenLake: walk from the start to the goal across a lake with holes, on slippery ice.
+
+RAGEN-compatible semantics, written without gymnasium:
+
+* the map is ``size`` x ``size``; each cell is frozen with probability ``p`` (else a hole);
+  start and goal are two distinct random cells, and maps without a start -> goal path are
+  redrawn from the same generator, so one seed gives one map everywhere;
+* actions 1 Left, 2 Down, 3 Right, 4 Up; on slippery ice the move goes in the intended
+  direction or either perpendicular one, each with probability 1/3; moving into the edge
+  leaves the player in place;
+* reward 1 on reaching the goal, else 0; the episode ends in a hole or on the goal (the step
+  budget lives in the manager, as in RAGEN);
+* observation rows joined by ``"\\n"``: ``P`` player, ``_`` frozen (the start too), ``O`` hole,
+  ``G`` goal, ``X`` player in a hole, ``√`` player on the goal.
+
+:func:`optimal_policy` solves a map by value iteration; :func:`oracle` reads an observation
+and returns the best next action (slippery) or the whole shortest path (not slippery).
+
+Example:
+    >>> env = FrozenLakeEnv(is_slippery=False)
+    >>> obs, _ = env.reset(seed=1)
+    >>> for name in oracle(obs, {"is_slippery": False}):
+    ...     obs, reward, terminated, truncated, info = env.step(name)
+    >>> reward, info["success"]
+    (1.0, True)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from turnpool.envs.base import TextEnv
+
+ACTIONS: dict[int, str] = {1: "Left", 2: "Down", 3: "Right", 4: "Up"}
+_MOVES: dict[int, tuple[int, int]] = {1: (0, -1), 2: (1, 0), 3: (0, 1), 4: (-1, 0)}
+# Counter-clockwise order, so the perpendicular moves of action a are its neighbours here.
+_RING = (1, 2, 3, 4)
+
+Cell = tuple[int, int]
+Desc = tuple[str, ...]  # rows of "F" frozen, "H" hole, "S" start, "G" goal
+
+
+# --------------------------------------------------------------------------- map generation
+def has_path(desc: Desc) -> bool:
+    """Whether the goal can be reached from the start without stepping into a hole."""
+    size = len(desc)
+    start = next((r, c) for r in range(size) for c in range(size) if desc[r][c] == "S")
+    return _shortest_path(desc, start) is not None
+
+
+def generate_map(rng: np.random.Generator, size: int = 4, p: float = 0.8) -> Desc:
+    """A random map with a start -> goal path; redraws from ``rng`` until one has a path."""
+    if size < 2:
+        raise ValueError("size must be at least 2")
+    if not 0.0 < p <= 1.0:
+        raise ValueError("p (probability of a frozen cell) must be in (0, 1]")
+    while True:
+        frozen = rng.random((size, size)) < p
+        start = (int(rng.integers(size)), int(rng.integers(size)))
+        goal = (int(rng.integers(size)), int(rng.integers(size)))
+        if start == goal:
+            continue
+        grid = [["F" if f else "H" for f in row] for row in frozen]
+        grid[start[0]][start[1]] = "S"
+        grid[goal[0]][goal[1]] = "G"
+        desc = tuple("".join(row) for row in grid)
+        if has_path(desc):
+            return desc
+
+
+# --------------------------------------------------------------------------- dynamics
+def _moved(cell: Cell, action: int, size: int) -> Cell:
+    dr, dc = _MOVES[action]
+    return min(max(cell[0] + dr, 0), size - 1), min(max(cell[1] + dc, 0), size - 1)
+
+
+def _outcomes(action: int, slippery: bool) -> tuple[int, ...]:
+    """The equally likely actual moves for an intended ``action``."""
+    if not slippery:
+        return (action,)
+    i = _RING.index(action)
+    return (_RING[(i - 1) % 4], action, _RING[(i + 1) % 4])
+
+
+def _shortest_path(desc: Desc, start: Cell) -> list[int] | None:
+    """Actions of a shortest hole-free path from ``start`` to the goal (deterministic moves)."""
+    size = len(desc)
+    parent: dict[Cell, tuple[Cell, int] | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        cell = queue.popleft()
+        if desc[cell[0]][cell[1]] == "G":
+            path: list[int] = []
+            step = parent[cell]
+            while step is not None:
+                prev, action = step
+                path.append(action)
+                step = parent[prev]
+            return path[::-1]
+        for action in ACTIONS:
+            nxt = _moved(cell, action, size)
+            if nxt not in parent and desc[nxt[0]][nxt[1]] != "H":
+                parent[nxt] = (cell, action)
+                queue.append(nxt)
+    return None
+
+
+@lru_cache(maxsize=512)
+def optimal_policy(
+    desc: Desc, is_slippery: bool = True, gamma: float = 0.95, tol: float = 1e-10
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(policy, values)`` for a map, by value iteration.
+
+    ``policy[r, c]`` is the best action id at cell ``(r, c)`` (ties go to the lowest id) and
+    ``values[r, c]`` the discounted probability of reaching the goal from there. Discounting
+    (``gamma`` < 1) prefers short routes, which matters under a step budget.
+    """
+    size = len(desc)
+    n = size * size
+    flat = "".join(desc)
+    terminal = np.array([ch in "HG" for ch in flat])
+    # transition[a, s, s2]: probability; reward[a, s]: expected immediate reward.
+    transition = np.zeros((4, n, n))
+    reward = np.zeros((4, n))
+    for s in range(n):
+        if terminal[s]:
+            continue
+        for a in ACTIONS:
+            moves = _outcomes(a, is_slippery)
+            for m in moves:
+                r2, c2 = _moved(divmod(s, size), m, size)
+                s2 = r2 * size + c2
+                transition[a - 1, s, s2] += 1.0 / len(moves)
+                reward[a - 1, s] += (flat[s2] == "G") / len(moves)
+    values = np.zeros(n)
+    for _ in range(100_000):
+        q = reward + gamma * transition @ np.where(terminal, 0.0, values)
+        new_values = np.where(terminal, 0.0, q.max(axis=0))
+        done = np.max(np.abs(new_values - values)) < tol
+        values = new_values
+        if done:
+            break
+    q = reward + gamma * transition @ values
+    best = np.argmax(q >= q.max(axis=0) - 1e-9, axis=0) + 1
+    policy = best.reshape(size, size)
+    grid_values = values.reshape(size, size)
+    for array in (policy, grid_values):
+        array.setflags(write=False)  # cached and shared between callers
+    return policy, grid_values
+
+
+# --------------------------------------------------------------------------- env
+class FrozenLakeEnv(TextEnv):
+    """Grid walk on (slippery) ice; see the module docstring for the rules."""
+
+    action_lookup = dict(ACTIONS)
+    grid_vocab = {"P": "player", "_": "empty", "O": "hole", "G": "goal",
+                  "X": "player in hole", "√": "player on goal"}
+    instruction = (
+        "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may "
+        "move to the unintended direction due to the slippery ice. Example answer format: "
+        "<think>To forbid the hole and go to the target, I should go left then go up.</think>"
+        "<answer>Left || Up</answer>")
+
+    def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = True,
+                 **config: Any) -> None:
+        # RAGEN's map_seed and render_mode are accepted and unused: the map always follows
+        # the reset seed (RAGEN overwrote map_seed with it) and rendering is text.
+        if config.get("observation_format", "grid") != "grid":
+            raise ValueError("frozen_lake supports observation_format='grid' only")
+        super().__init__(size=size, p=p, is_slippery=is_slippery, **config)
+        self.size = int(size)
+        self.p = float(p)
+        self.is_slippery = bool(is_slippery)
+        if self.size < 2 or not 0.0 < self.p <= 1.0:
+            raise ValueError("frozen_lake needs size >= 2 and 0 < p <= 1")
+        self.desc: Desc = ()
+        self.pos: Cell = (0, 0)
+
+    def _reset(self, seed: int, options: dict[str, Any]) -> str:
+        self.desc = generate_map(self.np_random, self.size, self.p)
+        self.pos = next((r, c) for r, row in enumerate(self.desc) for c, ch in enumerate(row)
+                        if ch == "S")
+        return self._render_text()
+
+    @property
+    def cell(self) -> str:
+        """The map letter under the player."""
+        return self.desc[self.pos[0]][self.pos[1]]
+
+    def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.cell in "HG":
+            return self._render_text(), 0.0, True, False, {
+                "action_is_valid": action is not None, "success": self.cell == "G"}
+        if action is None:
+            return self._render_text(), 0.0, False, False, {"action_is_valid": False}
+        moves = _outcomes(int(action), self.is_slippery)
+        move = moves[int(self.np_random.integers(len(moves)))] if len(moves) > 1 else moves[0]
+        before = self.pos
+        self.pos = _moved(self.pos, move, self.size)
+        on_goal = self.cell == "G"
+        return self._render_text(), float(on_goal), self.cell in "HG", False, {
+            "action_is_effective": self.pos != before, "success": on_goal}
+
+    def _render_text(self) -> str:
+        symbols = {"F": "_", "S": "_", "H": "O", "G": "G"}
+        rows = [[symbols[ch] for ch in row] for row in self.desc]
+        if rows:
+            r, c = self.pos
+            rows[r][c] = {"H": "X", "G": "√"}.get(self.cell, "P")
+        return "\n".join("".join(row) for row in rows)
+
+
+# --------------------------------------------------------------------------- oracle
+def parse_obs(obs: str) -> tuple[Desc, Cell, str] | None:
+    """``(desc, player cell, symbol under the player)`` from an observation, or None."""
+    if not isinstance(obs, str) or len(obs) > 10_000:
+        return None
+    rows = obs.strip("\n").split("\n")
+    if len(rows) < 2 or any(len(row) != len(rows) for row in rows):
+        return None
+    letters = {"_": "F", "O": "H", "G": "G", "P": "F", "X": "H", "√": "G"}
+    if any(ch not in letters for row in rows for ch in row):
+        return None
+    players = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "PX√"]
+    if len(players) != 1:
+        return None
+    desc = tuple("".join(letters[ch] for ch in row) for row in rows)
+    pos = players[0]
+    return desc, pos, rows[pos[0]][pos[1]]
+
+
+def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
+    """The next action name(s) from the observation text.
+
+    Slippery ice: the one best action under value iteration. Otherwise: the whole shortest
+    path. ``[]`` when the episode is over or the text is not a FrozenLake grid.
+    """
+    parsed = parse_obs(obs)
+    if parsed is None:
+        return []
+    desc, pos, symbol = parsed
+    if symbol != "P":
+        return []
+    if not env_config.get("is_slippery", True):
+        path = _shortest_path(desc, pos)
+        if path:
+            return [ACTIONS[a] for a in path]
+    policy, _ = optimal_policy(desc, bool(env_config.get("is_slippery", True)))
+    return [ACTIONS[int(policy[pos])]]
