@@ -103,9 +103,10 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], json_path: str 
 def summary_table(metrics: dict[str, float], tags: list[str], group_size: int) -> Table:
     """Per-tag outcome table."""
     table = Table(title="rollout (valid: accepted actions; penalty: penalized turns)")
-    for col in ("tag", "n", "success", f"pass@{group_size}", "valid", "penalty", "actions",
-                "score", "errors"):
-        table.add_column(col, justify="left" if col == "tag" else "right")
+    table.add_column("tag", no_wrap=True, min_width=max(len(t) for t in tags) if tags else 3)
+    for col in ("n", "success", f"pass@{group_size}", "valid", "penalty", "actions", "score",
+                "errors"):
+        table.add_column(col, justify="right")
     for tag in dict.fromkeys(tags):
         def g(key: str, tag: str = tag) -> float:
             return metrics.get(f"{tag}/{key}", 0.0)
