@@ -203,10 +203,10 @@ class CountdownEnv(TextEnv):
     """One-step arithmetic puzzle; see the module docstring for rules and data."""
 
     instruction = (
-        "You are solving the Countdown puzzle. You should use the num list to create an "
-        "equation that equals the target. Example answer format: <think> To find an equation "
-        "using [3, 5, 2] to get 4. Let's check 2 + 5 = 7, 7 - 3 = 4. So the answer is "
-        "2 + 5 - 3 = 4. </think><answer>2 + 5 - 3</answer>")
+        "You are solving the Countdown puzzle. Combine all the given numbers, each exactly "
+        "once, with + - * / and parentheses into an expression equal to the target. Example: "
+        "target 4 with nums [3, 5, 2]: <think>2 + 5 = 7 and 7 - 3 = 4.</think>"
+        "<answer>2 + 5 - 3</answer>")
 
     def __init__(
         self, data_path: str | Path | None = None, train_path: str | Path | None = None,

@@ -161,10 +161,10 @@ class FrozenLakeEnv(TextEnv):
     grid_vocab = {"P": "player", "_": "empty", "O": "hole", "G": "goal",
                   "X": "player in hole", "√": "player on goal"}
     instruction = (
-        "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may "
-        "move to the unintended direction due to the slippery ice. Example answer format: "
-        "<think>To forbid the hole and go to the target, I should go left then go up.</think>"
-        "<answer>Left || Up</answer>")
+        "You are solving the FrozenLake puzzle. Avoid the holes and reach the goal. The ice is "
+        "slippery, so a move may carry you sideways instead of where you meant to go. Example "
+        "answer format: <think>The goal is below me and the hole is to my left, so I go down."
+        "</think><answer>Down || Down</answer>")
 
     def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = True,
                  **config: Any) -> None:
