@@ -76,6 +76,8 @@ def test_only_the_faulty_env_is_flagged(pool: EnvPool, reference: EnvPool, fault
     assert pool.reset(seed=30) == reference.reset(seed=30)
     warmup = [f"w{i}" for i in range(n)]
     assert pool.step(warmup) == reference.step(warmup)  # history the restart must replay
+    turns = [["u", "vv", "w"][: 1 + i % 3] for i in range(n)]
+    assert pool.step_turns(turns) == reference.step_turns(turns)
     pids_before = pool.worker_pids()
 
     actions = ["go"] * n

@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import operator
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -116,7 +117,7 @@ class _Pending:
 
     __slots__ = ("seq", "op", "env_ids", "items", "ticket", "positions", "seeds", "clock")
 
-    def __init__(self, op: str, env_ids: list[int], items: Any, ticket: _Ticket | None,
+    def __init__(self, op: str, env_ids: Sequence[int], items: Any, ticket: _Ticket | None,
                  positions: Sequence[int], seeds: list[int] | None = None) -> None:
         self.seq = 0
         self.op = op
@@ -199,7 +200,10 @@ class EnvPool:
         self._tickets = 0
         n = len(builds)
         self._seeds: list[int | None] = [None] * n
-        self._history: list[list[list[Any]]] = [[] for _ in range(n)]
+        # Replay log for worker recovery: per worker, the step requests it completed, and
+        # per env, where in its worker's log its current episode starts.
+        self._log: list[list[tuple[Any, Any, bool]]] = []
+        self._mark = [0] * n
         self._broken: dict[int, str] = {}
         self._in_flight: set[int] = set()
         self._ready: list[tuple[int, Any, str]] = []
@@ -215,6 +219,7 @@ class EnvPool:
             for i in ids:
                 self._owner[i] = w
         self._queues: list[deque[_Pending]] = [deque() for _ in self._backend.slices]
+        self._log = [[] for _ in self._backend.slices]
         # Fast path for whole-pool calls: worker w's envs are all_ids[a:b].
         self._spans: list[tuple[int, int]] | None = None
         flat = [i for ids in self._backend.slices for i in ids]
@@ -290,9 +295,11 @@ class EnvPool:
 
         ``dones[k]`` is ``terminated or truncated``; both are also in ``infos[k]``.
         """
-        res = self._run_turns([[a] for a in actions], env_ids)
-        return ([r[0] for r in res], [r[1] for r in res], [r[2] or r[3] for r in res],
-                [r[4] for r in res])
+        res = self._run_turns(list(actions), env_ids, single=True)
+        if not res:
+            return [], [], [], []
+        obs, rewards, terminated, truncated, infos, _, _ = zip(*res)
+        return list(obs), list(rewards), list(map(operator.or_, terminated, truncated)), list(infos)
 
     def step_turns(self, action_lists: Sequence[Sequence[Any]],
                    env_ids: Sequence[int] | None = None) -> list[TurnResult]:
@@ -381,26 +388,28 @@ class EnvPool:
             raise ValueError(f"got {n_actions} actions for {len(ids)} envs")
         return ids
 
-    def _run_turns(self, action_lists: list[list[Any]], env_ids: Sequence[int] | None
-                   ) -> list[StepTuple]:
+    def _run_turns(self, action_lists: list[Any], env_ids: Sequence[int] | None,
+                   single: bool = False) -> list[StepTuple]:
         ids = self._ids(env_ids, len(action_lists))
         ticket = _Ticket(ids, is_async=False)
-        self._dispatch_turns(ticket, action_lists, whole=env_ids is None)
+        self._dispatch_turns(ticket, action_lists, whole=env_ids is None, single=single)
         self._finish(ticket)
         out: list[StepTuple] = ticket.out
         self._raise_if_needed(ids, [r[6] for r in out])
         return out
 
-    def _dispatch_turns(self, ticket: _Ticket, action_lists: list[list[Any]],
-                        whole: bool = False) -> None:
+    def _dispatch_turns(self, ticket: _Ticket, action_lists: list[Any], whole: bool = False,
+                        single: bool = False) -> None:
         ids = ticket.env_ids
         broken = self._broken
+        op = "step1" if single else "step"
         failed: list[tuple[int, int]] = []
         if whole and self._spans is not None and not broken:
+            # Contiguous slices: the request is a range and a list slice, no per-env work.
             for w, (a, b) in enumerate(self._spans):
                 if a < b:
-                    items = list(zip(ids[a:b], action_lists[a:b]))
-                    self._enqueue(w, _Pending("step", ids[a:b], items, ticket, range(a, b)))
+                    span = range(a, b)
+                    self._enqueue(w, _Pending(op, span, (span, action_lists[a:b]), ticket, span))
         else:
             per_worker: dict[int, tuple[list[int], list[Any], list[int]]] = {}
             owner = self._owner
@@ -408,12 +417,12 @@ class EnvPool:
                 if i in broken:  # a failed env stays failed until reset; no worker needed
                     failed.append((pos, i))
                     continue
-                wids, witems, wpos = per_worker.setdefault(owner[i], ([], [], []))
+                wids, wacts, wpos = per_worker.setdefault(owner[i], ([], [], []))
                 wids.append(i)
-                witems.append((i, action_lists[pos]))
+                wacts.append(action_lists[pos])
                 wpos.append(pos)
-            for w, (wids, witems, wpos) in per_worker.items():
-                self._enqueue(w, _Pending("step", wids, witems, ticket, wpos))
+            for w, (wids, wacts, wpos) in per_worker.items():
+                self._enqueue(w, _Pending(op, wids, (wids, wacts), ticket, wpos))
         if ticket.is_async:
             self._in_flight.update(ids)
         for pos, i in failed:
@@ -479,7 +488,7 @@ class EnvPool:
                 return
 
     def _limit(self, op: str) -> float | None:
-        if op == "step":
+        if op == "step" or op == "step1":
             return self.step_timeout
         if op == "reset":
             return self.reset_timeout
@@ -523,33 +532,34 @@ class EnvPool:
             for k, i in enumerate(ids):
                 self._fail(head, k, i, f"worker error: {error}")
             return
-        if head.op == "step":
+        if head.op == "step" or head.op == "step1":
             assert ticket is not None
-            history = self._history
-            for i, r, (_, actions) in zip(ids, payload, head.items):
-                if r[6] is None:
-                    n = r[5]
-                    history[i].append(actions if n == len(actions) else actions[:n])
-                else:
-                    self._broken[i] = r[6]
+            results, failed = payload
+            for k in failed:
+                self._broken[ids[k]] = results[k][6]
+            self._log[self._owner[ids[0]]].append(
+                (head.env_ids, head.items[1], head.op == "step1"))
             positions = head.positions
             if not ticket.is_async and isinstance(positions, range) and positions.step == 1:
-                ticket.out[positions.start:positions.stop] = payload
-                ticket.remaining -= len(ids)
+                ticket.out[positions.start:positions.stop] = results
+                ticket.remaining -= len(results)
             else:
-                for i, pos, r in zip(ids, positions, payload):
+                for i, pos, r in zip(ids, positions, results):
                     self._deliver(ticket, pos, i, r)
         elif head.op == "reset":
             assert ticket is not None and head.seeds is not None
+            worker = self._owner[ids[0]]
+            start = len(self._log[worker])
             for i, pos, s, r in zip(ids, head.positions, head.seeds, payload):
                 if r[2] is None:
                     self._seeds[i] = s
-                    self._history[i] = []
+                    self._mark[i] = start
                     self._broken.pop(i, None)
                 else:
                     self._broken[i] = r[2]
                     self._seeds[i] = None
                 self._deliver(ticket, pos, i, r)
+            self._compact_log(worker)
         else:  # restore
             for i, err in zip(ids, payload):
                 if err is not None:
@@ -586,7 +596,7 @@ class EnvPool:
         queue = self._queues[worker]
         head = queue.popleft()
         progress = self._backend.progress(worker)
-        culprit = progress[0] if progress is not None else -1
+        culprit = int(progress[0]) if progress is not None else -1
         log.warning("worker %d of %s backend: %s (env %s); restarting it", worker,
                     self.backend_name, reason, culprit if culprit >= 0 else "unknown")
         try:
@@ -609,10 +619,13 @@ class EnvPool:
         if head.op != "restore":
             keep = [k for k, i in enumerate(head.env_ids) if i not in guilty]
             if keep:
-                items = [head.items[k] for k in keep] if head.op == "step" else _regroup(
-                    head.items, {head.env_ids[k] for k in keep})
-                env_ids = [head.env_ids[k] for k in keep] if head.op == "step" else [
-                    i for _, members in items for i in members]
+                items: Any
+                if head.op == "reset":
+                    items = _regroup(head.items, {head.env_ids[k] for k in keep})
+                    env_ids = [i for _, members in items for i in members]
+                else:
+                    env_ids = [head.env_ids[k] for k in keep]
+                    items = (env_ids, [head.items[1][k] for k in keep])
                 pos_of = dict(zip(head.env_ids, head.positions))
                 seeds = None
                 if head.seeds is not None:
@@ -623,16 +636,40 @@ class EnvPool:
         waiting = list(queue)
         queue.clear()
         resetting = {i for p in (*rest, *waiting) if p.op == "reset" for i in p.env_ids}
-        restore = [(i, s, [a for turn in self._history[i] for a in turn])
-                   for i in self._backend.slices[worker]
-                   if (s := self._seeds[i]) is not None and i not in self._broken
-                   and i not in resetting]
+        wanted = [i for i in self._backend.slices[worker]
+                  if self._seeds[i] is not None and i not in self._broken and i not in resetting]
+        turns = self._turns_since_reset(worker, wanted)
+        restore = [(i, self._seeds[i], turns[i]) for i in wanted]
         if restore:
             queue.append(_Pending("restore", [r[0] for r in restore], restore, None, []))
         queue.extend(rest)
         queue.extend(waiting)
         if queue:
             self._send(worker, queue[0])
+
+
+    def _turns_since_reset(self, worker: int, env_ids: list[int]) -> dict[int, list[Any]]:
+        """Each env's turns since its reset, from its worker's log (for replay)."""
+        turns: dict[int, list[Any]] = {i: [] for i in env_ids}
+        if not env_ids:
+            return turns
+        log = self._log[worker]
+        for index in range(min(self._mark[i] for i in env_ids), len(log)):
+            ids, actions, single = log[index]
+            for i, acts in zip(ids, actions):
+                if i in turns and index >= self._mark[i]:
+                    turns[i].append([acts] if single else acts)
+        return turns
+
+    def _compact_log(self, worker: int) -> None:
+        """Forget log entries older than every live episode of the worker."""
+        live = [self._mark[i] for i in self._backend.slices[worker]
+                if self._seeds[i] is not None and i not in self._broken]
+        cut = min(live) if live else len(self._log[worker])
+        if cut:
+            del self._log[worker][:cut]
+            for i in self._backend.slices[worker]:
+                self._mark[i] = max(0, self._mark[i] - cut)
 
 
 def _regroup(items: list[tuple[int, list[int]]], keep: set[int]) -> list[tuple[int, list[int]]]:

@@ -17,12 +17,19 @@ Wire format (plain tuples; a process backend pickles them once per worker per ca
   this worker. The host resets the first env with ``seed`` and copies its state to the others
   (``get_state`` / ``set_state``), falling back to resetting each with the same seed if the env
   cannot be copied. Reply payload: one ``(obs, info, error)`` per env id, in request order.
-* ``op == "step"``: payload ``[(env_id, [action, ...]), ...]``. Each env executes its actions in
-  order and stops at the first done. Reply payload: one `StepTuple` per env, in request order:
-  ``(obs, reward_sum, terminated, truncated, info, n_executed, error)``.
-* ``op == "restore"``: payload ``[(env_id, seed, [action, ...]), ...]``: rebuild the env, reset it
-  with ``seed`` and replay the actions (the pool uses this to bring back the innocent envs of a
-  worker that was killed). Reply payload: one ``error`` (``None`` on success) per env.
+* ``op == "step"``: payload ``(env_ids, action_lists)`` (``env_ids`` may be a ``range``). Each
+  env executes its actions in order and stops at the first done. Reply payload
+  ``(results, failed)``: one `StepTuple` per env, in request order,
+  ``(obs, reward_sum, terminated, truncated, info, n_executed, error)``, and the indices of the
+  results whose ``error`` is set (so the pool need not scan every result).
+* ``op == "step1"``: the same with one bare action per env instead of a list (the common
+  ``pool.step`` case, which saves building and pickling a list per env).
+* ``op == "restore"``: payload ``[(env_id, seed, [[action, ...], ...]), ...]``: rebuild the env,
+  reset it with ``seed`` and replay its turns with the same stop-at-first-done rule (the pool
+  uses this to bring back the innocent envs of a worker that was killed). Reply payload: one
+  ``error`` (``None`` on success) per env.
+
+Backends never look inside payloads, so these formats can evolve without touching them.
 * ``op == "close"``: close every env; no reply is needed.
 
 Sequence numbers are chosen by the pool and echoed by the worker; the pool discards any reply
@@ -140,8 +147,10 @@ class EnvHost:
     def handle(self, request: Request) -> Reply:
         seq, op, payload = request
         try:
-            if op == "step":
-                out: Any = self.step(payload)
+            if op == "step1":
+                out: Any = self.step(payload, single=True)
+            elif op == "step":
+                out = self.step(payload)
             elif op == "reset":
                 out = self.reset(payload)
             elif op == "restore":
@@ -159,38 +168,40 @@ class EnvHost:
         return (seq, out, None)
 
     # ------------------------------------------------------------------ ops
-    def step(self, items: Sequence[tuple[int, Sequence[Any]]]) -> list[StepTuple]:
+    def step(self, payload: tuple[Sequence[int], Sequence[Any]], single: bool = False
+             ) -> tuple[list[StepTuple], list[int]]:
+        """Run one turn per env; with ``single`` each env gets one bare action instead of a
+        list. Returns the results and the indices of the envs that failed."""
+        env_ids, actions = payload
         results: list[StepTuple] = []
+        failed: list[int] = []
         append = results.append
         progress = self._progress
         envs = self.envs
-        for env_id, actions in items:
+        broken = self.broken
+        for env_id, acts in zip(env_ids, actions):
             progress(env_id)
             env = envs.get(env_id)
-            if env is None or env_id in self.broken:
+            if env is None or env_id in broken:
+                failed.append(len(results))
                 append(error_step("env failed earlier; reset it"))
                 continue
-            total = 0.0
             n = 0
             try:
-                for action in actions:
-                    obs, reward, terminated, truncated, info = env.step(action)
-                    total += reward
-                    n += 1
-                    if terminated or truncated:
-                        break
-                if n == 0:  # an empty turn: report the current state without acting
-                    obs, terminated, truncated = env.render(), False, False
-                    info = {"success": False, "action_is_valid": False,
-                            "action_is_effective": False, "anchor_obs": env.anchor_obs()}
+                if single:
+                    obs, total, terminated, truncated, info = env.step(acts)
+                    n = 1
+                else:
+                    obs, total, terminated, truncated, info, n = _turn(env, acts)
             except Exception as exc:
-                self.broken.add(env_id)
+                broken.add(env_id)
+                failed.append(len(results))
                 append(error_step(short_error(exc), n))
                 continue
             info["terminated"] = terminated
             info["truncated"] = truncated
             append((obs, total, terminated, truncated, info, n, None))
-        return results
+        return results, failed
 
     def reset(self, groups: Sequence[tuple[int, Sequence[int]]]
               ) -> list[tuple[str, dict[str, Any], str | None]]:
@@ -217,16 +228,17 @@ class EnvHost:
                     results.append(("", error_info(reason), reason))
         return results
 
-    def restore(self, items: Sequence[tuple[int, int, Sequence[Any]]]) -> list[str | None]:
+    def restore(self, items: Sequence[tuple[int, int, Sequence[Sequence[Any]]]]
+                ) -> list[str | None]:
         errors: list[str | None] = []
-        for env_id, seed, history in items:
+        for env_id, seed, turns in items:
             self._progress(env_id)
             try:
                 self.broken.add(env_id)  # forces a fresh instance
                 env = self._fresh_if_broken(env_id)
                 env.reset(seed=seed)
-                for action in history:
-                    env.step(action)
+                for acts in turns:
+                    _turn(env, acts)
                 errors.append(None)
             except Exception as exc:
                 self.broken.add(env_id)
@@ -260,6 +272,28 @@ class EnvHost:
 
 def _no_progress(env_id: int) -> None:
     pass
+
+
+def _turn(env: TextEnv, actions: Sequence[Any]
+          ) -> tuple[str, float, bool, bool, dict[str, Any], int]:
+    """Execute ``actions`` in order, stopping at the first done; the last item says how many
+    ran. An empty turn reports the current state without acting."""
+    total = 0.0
+    n = 0
+    obs: str = ""
+    terminated = truncated = False
+    info: dict[str, Any] = {}
+    for action in actions:
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += reward
+        n += 1
+        if terminated or truncated:
+            break
+    if n == 0:
+        obs = env.render()
+        info = {"success": False, "action_is_valid": False, "action_is_effective": False,
+                "anchor_obs": env.anchor_obs()}
+    return obs, total, terminated, truncated, info, n
 
 
 def _snapshot(env: TextEnv) -> Any:
