@@ -257,7 +257,7 @@ _TEXT_CHECKS: dict[str, Callable[[str], tuple[str, bool]]] = {
 _TEXT_KINDS = {"countdown": "expression", "metamathqa": "free_text", "webshop": "webshop"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity equality keeps instances hashable
 class Projection:
     """A picklable ``list[str] -> (actions, valids)`` function for one env type.
 
