@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -302,6 +304,23 @@ def test_pool_groups_identical_and_backends_agree(shop_url: str) -> None:
 
 
 # ---------------------------------------------------------------------------- CLI
+def test_bench_command_runs_and_writes_json(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from turnpool.bench.webshop import command
+
+    out = tmp_path / "webshop.json"
+    result = CliRunner().invoke(command, ["--envs", "4", "--group-n", "2", "--steps", "2",
+                                          "--latency-ms", "0", "--backends",
+                                          "sequential,thread", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert [r["backend"] for r in report["rows"]] == ["sequential", "thread"]
+    for row in report["rows"]:
+        assert row["active_backend"] == row["backend"] and row["valid_ratio"] == 1.0
+        assert row["steps_per_s"] > 0 and row["shop_cores"] >= 0
+
+
 def test_cli_serve_binds_loopback_and_serves() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "turnpool.cli", "webshop", "serve",

@@ -51,6 +51,13 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 def test_search_open_item_and_pick_an_option(browser: Any) -> None:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def wait_for(css: str) -> list[Any]:
+        """Elements that exist only on the next page: a click's navigation has finished."""
+        return WebDriverWait(browser, 20).until(
+            ec.presence_of_all_elements_located((By.CSS_SELECTOR, css)))
 
     with ShopServer() as server:
         browser.get(f"{server.url}/?goal=12")
@@ -60,15 +67,15 @@ def test_search_open_item_and_pick_an_option(browser: Any) -> None:
         box.send_keys("lightweight running shoes")
         browser.find_element(By.ID, "search-button").click()
 
+        links = wait_for("a.product-link")
         assert "Page 1 (Total results: 50)" in browser.page_source
-        links = browser.find_elements(By.CSS_SELECTOR, "a.product-link")
         assert len(links) == 10
         row = browser.find_elements(By.CSS_SELECTOR, "div.result")[0].text
         title = row.split(" ", 1)[1].rsplit(" | ", 1)[0]
         links[0].click()
 
+        groups = wait_for("div.option-group")
         assert title in browser.page_source
-        groups = browser.find_elements(By.CSS_SELECTOR, "div.option-group")
         names = {g.get_attribute("data-option") for g in groups}
         assert {"size", "color"} <= names, names
         assert browser.find_elements(By.LINK_TEXT, "Buy Now")
@@ -77,9 +84,8 @@ def test_search_open_item_and_pick_an_option(browser: Any) -> None:
         first = size.find_elements(By.CSS_SELECTOR, "a.option")[0]
         value = first.text
         first.click()
-        chosen = browser.find_element(
-            By.CSS_SELECTOR, "div.option-group[data-option='size'] a.option.selected")
-        assert chosen.text == value
+        chosen = wait_for("div.option-group[data-option='size'] a.option.selected")
+        assert [c.text for c in chosen] == [value]
 
         # the person and an agent see the same session: the text rendering agrees
         sid = browser.current_url.split("/s/")[1].split("?")[0]
