@@ -218,3 +218,28 @@ def test_multiprocess_container_keeps_seed_000_shapes() -> None:
     finally:
         container.close()
         container.close()
+
+
+def test_a_slow_step_that_finished_is_not_a_timeout() -> None:
+    """A reply that is ready when the deadline is checked wins over the deadline."""
+    with EnvPool("sleep", env_num=1, group_n=2, seed=0, backend="sequential",
+                 env_kwargs={"sleep_ms": 60.0}, step_timeout=0.05) as pool:
+        pool.reset()
+        _, _, dones, infos = pool.step(["a", "b"])
+        assert dones == [False, False] and "error" not in infos[0]
+
+
+def test_thread_backend_abandons_a_hung_thread() -> None:
+    with EnvPool("faulty", env_num=2, group_n=2, seed=0, backend="thread", num_workers=2,
+                 step_timeout=0.5) as pool, \
+            EnvPool("faulty", env_num=2, group_n=2, seed=0, backend="sequential") as ref:
+        pool.reset()
+        ref.reset()
+        pool.step(["a"] * 4)
+        ref.step(["a"] * 4)
+        _, _, dones, infos = pool.step(["b", "hang", "c", "d"])
+        want = ref.step(["b", "x", "c", "d"])
+        assert "step timeout" in infos[1]["error"] and dones[1]
+        assert [infos[k] for k in (0, 2, 3)] == [want[3][k] for k in (0, 2, 3)]
+        obs, _ = pool.reset(seed=9)
+        assert obs == ref.reset(seed=9)[0]

@@ -132,6 +132,24 @@ class _Pending:
 class EnvPool:
     """A pool of ``env_num * group_n`` text envs (or a multi-type pool, see `from_specs`).
 
+    Args:
+        env_type: a registered env name or ``"module.path:ClassName"``.
+        env_num: number of groups; group_n: envs per group (same seed within a group).
+        seed: base seed; group ``g`` of the first seedless reset uses ``seed + g``.
+        env_kwargs: constructor arguments for every env.
+        backend: ``"sequential"``, ``"thread"``, ``"process"`` or any other name in
+            `turnpool.backends.BACKENDS`.
+        num_workers: worker count (default: the backend's, e.g. one process per core).
+        mp_context: ``"spawn"`` (default), ``"forkserver"`` or ``"fork"`` for process backends.
+        step_timeout: seconds one env may spend on one turn before its worker is killed and
+            the env flagged (None: no deadline). reset_timeout: the same for a reset
+            (default: ``step_timeout``).
+        on_error: ``"flag"`` (failed envs return done + ``info["error"]``) or ``"raise"``
+            (`EnvError` after the call).
+        fallback: run sequentially, with a logged warning, if the backend cannot start.
+        tag: the tag reported in ``pool.tags`` (default: ``env_type``).
+        ray_address, backend_options: passed to the backend.
+
     Not thread-safe: drive one pool from one thread.
     """
 
@@ -499,6 +517,8 @@ class EnvPool:
     def _recheck_deadline(self, worker: int, limit: float, now: float) -> float | None:
         """The head request looks late; an env that started later gets its own full budget."""
         head = self._queues[worker][0]
+        if self._backend.wait([worker], 0.0):
+            return now  # it has answered (or died) meanwhile: receive that first
         progress = self._backend.progress(worker)
         if progress is not None:
             env_id, since = progress
