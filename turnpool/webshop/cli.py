@@ -26,4 +26,7 @@ def serve(host: str, port: int, catalog_path: str | None, latency_ms: float) -> 
     def ready(url: str) -> None:
         click.echo(f"webshop serving at {url}  (open {url}/ in a browser)", nl=True)
 
-    run(host, port, catalog_path, latency_ms, on_ready=ready)
+    try:
+        run(host, port, catalog_path, latency_ms, on_ready=ready)
+    except OSError as exc:  # e.g. the port is taken
+        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
