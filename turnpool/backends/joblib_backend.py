@@ -1,0 +1,462 @@
+"""joblib backend: seed 002's ``Parallel(n_jobs=...)`` workers, env state kept in the workers.
+
+joblib runs stateless tasks and cannot send a task to the worker that holds env *i*; seed 002
+as written ships envs (or rebuilds them) per call and pays joblib's result-polling floor
+(~10 ms per ``Parallel`` call) every step. Here each turnpool worker is **one joblib task that
+lives as long as the pool**: it builds its slice of envs, connects back to the pool over a
+private local socket (Linux abstract namespace, no file; the first bytes must be a random token
+before anything is unpickled) and serves requests there, one message per worker per step, like
+the process backend. joblib chooses and manages the processes or threads
+(``joblib_backend``: ``"loky"`` (default), ``"multiprocessing"`` or ``"threading"``;
+``n_jobs=-1`` means one worker per core, as in seed 002), and no joblib call happens per step.
+
+All slices are launched by one ``Parallel`` call at start; a slice restarted after a fault is
+launched by a new one-task call. Each call runs in a daemon thread until its tasks return.
+
+Faults, per joblib flavour:
+
+* ``loky``: when one worker dies (an env calling ``os._exit``, or a hung worker that turnpool
+  kills), loky declares its executor broken and terminates *all* its workers. Every slice then
+  reports lost, and the pool rebuilds the innocent envs by reset + replay, so results stay
+  exact; that step just costs more.
+* ``multiprocessing``: joblib never returns from a call whose worker died (it waits for the
+  lost result); turnpool relaunches the slice and, at close, stops that stuck call.
+* ``threading``: like the thread backend, a hung thread cannot be stopped (it is abandoned) and
+  an env that ends the process ends the caller.
+
+Limits: loky's executor is shared by the whole process and resized only when idle, so two
+joblib/loky pools alive at once need the same ``num_workers`` (a second pool that cannot get
+workers fails to start and the pool falls back to sequential). ``mp_context`` is ignored:
+joblib picks the start method of its own backends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import os
+import pickle
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import wait as wait_connections
+from typing import Any, ClassVar
+
+from turnpool.backends import process as _process
+from turnpool.backends.base import (
+    Backend,
+    BackendUnavailable,
+    EnvBuild,
+    EnvHost,
+    Reply,
+    Request,
+    WorkerLost,
+    monotonic,
+    short_error,
+)
+from turnpool.backends.process_pool import ProgressSlot, ProgressWriter, watch_parent
+
+log = logging.getLogger(__name__)
+
+JOBLIB_BACKENDS = ("loky", "multiprocessing", "threading")
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_CLOSE_GRACE_S = 2.0
+_INTERRUPT_GRACE_S = 1.0
+_TOKEN_BYTES = 32
+
+
+def resolve_n_jobs(n_jobs: int, num_envs: int) -> int:
+    """Seed 002's ``parallel_n_jobs``: ``-1`` all cores, ``-2`` all but one, ... (joblib's rule),
+    never more than envs."""
+    if n_jobs == 0:
+        raise ValueError("n_jobs == 0 has no meaning")
+    if n_jobs < 0:
+        import joblib
+
+        n_jobs = max(1, joblib.cpu_count() + 1 + n_jobs)
+    return max(1, min(n_jobs, num_envs))
+
+
+# ------------------------------------------------------------------- worker (joblib task)
+#: progress value a task writes when it has returned (its process is free again)
+_FINISHED = -2
+_INTERRUPT = signal.SIGUSR1
+
+
+class _Interrupted(BaseException):
+    """Raised in a task by the pool's interrupt signal; not an ``Exception``, so env-level
+    handlers do not swallow it and the task unwinds and returns."""
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    signal.signal(_INTERRUPT, signal.SIG_IGN)  # once; a late second signal is harmless
+    raise _Interrupted()
+
+
+def serve_slice(address: str, token: bytes, worker: int, incarnation: int,
+                builds: list[EnvBuild], progress_path: str, owner_pid: int) -> int:
+    """One joblib task = one turnpool worker: build the envs, then answer requests until the
+    pool closes the connection. Returns the worker index (joblib's result, unused).
+
+    A stuck task is stopped with a signal rather than by killing its process: killing a loky
+    worker makes loky terminate every other worker (every other slice) too.
+    """
+    in_process = os.getpid() != owner_pid
+    if in_process:
+        watch_parent(owner_pid)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(_INTERRUPT, _on_interrupt)
+    progress = ProgressWriter(progress_path)
+    conn = None
+    try:
+        conn = Client(address, family="AF_UNIX")
+        conn.send_bytes(token)
+        host = EnvHost(builds, progress)
+        conn.send_bytes(pickle.dumps(("hello", worker, incarnation, os.getpid()), _PROTOCOL))
+        _serve(conn, host)
+    except (EOFError, OSError, _Interrupted):
+        pass
+    finally:
+        if in_process and threading.current_thread() is threading.main_thread():
+            signal.signal(_INTERRUPT, signal.SIG_IGN)  # the process goes on serving joblib
+        if conn is not None:
+            conn.close()
+        progress(_FINISHED)
+    return worker
+
+
+def _serve(conn: Connection, host: EnvHost) -> None:
+    loads, dumps, handle = pickle.loads, pickle.dumps, host.handle
+    try:
+        while True:
+            try:
+                request = loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            if request[1] == "close":
+                break
+            reply = handle(request)
+            try:
+                data = dumps(reply, _PROTOCOL)
+            except Exception as exc:
+                data = dumps(_process._picklable(reply, exc), _PROTOCOL)
+            conn.send_bytes(data)
+    finally:
+        host.close()
+
+
+# ------------------------------------------------------------------------- caller side
+class _Launch:
+    """One ``Parallel`` call running a few long-lived slice tasks in a daemon thread."""
+
+    def __init__(self, flavour: str, n_jobs: int, tasks: list[Any]) -> None:
+        self.flavour = flavour
+        self.parallel: Any = None
+        self.thread = threading.Thread(target=self._run, args=(n_jobs, tasks),
+                                       name="turnpool-joblib-launch", daemon=True)
+        self.thread.start()
+
+    def _run(self, n_jobs: int, tasks: list[Any]) -> None:
+        from joblib import Parallel
+
+        try:
+            self.parallel = Parallel(n_jobs=n_jobs, backend=self.flavour, pre_dispatch="all",
+                                     batch_size=1)
+            with self.parallel:
+                self.parallel(tasks)
+        except Exception as exc:  # a worker died (loky) or the call was stopped at close
+            log.debug("joblib launch ended: %s", short_error(exc))
+
+    def stop(self, timeout: float) -> None:
+        """Wait for the call to return; stop it if a lost task would keep it waiting."""
+        self.thread.join(timeout)
+        if self.thread.is_alive() and self.parallel is not None:
+            # joblib has no public way to end a call whose worker vanished (multiprocessing)
+            # or whose thread is stuck in env code (threading); its retrieval loop exits when
+            # this flag is set and then terminates its own pool.
+            self.parallel._aborting = True
+            self.thread.join(timeout)
+        if self.thread.is_alive():
+            log.warning("a joblib call did not stop; its daemon thread is left behind")
+
+
+@dataclass
+class _Worker:
+    conn: Connection | None
+    pid: int
+    progress: ProgressSlot
+    incarnation: int
+    lost: bool = False
+
+
+class JoblibBackend(Backend):
+    """Slices served by long-lived joblib tasks (see the module docstring).
+
+    Options: ``n_jobs`` (seed 002's ``parallel_n_jobs``, used when ``num_workers`` is None;
+    default -1 = one per core) and ``joblib_backend`` (``loky``, ``multiprocessing``,
+    ``threading``).
+    """
+
+    name: ClassVar[str] = "joblib"
+    can_interrupt: ClassVar[bool] = True
+
+    @staticmethod
+    def default_num_workers(num_envs: int) -> int:
+        return resolve_n_jobs(-1, num_envs)
+
+    def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
+                 mp_context: str | None = None, n_jobs: int | None = None,
+                 joblib_backend: str = "loky", **options: Any) -> None:
+        if num_workers is None and n_jobs is not None:
+            num_workers = resolve_n_jobs(n_jobs, len(builds))
+        super().__init__(builds, num_workers, mp_context=mp_context, **options)
+        if joblib_backend not in JOBLIB_BACKENDS:
+            raise ValueError(f"joblib_backend must be one of {JOBLIB_BACKENDS}, "
+                             f"got {joblib_backend!r}")
+        self.flavour = joblib_backend
+        self._workers: list[_Worker | None] = [None] * self.num_workers
+        self._launches: list[_Launch] = []
+        self._sock: socket.socket | None = None
+        self._token = secrets.token_bytes(_TOKEN_BYTES)
+        self._address = "\0turnpool-joblib-" + secrets.token_hex(12)
+        self._early: dict[tuple[int, int], tuple[Connection, int]] = {}
+        self._timeout = 60.0
+        self._closed = False
+        self._owner_pid = os.getpid()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, timeout: float) -> None:
+        self._timeout = timeout
+        try:
+            import joblib  # noqa: F401  (fail here, into the pool's fallback, if missing)
+        except ImportError as exc:
+            raise BackendUnavailable(f"joblib is not installed: {exc}") from exc
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(self._address)
+            sock.listen(max(8, self.num_workers))
+            self._sock = sock
+            progress = [ProgressSlot() for _ in range(self.num_workers)]
+            launch = self._launch(list(range(self.num_workers)), progress, incarnation=0)
+            deadline = monotonic() + timeout
+            for k in range(self.num_workers):
+                self._await_worker(k, 0, progress[k], deadline, launch)
+        except (OSError, TimeoutError, WorkerLost, ValueError) as exc:
+            self.close()
+            raise BackendUnavailable(f"joblib ({self.flavour}) workers did not start: "
+                                     f"{short_error(exc)}") from exc
+
+    def _launch(self, slots: list[int], progress: list[ProgressSlot], incarnation: int
+                ) -> _Launch:
+        from joblib import delayed
+
+        tasks = [delayed(serve_slice)(self._address, self._token, k, incarnation,
+                                      self.builds_of(k), p.path, self._owner_pid)
+                 for k, p in zip(slots, progress)]
+        if self.flavour == "loky":
+            # loky's executor is process-wide and only resized when idle: every call asks for
+            # the same size, and at least 2 (n_jobs=1 would run the task in the launch thread).
+            n_jobs = max(2, self.num_workers)
+        elif self.flavour == "multiprocessing":
+            n_jobs = max(2, len(tasks))
+        else:
+            n_jobs = max(1, len(tasks))
+        launch = _Launch(self.flavour, n_jobs, tasks)
+        self._launches.append(launch)
+        return launch
+
+    def _await_worker(self, k: int, incarnation: int, progress: ProgressSlot,
+                      deadline: float, launch: _Launch) -> None:
+        """Accept connections until worker ``k`` (this incarnation) has said hello."""
+        while (k, incarnation) not in self._early:
+            left = deadline - monotonic()
+            if left <= 0 or not launch.thread.is_alive():
+                progress.close()
+                why = "in time" if left <= 0 else "(its joblib call ended first)"
+                raise TimeoutError(f"joblib worker {k} did not connect {why}")
+            assert self._sock is not None
+            # Short slices: a joblib call that fails (e.g. on a broken loky executor) is
+            # noticed within a fraction of a second instead of at the deadline.
+            self._sock.settimeout(min(left, 0.2))
+            try:
+                client, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            client.settimeout(None)
+            conn = Connection(client.detach())
+            try:
+                hello = self._handshake(conn, deadline)
+            except (OSError, EOFError, TimeoutError, ValueError) as exc:
+                log.warning("rejected a connection on the joblib socket: %s", exc)
+                conn.close()
+                continue
+            _, worker, inc, pid = hello
+            self._early[(int(worker), int(inc))] = (conn, int(pid))
+        conn, pid = self._early.pop((k, incarnation))
+        progress.unlink()
+        self._workers[k] = _Worker(conn, pid, progress, incarnation)
+
+    def _handshake(self, conn: Connection, deadline: float) -> tuple[Any, ...]:
+        if not conn.poll(max(0.0, deadline - monotonic())):
+            raise TimeoutError("no token")
+        if not hmac.compare_digest(conn.recv_bytes(maxlength=_TOKEN_BYTES), self._token):
+            raise ValueError("bad token")
+        # Envs are built between token and hello; the worker is ours, so its pickles are trusted.
+        if not conn.poll(max(0.0, deadline - monotonic())):
+            raise TimeoutError("no hello")
+        hello = pickle.loads(conn.recv_bytes())
+        if not (isinstance(hello, tuple) and len(hello) == 4 and hello[0] == "hello"):
+            raise ValueError("bad hello")
+        return hello
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        workers = [w for w in self._workers if w is not None]
+        self._workers = [None] * len(self._workers)
+        for conn, _pid in self._early.values():
+            conn.close()
+        self._early.clear()
+        if os.getpid() != self._owner_pid:  # a forked copy of the owner: not ours to stop
+            return
+        bye = pickle.dumps((0, "close", None), _PROTOCOL)
+        for w in workers:
+            if w.conn is not None and not w.lost:
+                with contextlib.suppress(OSError):
+                    w.conn.send_bytes(bye)
+        deadline = monotonic() + _CLOSE_GRACE_S
+        for launch in self._launches:
+            launch.thread.join(max(0.0, deadline - monotonic()))
+        for w in workers:
+            if w.conn is not None:
+                w.conn.close()
+            mark = w.progress.read()
+            if not w.lost and mark is not None and mark[0] != _FINISHED:
+                self._stop_task(w)  # still in env code after the grace period
+            w.progress.close()
+        for launch in self._launches:
+            launch.stop(_CLOSE_GRACE_S)
+        self._launches.clear()
+        if self.flavour == "loky":
+            _shutdown_loky(_CLOSE_GRACE_S)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _kill(self, pid: int) -> None:
+        if pid <= 0 or pid == self._owner_pid:
+            return  # a thread worker: cannot be killed
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+    def _stop_task(self, w: _Worker) -> None:
+        """End a worker's task: interrupt it, and kill its process only if it does not return
+        (env code stuck in C); a thread worker can only be abandoned."""
+        if w.pid <= 0 or w.pid == self._owner_pid:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(w.pid, _INTERRUPT)
+        deadline = monotonic() + _INTERRUPT_GRACE_S
+        while monotonic() < deadline:
+            mark = w.progress.read()
+            if mark is None or mark[0] == _FINISHED:
+                return
+            time.sleep(0.005)  # bounded, only while a stuck worker is being replaced
+        log.warning("joblib worker pid %d ignored the interrupt; killing it", w.pid)
+        self._kill(w.pid)
+
+    # ------------------------------------------------------------------ protocol
+    def send(self, worker: int, request: Request) -> None:
+        w = self._workers[worker]
+        if w is None or w.lost or w.conn is None:
+            raise WorkerLost("joblib worker is gone")
+        try:
+            w.conn.send_bytes(pickle.dumps(request, _PROTOCOL))
+        except OSError as exc:
+            w.lost = True
+            raise WorkerLost(f"joblib worker {worker}: {exc}") from exc
+
+    def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
+        conns: dict[Any, int] = {}
+        dead: list[int] = []
+        for k in workers:
+            w = self._workers[k]
+            if w is None or w.lost or w.conn is None:
+                dead.append(k)
+            else:
+                conns[w.conn] = k
+        if dead:
+            return dead
+        ready = wait_connections(list(conns), timeout)
+        return sorted(conns[c] for c in ready)
+
+    def recv(self, worker: int) -> Reply:
+        w = self._workers[worker]
+        if w is None or w.lost or w.conn is None:
+            raise WorkerLost("joblib worker is gone")
+        try:
+            reply: Reply = pickle.loads(w.conn.recv_bytes())
+        except (EOFError, OSError) as exc:
+            w.lost = True
+            raise WorkerLost(f"joblib worker {worker} ({self.flavour}) died") from exc
+        return reply
+
+    def progress(self, worker: int) -> tuple[int, float] | None:
+        w = self._workers[worker]
+        return None if w is None else w.progress.read()
+
+    def restart(self, worker: int) -> None:
+        old = self._workers[worker]
+        incarnation = 1
+        if old is not None:
+            incarnation = old.incarnation + 1
+            if old.conn is not None:
+                old.conn.close()  # a thread worker that ever returns sees EOF and exits
+            if not old.lost:
+                self._stop_task(old)
+            old.progress.close()
+        self._workers[worker] = None
+        deadline = monotonic() + self._timeout
+        for attempt in range(2):  # a call may land on a loky executor that is still dying
+            progress = ProgressSlot()
+            launch = self._launch([worker], [progress], incarnation + attempt)
+            try:
+                self._await_worker(worker, incarnation + attempt, progress, deadline, launch)
+                return
+            except (OSError, TimeoutError) as exc:
+                error = exc
+        raise WorkerLost(f"joblib worker {worker} did not restart: {error}")
+
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self._workers
+                if w is not None and w.pid != self._owner_pid]
+
+
+def _shutdown_loky(timeout: float) -> None:
+    """Stop loky's process-wide executor now that our tasks have returned.
+
+    loky keeps idle workers for minutes for the next call; they are processes the pool
+    started, and none may outlive it. Killing them instead would break the executor under the
+    next call. joblib exposes no handle to the executor, hence loky's module global.
+    """
+    from joblib.externals.loky import reusable_executor
+
+    executor = getattr(reusable_executor, "_executor", None)
+    if executor is None:
+        return
+    done = threading.Thread(target=executor.shutdown, kwargs={"wait": True}, daemon=True,
+                            name="turnpool-loky-shutdown")
+    done.start()
+    done.join(timeout)
+    if done.is_alive():  # someone else's loky tasks are still running
+        log.warning("loky's executor is busy with other work; its workers stay for it")
+
+
+__all__ = ["JOBLIB_BACKENDS", "JoblibBackend", "resolve_n_jobs", "serve_slice"]

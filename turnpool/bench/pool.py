@@ -1,0 +1,690 @@
+"""``turnpool bench pool``: every pool backend side by side, measured in one run.
+
+The table answers one question per env kind, each against the in-process loop:
+
+* ``trivial`` (about 1 µs per step): what the backend itself costs, in µs per env-step;
+* ``cpu`` (pure-Python work, calibrated here to about 1 ms per step): speedup over
+  sequential, bounded by the number of cores;
+* ``sleep`` (a 1 ms blocking wait, like a web call): speedup over sequential, bounded by
+  concurrency, not cores;
+* ``sokoban`` (when that env is installed): wall time of one turn of the whole batch.
+
+gymnasium's ``AsyncVectorEnv`` (one process per env, ``shared_memory=False`` because its
+shared-memory path returns stale text observations) runs the same envs through an adapter as
+the external reference column. Ray is measured last so that no process is forked after Ray's
+threads exist.
+
+    turnpool bench pool --json pool.json --plot pool.png
+    turnpool bench pool --quick --backends sequential,thread     # smoke run, seconds
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+log = logging.getLogger(__name__)
+
+ALL_BACKENDS = ("sequential", "thread", "process", "process_pool", "joblib", "ray", "auto")
+ALL_ENVS = ("trivial", "cpu", "sleep", "sokoban")
+ALL_SIZES = (8, 64, 256)
+GYM = "gym_async"
+THREAD16 = "thread16"
+RAY2 = "ray_2actors"
+# Episodes long enough that no synthetic env finishes while it is being timed.
+_ENDLESS = 10**9
+
+
+@dataclass
+class Settings:
+    """What to run and how long to time each configuration."""
+
+    backends: tuple[str, ...] = ALL_BACKENDS
+    envs: tuple[str, ...] = ALL_ENVS
+    sizes: tuple[int, ...] = ALL_SIZES
+    workers: int | None = None
+    mp_context: str | None = None
+    gym: bool = True
+    gym_max_n: int = 256
+    thread16: bool = True
+    min_time_s: float = 0.3
+    repeats: int = 3
+    warmup: int = 3
+    cpu_target_ms: float = 1.0
+    sokoban_turn: bool = True
+    quick: bool = False
+
+
+@dataclass
+class EnvCase:
+    """One env kind as the benchmark drives it."""
+
+    name: str
+    env_type: str
+    kwargs: dict[str, Any]
+    #: Steps that can be timed after one reset before an episode may end.
+    steps_per_reset: int = 1 << 30
+    #: action ids cycle through 1..n_actions (shifted per env so envs differ)
+    n_actions: int = 4
+
+
+@dataclass
+class Row:
+    """One measured configuration: ``batch_s`` is the median wall time of one pool step."""
+
+    env: str
+    backend: str
+    n: int
+    batch_s: float
+    best_batch_s: float
+    steps: int
+    workers: int | None = None
+    active_backend: str = ""
+    other_load: float | None = None
+    error: str | None = None
+
+    @property
+    def us_per_env_step(self) -> float:
+        return self.batch_s / self.n * 1e6
+
+
+# --------------------------------------------------------------------------- measuring
+class _OtherLoad:
+    """CPU share used by processes outside this process tree while a measurement ran.
+
+    The machine is shared; this number says how much to trust a row. Ray actors are not our
+    children, so their work counts as "other" in Ray rows.
+    """
+
+    def __init__(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            self._psutil: Any = None
+            return
+        self._psutil = psutil
+        self._start: tuple[float, float, float] | None = None
+
+    def _sample(self) -> tuple[float, float, float]:
+        psutil = self._psutil
+        cpu = psutil.cpu_times()
+        busy = sum(cpu) - cpu.idle - getattr(cpu, "iowait", 0.0)
+        own = 0.0
+        me = psutil.Process()
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                t = proc.cpu_times()
+                own += t.user + t.system
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return time.perf_counter(), busy, own
+
+    def start(self) -> None:
+        if self._psutil is not None:
+            self._start = self._sample()
+
+    def stop(self) -> float | None:
+        if self._psutil is None or self._start is None:
+            return None
+        t1, busy1, own1 = self._sample()
+        t0, busy0, own0 = self._start
+        wall = max(t1 - t0, 1e-9) * (os.cpu_count() or 1)
+        return max(0.0, min(1.0, ((busy1 - busy0) - max(0.0, own1 - own0)) / wall))
+
+
+def _actions(case: EnvCase, n: int, turn: int) -> list[int]:
+    return [1 + (turn + i) % case.n_actions for i in range(n)]
+
+
+def _time_loop(
+    reset: Callable[[], object],
+    step: Callable[[list[int]], object],
+    case: EnvCase,
+    n: int,
+    settings: Settings,
+) -> tuple[float, float, int, float | None]:
+    """Median and best seconds per batch step, over ``repeats`` blocks of >= min_time_s."""
+    reset()
+    turn = 0
+    since_reset = 0
+    for _ in range(settings.warmup):
+        step(_actions(case, n, turn))
+        turn += 1
+        since_reset += 1
+    action_sets = [_actions(case, n, t) for t in range(case.n_actions)]
+    load = _OtherLoad()
+    per_block: list[float] = []
+    total = 0
+    loads: list[float] = []
+    for _ in range(settings.repeats):
+        elapsed = 0.0
+        count = 0
+        load.start()
+        while elapsed < settings.min_time_s or count < 2:
+            if since_reset >= case.steps_per_reset:
+                reset()  # outside the timed region: episodes must not end while timed
+                since_reset = 0
+            actions = action_sets[turn % case.n_actions]
+            t0 = time.perf_counter()
+            step(actions)
+            elapsed += time.perf_counter() - t0
+            count += 1
+            turn += 1
+            since_reset += 1
+        other = load.stop()
+        if other is not None:
+            loads.append(other)
+        per_block.append(elapsed / count)
+        total += count
+    return (statistics.median(per_block), min(per_block), total,
+            max(loads) if loads else None)
+
+
+def calibrate_cpu_iters(target_s: float, budget_s: float = 0.3) -> int:
+    """``work_iters`` that make one ``cpu`` env step take about ``target_s`` here and now."""
+    from turnpool.envs.registry import make
+
+    iters = 20_000
+    for _ in range(3):
+        env = make("cpu", work_iters=iters, episode_len=_ENDLESS)
+        env.reset(seed=0)
+        times: list[float] = []
+        deadline = time.perf_counter() + budget_s / 3
+        while time.perf_counter() < deadline or len(times) < 3:
+            t0 = time.perf_counter()
+            env.step(1)
+            times.append(time.perf_counter() - t0)
+        iters = max(100, int(iters * target_s / statistics.median(times)))
+    return iters
+
+
+def _sokoban_available() -> bool:
+    try:
+        from turnpool.envs.registry import resolve
+
+        resolve("sokoban")
+    except (ImportError, AttributeError, KeyError):
+        return False
+    return True
+
+
+def env_cases(settings: Settings) -> list[EnvCase]:
+    """The env kinds to run, with the cpu env calibrated to ``cpu_target_ms``."""
+    cases: list[EnvCase] = []
+    for name in settings.envs:
+        if name == "trivial":
+            cases.append(EnvCase("trivial", "trivial", {"episode_len": _ENDLESS}))
+        elif name == "cpu":
+            iters = calibrate_cpu_iters(settings.cpu_target_ms / 1000.0)
+            log.info("cpu env: work_iters=%d for ~%.2f ms per step", iters,
+                     settings.cpu_target_ms)
+            cases.append(EnvCase("cpu", "cpu", {"episode_len": _ENDLESS, "work_iters": iters}))
+        elif name == "sleep":
+            cases.append(EnvCase("sleep", "sleep", {"episode_len": _ENDLESS, "sleep_ms": 1.0}))
+        elif name == "sokoban":
+            if not _sokoban_available():
+                log.warning("sokoban env is not installed; skipping its column")
+                continue
+            # A solved room ends its episode; a short block between resets keeps every env
+            # stepping (random pushes rarely solve a room within a few moves).
+            cases.append(EnvCase("sokoban", "sokoban",
+                                 {"dim_room": (6, 6), "num_boxes": 1, "max_steps": _ENDLESS},
+                                 steps_per_reset=8))
+        else:
+            raise click.BadParameter(f"unknown env {name!r}; choose from {ALL_ENVS}")
+    return cases
+
+
+def measure_pool(
+    case: EnvCase, backend: str, n: int, settings: Settings, workers: int | None = None
+) -> Row:
+    """Build an ``EnvPool`` of ``n`` envs on ``backend`` and time its batch step."""
+    from turnpool.pool import EnvPool
+
+    kwargs: dict[str, Any] = {}
+    if settings.mp_context is not None:
+        kwargs["mp_context"] = settings.mp_context
+    workers = workers if workers is not None else settings.workers
+    pool = EnvPool(case.env_type, env_num=n, group_n=1, seed=0, env_kwargs=case.kwargs,
+                   backend=backend, num_workers=workers, step_timeout=120.0, **kwargs)
+    try:
+        active = str(pool.backend_name)
+        median, best, steps, other = _time_loop(
+            pool.reset, pool.step, case, n, settings)
+    finally:
+        pool.close()
+    return Row(case.name, backend, n, median, best, steps, workers, active, other)
+
+
+# ---------------------------------------------------------------- gymnasium reference
+def _make_gym_env(env_type: str, kwargs: dict[str, Any]) -> Any:
+    return _gym_adapter()(env_type, kwargs)
+
+
+@functools.lru_cache(maxsize=1)
+def _gym_adapter() -> type:
+    import gymnasium
+    from gymnasium import spaces
+
+    from turnpool.envs.registry import make
+
+    class GymTextEnv(gymnasium.Env):  # type: ignore[type-arg]
+        """A turnpool env seen through gymnasium's API (text obs, int actions)."""
+
+        def __init__(self, env_type: str, kwargs: dict[str, Any]) -> None:
+            self.env = make(env_type, **kwargs)
+            self.observation_space = spaces.Text(max_length=1 << 16)
+            self.action_space = spaces.Discrete(4, start=1)
+
+        def reset(
+            self, *, seed: int | None = None, options: dict[str, Any] | None = None
+        ) -> tuple[str, dict[str, Any]]:
+            super().reset(seed=seed)
+            return self.env.reset(seed=seed)
+
+        def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+            return self.env.step(int(action))
+
+        def close(self) -> None:
+            self.env.close()
+
+    return GymTextEnv
+
+
+def measure_gym(case: EnvCase, n: int, settings: Settings) -> Row:
+    """gymnasium ``AsyncVectorEnv``: one forked process per env, pickled text obs."""
+    import gymnasium
+    import numpy as np
+
+    fns = [functools.partial(_make_gym_env, case.env_type, case.kwargs) for _ in range(n)]
+    venv = gymnasium.vector.AsyncVectorEnv(fns, shared_memory=False, context="fork")
+    try:
+        median, best, steps, other = _time_loop(
+            lambda: venv.reset(seed=0),
+            lambda actions: venv.step(np.asarray(actions, dtype=np.int64)),
+            case, n, settings)
+    finally:
+        venv.close(terminate=True)
+    return Row(case.name, GYM, n, median, best, steps, n, "AsyncVectorEnv", other)
+
+
+# ------------------------------------------------------------------ sokoban in-process
+def measure_sokoban_turn(settings: Settings) -> dict[str, float] | None:
+    """128 Sokoban envs (8 groups x 16): seedless reset and one turn, in-process."""
+    if not _sokoban_available():
+        return None
+    from turnpool.pool import EnvPool
+
+    case = EnvCase("sokoban", "sokoban", {"dim_room": (6, 6), "num_boxes": 1})
+    pool = EnvPool("sokoban", env_num=8, group_n=16, seed=0, env_kwargs=case.kwargs,
+                   backend="sequential")
+    resets: list[float] = []
+    turns: list[float] = []
+    try:
+        deadline = time.perf_counter() + max(settings.min_time_s * settings.repeats, 0.05)
+        turn = 0
+        while time.perf_counter() < deadline or len(resets) < 3:
+            t0 = time.perf_counter()
+            pool.reset()  # seedless: a fresh puzzle per episode, so no room is reused
+            t1 = time.perf_counter()
+            pool.step(_actions(case, 128, turn))
+            t2 = time.perf_counter()
+            resets.append(t1 - t0)
+            turns.append(t2 - t1)
+            turn += 1
+    finally:
+        pool.close()
+    return {"reset_ms": statistics.median(resets) * 1e3,
+            "turn_ms": statistics.median(turns) * 1e3,
+            "best_reset_ms": min(resets) * 1e3, "best_turn_ms": min(turns) * 1e3,
+            "samples": float(len(resets))}
+
+
+# ------------------------------------------------------------------------ orchestration
+@dataclass
+class Step:
+    """One planned row: ``label`` names it in the table, ``backend`` is what runs."""
+
+    case: EnvCase
+    label: str
+    backend: str
+    n: int
+    workers: int | None = None
+
+
+def _plan(settings: Settings, cases: Sequence[EnvCase]) -> list[Step]:
+    """Rows in run order: everything else first, Ray last (see module doc)."""
+    plan: list[Step] = []
+    for ray_pass in (False, True):
+        for case in cases:
+            for n in settings.sizes:
+                for backend in settings.backends:
+                    if (backend == "ray") == ray_pass:
+                        plan.append(Step(case, backend, backend, n))
+                if ray_pass:
+                    continue
+                if settings.gym and n <= settings.gym_max_n:
+                    plan.append(Step(case, GYM, GYM, n))
+                if settings.thread16 and case.name == "sleep":
+                    plan.append(Step(case, THREAD16, "thread", n, 16))
+        if ray_pass and "ray" in settings.backends and any(c.name == "trivial" for c in cases):
+            trivial = next(c for c in cases if c.name == "trivial")
+            plan.append(Step(trivial, RAY2, "ray", 64, 2))
+    return plan
+
+
+def run_benchmark(settings: Settings, progress: Callable[[str], None] | None = None) -> dict:
+    """Run every configuration and return the report (what ``--json`` writes)."""
+    started = time.time()
+    cases = env_cases(settings)
+    rows: list[Row] = []
+    ray_started_here = False
+    if settings.gym and importlib.util.find_spec("gymnasium") is None:
+        log.warning("gymnasium is not installed; no AsyncVectorEnv reference column")
+        settings.gym = False
+    for step in _plan(settings, cases):
+        text = f"{step.case.name:8s} {step.label:13s} N={step.n}"
+        if progress:
+            progress(text)
+        if step.backend == "ray" and not ray_started_here:
+            ray_started_here = _ray_was_down()
+        try:
+            if step.backend == GYM:
+                row = measure_gym(step.case, step.n, settings)
+            else:
+                row = measure_pool(step.case, step.backend, step.n, settings, step.workers)
+            row.backend = step.label
+        except Exception as exc:  # one broken backend must not lose the whole table
+            log.exception("%s failed", text)
+            row = Row(step.case.name, step.label, step.n, float("nan"), float("nan"), 0,
+                      step.workers, error=f"{type(exc).__name__}: {exc}")
+        rows.append(row)
+    sokoban_turn = measure_sokoban_turn(settings) if settings.sokoban_turn else None
+    if ray_started_here:
+        _ray_shutdown()
+    report = {
+        "machine": {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+                    "platform": platform.platform(), "processor": platform.processor()},
+        "settings": asdict(settings),
+        "env_kwargs": {c.name: c.kwargs for c in cases},
+        "rows": [{**asdict(r), "us_per_env_step": r.us_per_env_step} for r in rows],
+        "sokoban_128": sokoban_turn,
+        "elapsed_s": time.time() - started,
+    }
+    report["summary"] = summarize(report)
+    return report
+
+
+def _ray_was_down() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return not ray.is_initialized()
+
+
+def _ray_shutdown() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+# ----------------------------------------------------------------------------- summary
+def _index(report: dict) -> dict[tuple[str, str, int], dict]:
+    return {(r["env"], r["backend"], r["n"]): r for r in report["rows"] if not r["error"]}
+
+
+def summarize(report: dict) -> dict[str, Any]:
+    """Derived numbers: speedups, auto's ratio to the best backend, and the issue's goals."""
+    idx = _index(report)
+    sizes = report["settings"]["sizes"]
+    envs = sorted({r["env"] for r in report["rows"]})
+    speedup: dict[str, dict[str, dict[int, float]]] = {}
+    for (env, backend, n), row in idx.items():
+        seq = idx.get((env, "sequential", n))
+        if seq:
+            speedup.setdefault(env, {}).setdefault(backend, {})[n] = (
+                seq["batch_s"] / row["batch_s"])
+    auto_ratio: dict[str, dict[int, float]] = {}
+    for env in envs:
+        for n in sizes:
+            auto = idx.get((env, "auto", n))
+            others = [r["batch_s"] for (e, b, m), r in idx.items()
+                      if e == env and m == n and b not in ("auto", GYM, THREAD16, RAY2)]
+            if auto and others:
+                auto_ratio.setdefault(env, {})[n] = auto["batch_s"] / min(others)
+
+    def us(backend: str, n: int, env: str = "trivial") -> float | None:
+        row = idx.get((env, backend, n))
+        return row["us_per_env_step"] if row else None
+
+    goals: list[dict[str, Any]] = []
+
+    def goal(name: str, target: str, value: float | None, ok: bool | None) -> None:
+        goals.append({"goal": name, "target": target, "measured": value, "met": ok})
+
+    for n, limit in zip((8, 64, 256), (7.0, 2.0, 1.2)):
+        v = us("process", n)
+        goal(f"process trivial overhead N={n}", f"<= {limit} us/env-step", v,
+             None if v is None else v <= limit)
+    for n in (8, 64, 256):
+        v = speedup.get("cpu", {}).get("process", {}).get(n)
+        goal(f"process cpu speedup N={n}", ">= 1.90x", v, None if v is None else v >= 1.90)
+    p64, g64 = us("process", 64), us(GYM, 64)
+    ratio = g64 / p64 if p64 and g64 else None
+    goal("AsyncVectorEnv / process overhead N=64", ">= 10x", ratio,
+         None if ratio is None else ratio >= 10)
+    t16 = speedup.get("sleep", {}).get(THREAD16, {})
+    best16 = max(t16.values()) if t16 else None
+    goal("thread (16 threads) sleep speedup, best N", ">= 12x", best16,
+         None if best16 is None else best16 >= 12)
+    worst_auto = max((v for d in auto_ratio.values() for v in d.values()), default=None)
+    goal("auto / best backend, worst env and N", "<= 1.2x", worst_auto,
+         None if worst_auto is None else worst_auto <= 1.2)
+    ray64 = idx.get(("trivial", RAY2, 64))
+    ray_ms = ray64["batch_s"] * 1e3 if ray64 else None
+    goal("ray: one turn of 64 trivial envs on 2 actors", "<= 2 ms", ray_ms,
+         None if ray_ms is None else ray_ms <= 2.0)
+    sk = report.get("sokoban_128")
+    if sk:
+        goal("128 sokoban envs reset (in-process)", "<= 15 ms", sk["reset_ms"],
+             sk["reset_ms"] <= 15)
+        goal("128 sokoban envs one turn (in-process)", "<= 5 ms", sk["turn_ms"],
+             sk["turn_ms"] <= 5)
+    return {"speedup": speedup, "auto_ratio": auto_ratio, "goals": goals}
+
+
+# ---------------------------------------------------------------------------- output
+def _table_columns(report: dict) -> list[tuple[str, int]]:
+    envs_present = {r["env"] for r in report["rows"]}
+    return [(env, n) for env in ALL_ENVS if env in envs_present
+            for n in report["settings"]["sizes"]]
+
+
+def _cell(report: dict, idx: dict, env: str, backend: str, n: int) -> str:
+    row = idx.get((env, backend, n))
+    if row is None:
+        failed = [r for r in report["rows"] if (r["env"], r["backend"], r["n"]) ==
+                  (env, backend, n)]
+        return "error" if failed else "-"
+    if env == "trivial":
+        return f"{row['us_per_env_step']:.1f}"
+    if env == "sokoban":
+        return f"{row['batch_s'] * 1e3:.2f}"
+    seq = idx.get((env, "sequential", n))
+    return f"{seq['batch_s'] / row['batch_s']:.2f}x" if seq else "-"
+
+
+def render(report: dict) -> list[Any]:
+    """Rich renderables: the main table, the goals table and notes."""
+    from rich.table import Table
+
+    idx = _index(report)
+    columns = _table_columns(report)
+    units = {"trivial": "µs/env-step", "cpu": "speedup", "sleep": "speedup",
+             "sokoban": "ms/turn"}
+    table = Table(title="turnpool bench pool  (trivial: µs per env-step; cpu, sleep: speedup "
+                        "over sequential; sokoban: ms per batch turn)")
+    table.add_column("backend")
+    for env, n in columns:
+        table.add_column(f"{env} {units[env]}\nN={n}", justify="right")
+    backends = [b for b in (*ALL_BACKENDS, THREAD16, RAY2, GYM)
+                if any(r["backend"] == b for r in report["rows"])]
+    for backend in backends:
+        active = {r["active_backend"] for r in report["rows"]
+                  if r["backend"] == backend and r["active_backend"]}
+        label = {THREAD16: "thread, 16 threads", RAY2: "ray, 2 actors",
+                 GYM: "gymnasium AsyncVectorEnv"}.get(backend, backend)
+        if backend == "auto" and active:
+            label += " (" + ", ".join(sorted(a.removeprefix("auto->") for a in active)) + ")"
+        table.add_row(label, *(_cell(report, idx, env, backend, n) for env, n in columns))
+
+    goals = Table(title="issue goals (measured on a shared machine: noisy)")
+    for col in ("goal", "target", "measured", "met"):
+        goals.add_column(col)
+    for g in report["summary"]["goals"]:
+        value = "-" if g["measured"] is None else f"{g['measured']:.2f}"
+        met = {True: "yes", False: "no", None: "-"}[g["met"]]
+        goals.add_row(g["goal"], g["target"], value, met)
+
+    out: list[Any] = [table, goals]
+    ratio = report["summary"]["auto_ratio"]
+    if ratio:
+        out.append("auto / best backend: " + "; ".join(
+            f"{env} " + " ".join(f"N={n}:{v:.2f}" for n, v in sorted(d.items()))
+            for env, d in ratio.items()))
+    loads = [r["other_load"] for r in report["rows"] if r["other_load"] is not None]
+    if loads:
+        out.append(f"CPU used by other processes while timing: median "
+                   f"{statistics.median(loads):.0%}, max {max(loads):.0%} of the machine")
+    gym_n = report["settings"]["gym_max_n"]
+    if report["settings"]["gym"] and any(n > gym_n for n in report["settings"]["sizes"]):
+        out.append(f"AsyncVectorEnv skipped above N={gym_n} (one process per env).")
+    errors = [r for r in report["rows"] if r["error"]]
+    for r in errors:
+        out.append(f"[red]{r['env']} {r['backend']} N={r['n']}: {r['error']}[/red]")
+    return out
+
+
+def plot(report: dict, path: Path) -> None:
+    """Throughput (env-steps/s) vs N, one line per backend, one panel per env."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = [e for e in ALL_ENVS if any(r["env"] == e for r in report["rows"])]
+    fig, axes = plt.subplots(1, max(1, len(envs)), figsize=(4.2 * max(1, len(envs)), 3.8),
+                             squeeze=False)
+    for ax, env in zip(axes[0], envs):
+        by_backend: dict[str, list[tuple[int, float]]] = {}
+        for r in report["rows"]:
+            if r["env"] == env and not r["error"]:
+                by_backend.setdefault(r["backend"], []).append(
+                    (r["n"], r["n"] / r["batch_s"]))
+        for backend, points in sorted(by_backend.items()):
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                    label=backend, linestyle="--" if backend == GYM else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(env)
+        ax.set_xlabel("envs (N)")
+        ax.set_ylabel("env-steps / s")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"turnpool bench pool ({report['machine']['cpu_count']} cores)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -------------------------------------------------------------------------------- CLI
+def _csv(kind: type, choices: Sequence[Any] | None = None) -> Callable[..., Any]:
+    def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        if value is None:
+            return None
+        items = tuple(kind(v.strip()) for v in value.split(",") if v.strip())
+        if choices is not None:
+            bad = [v for v in items if v not in choices]
+            if bad:
+                raise click.BadParameter(f"{bad} not in {list(choices)}")
+        return items
+    return parse
+
+
+@click.command(name="pool")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the full report (rows, summary, goals) as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Save a PNG of throughput vs N per backend.")
+@click.option("--quick", is_flag=True,
+              help="Smoke run: N=8 only, a few ms per configuration.")
+@click.option("--backends", callback=_csv(str, ALL_BACKENDS),
+              help=f"Comma list (default all: {','.join(ALL_BACKENDS)}).")
+@click.option("--envs", callback=_csv(str, ALL_ENVS),
+              help=f"Comma list (default all: {','.join(ALL_ENVS)}).")
+@click.option("--sizes", callback=_csv(int), help="Comma list of N (default 8,64,256).")
+@click.option("--workers", type=int, default=None,
+              help="num_workers for every backend (default: each backend's own).")
+@click.option("--mp-context", type=click.Choice(["spawn", "forkserver", "fork"]),
+              default=None, help="Start method for process backends (default: the pool's).")
+@click.option("--min-time", type=float, default=None,
+              help="Seconds of stepping per timed block (default 0.3; quick 0.02).")
+@click.option("--repeats", type=int, default=None, help="Timed blocks per row (median).")
+@click.option("--no-gym", is_flag=True, help="Skip the gymnasium AsyncVectorEnv column.")
+@click.option("--gym-max-n", type=int, default=256,
+              help="Largest N for AsyncVectorEnv (it starts one process per env).")
+def command(json_path: Path | None, plot_path: Path | None, quick: bool,
+            backends: tuple[str, ...] | None, envs: tuple[str, ...] | None,
+            sizes: tuple[int, ...] | None, workers: int | None, mp_context: str | None,
+            min_time: float | None, repeats: int | None, no_gym: bool,
+            gym_max_n: int) -> None:
+    """Every pool backend at N = 8, 64, 256 on trivial / cpu / sleep / sokoban envs."""
+    from rich.console import Console
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    settings = Settings(workers=workers, mp_context=mp_context, gym=not no_gym,
+                        gym_max_n=gym_max_n, quick=quick)
+    if quick:
+        settings.sizes, settings.min_time_s, settings.repeats, settings.warmup = (8,), 0.02, 1, 1
+        settings.thread16 = False
+    settings.backends = backends or settings.backends
+    settings.envs = envs or settings.envs
+    settings.sizes = sizes or settings.sizes
+    settings.min_time_s = min_time if min_time is not None else settings.min_time_s
+    settings.repeats = repeats if repeats is not None else settings.repeats
+
+    console = Console(stderr=False)
+    with console.status("measuring...") as status:
+        report = run_benchmark(settings, progress=lambda s: status.update(f"measuring {s}"))
+    for item in render(report):
+        console.print(item)
+    console.print(f"elapsed {report['elapsed_s']:.0f} s")
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=2, default=str))
+        console.print(f"wrote {json_path}")
+    if plot_path:
+        plot(report, plot_path)
+        console.print(f"wrote {plot_path}")
+
+
+__all__ = ["Row", "Settings", "command", "run_benchmark", "summarize"]
+
+if __name__ == "__main__":
+    command()
