@@ -87,7 +87,8 @@ class ShopConnection:
         self._conn: HTTPConnection | None = None
         self._used = False
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                timeout: float | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode("utf-8")
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         for attempt in (0, 1):
@@ -95,6 +96,10 @@ class ShopConnection:
                 factory = HTTPSConnection if self.https else HTTPConnection
                 self._conn = factory(self.host, self.port, timeout=self.timeout)
                 self._used = False
+            if timeout is not None:  # this call only: the connection is closed after it
+                self._conn.timeout = timeout
+                if self._conn.sock is not None:
+                    self._conn.sock.settimeout(timeout)
             reused = self._used
             try:
                 self._conn.request(method, self.prefix + path, body=data, headers=headers)
@@ -285,7 +290,8 @@ class WebShopEnv(TextEnv):
             return
         if self.session is not None:
             try:
-                client.request("DELETE", f"/api/session/{self.session}")
+                client.request("DELETE", f"/api/session/{self.session}",
+                               timeout=min(self.timeout, 2.0))
             except WebShopUnavailable as exc:  # best effort: the server may already be gone
                 log.debug("could not drop webshop session %s: %s", self.session, exc)
         client.close()
