@@ -232,3 +232,44 @@ def test_metrics_per_tag() -> None:
     for key in ("timing/env_s", "timing/policy_s", "timing/env_ms_per_turn", "env_steps",
                 "env_steps_per_s"):
         assert m[key] >= 0.0
+
+
+# ------------------------------------------------------------------ real language models
+LLM_ROLLOUT = [*_tags(["FrozenLake", "Bandit"], [2, 1], 2), "agent_proxy.max_turn=2"]
+
+
+def _check_llm_batch(batch: object, policy: Policy) -> None:
+    trajs = batch.trajectories  # type: ignore[attr-defined]
+    assert len(trajs) == 6 and batch.metrics["errors"] == 0  # type: ignore[attr-defined]
+    turns = [turn for t in trajs for turn in t.turns]
+    assert all(turn.llm_raw_response for turn in turns)  # the model's own text
+    for turn in turns:  # whatever the model wrote, the manager's rules hold
+        assert turn.penalized == (not turn.format_valid or turn.n_valid < len(turn.actions)
+                                  or not turn.actions)
+    stats = policy.stats  # type: ignore[attr-defined]
+    assert stats.failures == 0 and stats.requests == len(turns)
+
+
+@pytest.mark.timeout(300)
+def test_full_rollout_with_a_local_hf_model(tiny_model_dir: Path) -> None:
+    policy = make_policy({"name": "hf", "model_path": str(tiny_model_dir),
+                          "max_new_tokens": 48})
+    with _collector(*LLM_ROLLOUT, policy=policy) as col:
+        batch = col.collect()
+    policy.close()
+    _check_llm_batch(batch, policy)
+
+
+@pytest.mark.timeout(300)
+def test_full_rollout_through_transformers_serve(tiny_model_dir: Path) -> None:
+    from turnpool.testing import transformers_server
+
+    with transformers_server(tiny_model_dir) as base_url:
+        policy = make_policy({"name": "openai", "base_url": base_url, "max_tokens": 48,
+                              "temperature": 0.0, "concurrency": 4, "timeout": 60})
+        try:
+            with _collector(*LLM_ROLLOUT, policy=policy) as col:
+                batch = col.collect()
+        finally:
+            policy.close()
+    _check_llm_batch(batch, policy)
