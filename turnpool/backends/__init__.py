@@ -15,10 +15,15 @@ BACKENDS: dict[str, str] = {
     "sequential": "turnpool.backends.sequential:SequentialBackend",
     "thread": "turnpool.backends.thread:ThreadBackend",
     "process": "turnpool.backends.process:ProcessBackend",
+    "process_pool": "turnpool.backends.process_pool:ProcessPoolBackend",
+    "joblib": "turnpool.backends.joblib_backend:JoblibBackend",
+    "ray": "turnpool.backends.ray_backend:RayBackend",
+    "auto": "turnpool.backends.auto:AutoBackend",
 }
 
 #: Backends that the equivalence tests run over (every one that works on this machine).
-ALL_BACKENDS: list[str] = ["sequential", "thread", "process"]
+ALL_BACKENDS: list[str] = ["sequential", "thread", "process", "process_pool", "joblib", "ray",
+                           "auto"]
 
 
 def get_backend(name: str) -> type[Backend]:

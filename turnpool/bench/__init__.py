@@ -1,0 +1,1 @@
+"""Benchmarks behind ``turnpool bench <name>``: alternatives measured side by side in one run."""
