@@ -188,7 +188,7 @@ a.button{display:inline-block;margin:.2em;padding:.3em .8em;border:1px solid #88
 border-radius:4px;text-decoration:none;color:#222;background:#fafafa}
 a.option{margin:.15em;padding:.2em .6em;border:1px solid #aaa;border-radius:12px;
 text-decoration:none;color:#222}a.option.selected{background:#2a6;color:#fff}
-.result{margin:.5em 0}.muted{color:#666}"""
+.option-group{margin:.6em 0;line-height:2.2}.result{margin:.5em 0}.muted{color:#666}"""
 
 
 def render_html(sid: str, page: Page, out: Outcome | None = None) -> str:
