@@ -241,3 +241,20 @@ def test_episode_action_names_for_per_episode_lookups() -> None:
     assert plan_actions(ep, ["dragon"]).to_execute == ("Dragon",)
     unicorn = plan_actions(ep, ["unicorn"])
     assert unicorn.to_execute == () and unicorn.penalize
+
+
+def test_sokoban_different_grid_vocab_prompt_explains_the_drawn_symbols() -> None:
+    from turnpool.config import load_config, rollout_plan
+
+    cfg = load_config(overrides=["es_manager.train.env_configs.tags=[SokobanDifferentGridVocab]"])
+    spec = rollout_plan(cfg).tags[0]
+    prompt = make_env_prompt(spec, TurnSettings())
+    legend = prompt.prefix.split("The meaning of each symbol in the state is:\n")[1]
+    legend = legend.split("\n")[0]
+    explained = {item.split(": ")[0] for item in legend.split(", ")}
+    assert explained == set("W.GCBA@")
+    drawn: set[str] = set()
+    for seed in range(5):
+        obs, _ = turnpool.make(spec.env_type, **spec.env_kwargs).reset(seed=seed)
+        drawn |= set(obs.replace("\n", ""))
+    assert drawn <= explained and {"W", "A", "B", "G"} <= drawn

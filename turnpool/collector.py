@@ -112,6 +112,7 @@ class _Clock:
     env_s: float = 0.0
     reset_s: float = 0.0
     policy_s: float = 0.0
+    turn_s: float = 0.0
     turns: int = 0
     env_steps: int = 0
     batches: int = 0
@@ -243,6 +244,7 @@ class TrajectoryCollector:
         back to the policy as their steps return can reuse this with any subset of envs.
         """
         s = self.settings.turn
+        start = time.perf_counter()
         messages = [build_messages(ep, s) for ep in active]
         contexts = [self._context(ep) for ep in active]
         t0 = time.perf_counter()
@@ -265,9 +267,10 @@ class TrajectoryCollector:
                                           info=dict(r.info), n_executed=r.n_executed,
                                           error=r.error)
                 self._clock.env_steps += int(r.n_executed)
-        self._clock.turns += 1
         for ep, plan, outcome in zip(active, plans, outcomes):
             apply_turn(ep, plan, outcome, s)
+        self._clock.turns += 1
+        self._clock.turn_s += time.perf_counter() - start
 
     def _context(self, ep: EpisodeState) -> TurnContext:
         s = self.settings.turn
@@ -394,6 +397,10 @@ class TrajectoryCollector:
         m["timing/turns"] = float(c.turns)
         m["timing/env_ms_per_turn"] = 1000.0 * c.env_s / c.turns if c.turns else 0.0
         m["timing/policy_ms_per_turn"] = 1000.0 * c.policy_s / c.turns if c.turns else 0.0
+        # prompts, parsing and bookkeeping: the driver's own share of a turn
+        manager_s = max(0.0, c.turn_s - c.policy_s - c.env_s)
+        m["timing/manager_s"] = manager_s
+        m["timing/manager_ms_per_turn"] = 1000.0 * manager_s / c.turns if c.turns else 0.0
         m["env_steps"] = float(c.env_steps)
         m["env_steps_per_s"] = c.env_steps / c.env_s if c.env_s > 0 else 0.0
         return m

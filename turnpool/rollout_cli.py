@@ -132,6 +132,8 @@ def timing_table(metrics: dict[str, float], backend: str, workers: int, wall: fl
         ("policy time", f"{pol_s:.3f} s ({100 * pol_s / total if total else 0:.1f}%)"),
         ("env time per turn", f"{metrics.get('timing/env_ms_per_turn', 0.0):.2f} ms"),
         ("policy time per turn", f"{metrics.get('timing/policy_ms_per_turn', 0.0):.2f} ms"),
+        ("prompts + parsing per turn",
+         f"{metrics.get('timing/manager_ms_per_turn', 0.0):.2f} ms"),
         ("reset time", f"{metrics.get('timing/reset_s', 0.0):.3f} s"),
         ("turns", f"{metrics.get('timing/turns', 0.0):.0f}"),
         ("wall (incl. start-up)", f"{wall:.2f} s"),
