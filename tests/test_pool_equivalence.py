@@ -28,6 +28,8 @@ ENVS: dict[str, tuple[dict[str, Any], list[Any]]] = {
     "frozen_lake": ({}, ["Left", "Down", "Right", "Up", 1, 3, "jump"]),
     "countdown": ({}, ["1+2", "37+64-19", "(3*4)-5", "10/0", "junk"]),
     "metamathqa": ({}, ["9", "10", "The answer is: 9", "x"]),
+    "sokoban": ({"dim_room": (6, 6), "num_boxes": 1, "max_steps": 8},
+                ["Up", "Down", "Left", "Right", 1, 4, "push"]),
     "webshop": ({"max_steps": 6}, ["search[red cotton shirt]", "click[buy now]",
                                    "click[back to search]", "click[next >]"]),
 }
