@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from turnpool.backends import BACKENDS
-from turnpool.collector import BudgetExhausted, TrajectoryCollector, step_group_uid
+from turnpool.collector import (
+    BudgetExhausted,
+    CollectorSettings,
+    TrajectoryCollector,
+    step_group_uid,
+)
 from turnpool.policies import make_policy
 from turnpool.policies.base import Message, Policy, TurnContext
 from turnpool.trajectory import read_jsonl
@@ -272,3 +277,30 @@ def test_full_rollout_through_transformers_serve(tiny_model_dir: Path) -> None:
         finally:
             policy.close()
     _check_llm_batch(batch, policy)
+
+
+class Saboteur:
+    """Tells env 1 to raise and the others to take a normal step."""
+
+    def generate(self, batch: list[list[Message]],
+                 contexts: list[TurnContext] | None = None) -> list[str]:
+        assert contexts is not None
+        return [f"<think></think><answer>{'raise' if c.env_id == 1 else 'go'}</answer>"
+                for c in contexts]
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_env_error_ends_only_that_episode_and_is_reported() -> None:
+    from turnpool.pool import EnvPool
+
+    with EnvPool("faulty", env_num=2, group_n=2, seed=3, backend="process", num_workers=2,
+                 step_timeout=30.0) as pool:
+        col = TrajectoryCollector(pool, Saboteur(), settings=CollectorSettings(max_turn=3))
+        batch = col.collect()
+    by_id = {t.env_id: t for t in batch.trajectories}
+    assert by_id[1].error and "raise" in by_id[1].error and by_id[1].end_reason == "error"
+    assert len(by_id[1].turns) == 1 and by_id[1].turns[0].error
+    assert all(by_id[i].error is None and len(by_id[i].turns) == 3 for i in (0, 2, 3))
+    assert batch.metrics["faulty/errors"] == 1 and batch.metrics["errors"] == 1
