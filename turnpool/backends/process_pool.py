@@ -117,6 +117,7 @@ class ProcessPoolBackend(Backend):
 
     name: ClassVar[str] = "process_pool"
     can_interrupt: ClassVar[bool] = True
+    start_methods: ClassVar[tuple[str, ...]] = ("spawn", "forkserver", "fork")
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:
