@@ -37,6 +37,7 @@ from typing import Any
 
 from turnpool.envs.base import TextEnv
 from turnpool.envs.registry import resolve
+from turnpool.projection import parse_response
 from turnpool.trajectory import Message, Turn
 
 SYSTEM_PROMPT = "You're a helpful assistant. "
@@ -278,8 +279,6 @@ def start_episode(
 
 def plan_turn(ep: EpisodeState, reply: str, settings: TurnSettings) -> TurnPlan:
     """Parse a reply and decide what runs. Never raises on any text."""
-    from turnpool.projection import parse_response
-
     raw = reply[:MAX_RESPONSE_CHARS] if isinstance(reply, str) else ""
     parsed = parse_response(raw, settings.action_sep, settings.max_actions_per_turn,
                             settings.enable_think)
