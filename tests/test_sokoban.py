@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -287,3 +289,23 @@ def test_unsolvable_room_and_solved_room() -> None:
     env = SokobanEnv()
     obs, info = env.load("#####\n#P√_#\n#####")
     assert info["success"] and solve(env) == []
+
+
+@pytest.mark.timeout(120)
+def test_bench_envs_writes_every_measurement(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from turnpool.bench.envs import CASES, command
+
+    out = tmp_path / "envs.json"
+    result = CliRunner().invoke(command, ["--json", str(out), "--resets", "3", "--steps", "30",
+                                          "--rooms", "2"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert [(r["env"], r["case"]) for r in report["envs"]] == [(n, c) for n, c, _ in CASES]
+    for row in report["envs"]:
+        assert row["note"] or (row["reset_ms_mean"] > 0 and row["step_us_mean"] > 0), row
+    assert [r["num_boxes"] for r in report["generation"]] == [1, 3]
+    for row in report["generation"]:  # gym_sokoban comes with the dev extra
+        assert row["rooms"] == 2 and row["ours_ms"] > 0 and row["speedup"] > 0, row
+    assert {g["goal"] for g in report["goals"]} and "speedup" in result.output
