@@ -229,6 +229,7 @@ class JoblibBackend(Backend):
         self._timeout = 60.0
         self._closed = False
         self._owner_pid = os.getpid()
+        self._stuck_call = False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, timeout: float) -> None:
@@ -331,7 +332,9 @@ class JoblibBackend(Backend):
             if w.conn is not None and not w.lost:
                 with contextlib.suppress(OSError):
                     w.conn.send_bytes(bye)
-        deadline = monotonic() + _CLOSE_GRACE_S
+        # A call with a lost (multiprocessing) or abandoned (threading) task never returns.
+        grace = 0.1 if self._stuck_call else _CLOSE_GRACE_S
+        deadline = monotonic() + grace
         for launch in self._launches:
             launch.thread.join(max(0.0, deadline - monotonic()))
         for w in workers:
@@ -342,7 +345,7 @@ class JoblibBackend(Backend):
                 self._stop_task(w)  # still in env code after the grace period
             w.progress.close()
         for launch in self._launches:
-            launch.stop(_CLOSE_GRACE_S)
+            launch.stop(grace)
         self._launches.clear()
         if self.flavour == "loky":
             _shutdown_loky(_CLOSE_GRACE_S)
@@ -421,6 +424,8 @@ class JoblibBackend(Backend):
                 old.conn.close()  # a thread worker that ever returns sees EOF and exits
             if not old.lost:
                 self._stop_task(old)
+            self._stuck_call |= (old.pid == self._owner_pid
+                                 or (old.lost and self.flavour == "multiprocessing"))
             old.progress.close()
         self._workers[worker] = None
         deadline = monotonic() + self._timeout
