@@ -11,10 +11,12 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
+from turnpool.envs.synthetic import TrivialEnv
 from turnpool.pool import EnvPool
 
 pytestmark = pytest.mark.timeout(90)
@@ -181,3 +183,31 @@ def test_workers_die_with_a_killed_parent(tmp_path: Path, mp_context: str) -> No
         if parent.poll() is None:
             parent.kill()
             parent.wait(10)
+
+
+class UnpicklableInfoEnv(TrivialEnv):
+    """Puts a lambda into info on action "lambda" (a result no pipe can carry)."""
+
+    def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = super()._step(action)
+        if action == "lambda":
+            info["callback"] = lambda: None
+        return obs, reward, terminated, truncated, info
+
+
+def test_unpicklable_results_and_actions_fail_only_their_envs() -> None:
+    # fork: the env class lives in this test module, which forked workers already have.
+    with EnvPool(f"{__name__}:UnpicklableInfoEnv", env_num=2, group_n=2, seed=1,
+                 backend="process", num_workers=2, mp_context="fork") as pool:
+        assert pool.backend_name == "process"
+        pool.reset()
+        _, _, dones, infos = pool.step(["a", "lambda", "b", "c"])
+        assert dones == [False, True, False, False]
+        assert "unpicklable result" in infos[1]["error"]
+        assert [i["t"] for k, i in enumerate(infos) if k != 1] == [1, 1, 1]
+        # An action that cannot be pickled fails the envs of that request, not the pool.
+        _, _, dones, infos = pool.step([lambda: None, "x"], env_ids=[0, 2])
+        assert "could not be sent" in infos[0]["error"] and "error" not in infos[1]
+        assert infos[1]["t"] == 2
+        obs, infos = pool.reset()
+        assert all("error" not in i for i in infos)

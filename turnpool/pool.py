@@ -465,13 +465,26 @@ class EnvPool:
             self._send(worker, pending)
 
     def _send(self, worker: int, pending: _Pending) -> None:
-        self._seq += 1
-        pending.seq = self._seq
-        pending.clock = monotonic()
-        try:
-            self._backend.send(worker, (pending.seq, pending.op, pending.items))
-        except (OSError, WorkerLost) as exc:  # it died between calls; recover in _pump
-            log.debug("sending to worker %d failed: %s", worker, exc)
+        queue = self._queues[worker]
+        while True:
+            self._seq += 1
+            pending.seq = self._seq
+            pending.clock = monotonic()
+            try:
+                self._backend.send(worker, (pending.seq, pending.op, pending.items))
+                return
+            except (OSError, WorkerLost) as exc:  # it died between calls; recover in _pump
+                log.debug("sending to worker %d failed: %s", worker, exc)
+                return
+            except Exception as exc:  # e.g. an action that cannot be pickled
+                reason = f"request could not be sent: {type(exc).__name__}: {exc}"[:300]
+                log.warning("worker %d: %s", worker, reason)
+                queue.popleft()
+                for k, i in enumerate(pending.env_ids):
+                    self._fail(pending, k, i, reason)
+                if not queue:
+                    return
+                pending = queue[0]
 
     def _pump(self, done: Callable[[], bool], timeout: float | None) -> None:
         """Process replies and faults until ``done()`` or ``timeout`` (None: until done or

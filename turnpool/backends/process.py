@@ -93,22 +93,33 @@ def _picklable(reply: Reply, exc: Exception) -> Reply:
     """Replace the results that cannot be pickled with per-env errors (the env is to blame,
     not the worker)."""
     seq, payload, error = reply
-    if not isinstance(payload, list):
-        return (seq, None, f"unpicklable reply: {type(exc).__name__}: {exc}")
+    if isinstance(payload, tuple) and len(payload) == 2 and isinstance(payload[0], list):
+        results, failed = payload  # a step reply
+        fixed, bad = _fix_items(results)
+        return (seq, (fixed, sorted(set(failed) | set(bad))), error)
+    if isinstance(payload, list):
+        return (seq, _fix_items(payload)[0], error)
+    return (seq, None, f"unpicklable reply: {type(exc).__name__}: {exc}"[:300])
+
+
+def _fix_items(items: list[Any]) -> tuple[list[Any], list[int]]:
     fixed: list[Any] = []
-    for item in payload:
+    bad: list[int] = []
+    for k, item in enumerate(items):
         try:
             pickle.dumps(item, _PROTOCOL)
             fixed.append(item)
+            continue
         except Exception as item_exc:
             reason = f"unpicklable result: {type(item_exc).__name__}: {item_exc}"[:300]
-            if isinstance(item, tuple) and len(item) == 7:
-                fixed.append(error_step(reason))
-            elif isinstance(item, tuple) and len(item) == 3:
-                fixed.append(("", error_info(reason), reason))
-            else:
-                fixed.append(reason)
-    return (seq, fixed, error)
+        bad.append(k)
+        if isinstance(item, tuple) and len(item) == 7:
+            fixed.append(error_step(reason))
+        elif isinstance(item, tuple) and len(item) == 3:
+            fixed.append(("", error_info(reason), reason))
+        else:
+            fixed.append(reason)
+    return fixed, bad
 
 
 def _worker_main(inbox: multiprocessing.connection.Connection,
