@@ -234,7 +234,7 @@ def test_config_and_registry() -> None:
     bad: dict[str, Any]
     for bad in ({"dim_room": (2, 6)}, {"num_boxes": 0}, {"dim_room": (4, 4), "num_boxes": 3},
                 {"render_mode": "human"}, {"grid_lookup": {0: "##"}},
-                {"action_lookup": {1: "Up"}}):
+                {"action_lookup": {1: "Up"}}, {"search_depth": 0}, {"max_steps": 0}):
         with pytest.raises(ValueError):
             SokobanEnv(**bad)
     with pytest.raises(TypeError):
@@ -286,6 +286,8 @@ def test_unsolvable_room_and_solved_room() -> None:
     assert solve(corner) == []
     done = Room(3, 3, bytes([1, 1, 1, 1, 0, 1, 1, 1, 1]), (4,), (4,), 4)
     assert solve(done) == []  # the player stands on the box: not a valid room
+    with pytest.raises(ValueError):
+        SokobanEnv().load(done)
     env = SokobanEnv()
     obs, info = env.load("#####\n#P√_#\n#####")
     assert info["success"] and solve(env) == []

@@ -64,7 +64,7 @@ SOLVED_REWARD = 10.0
 #: Bounds on what `solve` accepts and explores (observations may be hostile text).
 MAX_OBS_CHARS = 10_000
 MAX_CELLS = 1_024
-MAX_NODES = 500_000
+MAX_NODES = 200_000
 TILE = 16
 
 
@@ -233,6 +233,8 @@ class SokobanEnv(TextEnv):
         validate(height, width, int(num_boxes))
         if render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
+        if int(max_steps) < 1 or int(search_depth) < 1:
+            raise ValueError("max_steps and search_depth must be >= 1")
         super().__init__(dim_room=(height, width), num_boxes=int(num_boxes),
                          max_steps=int(max_steps), search_depth=int(search_depth),
                          render_mode=render_mode)
@@ -273,6 +275,11 @@ class SokobanEnv(TextEnv):
                 raise ValueError("not a Sokoban grid with one player and as many boxes as "
                                  "targets")
             room = parsed
+        cells = {room.player, *room.boxes}
+        if len(cells) != len(room.boxes) + 1 or len(set(room.targets)) != len(room.boxes) \
+                or any(room.walls[p] for p in cells | set(room.targets)):
+            raise ValueError("a room needs one player, distinct boxes as many as targets, "
+                             "none of them on a wall")
         if not _walled(room):
             room = _pad(room)
         self.seed = None
