@@ -93,15 +93,22 @@ def ensure_ray(address: str | None = None, init_kwargs: dict[str, Any] | None = 
 
 
 class SliceActor:
-    """The actor body: an `EnvHost` for one slice (wrapped by ``ray.remote`` at start)."""
+    """The actor body: an `EnvHost` for one slice (wrapped by ``ray.remote`` at start).
 
-    def __init__(self, builds: list[EnvBuild], progress_path: str) -> None:
+    Envs arrive with `load`, not with the constructor, so an idle standby actor can take over
+    a slice the moment its actor is lost.
+    """
+
+    def __init__(self) -> None:
+        self.host: EnvHost | None = None
+
+    def load(self, builds: list[EnvBuild], progress_path: str) -> tuple[int, str]:
         self.host = EnvHost(builds, ProgressWriter(progress_path))
-
-    def hello(self) -> tuple[int, str]:
         return os.getpid(), socket.gethostname()
 
     def handle(self, request: Request) -> Reply:
+        if self.host is None:
+            raise RuntimeError("actor has no envs")
         return self.host.handle(request)
 
 
@@ -127,7 +134,8 @@ class _Actor:
 class RayBackend(Backend):
     """``num_workers`` actors (default: one per usable core of this host, at most one per env).
 
-    Options: ``ray_address``, ``ray_init_kwargs``, ``ray_actor_options``.
+    Options: ``ray_address``, ``ray_init_kwargs``, ``ray_actor_options``, ``standby`` (keep
+    one idle actor ready so that replacing a lost one costs a call, not a process start).
     """
 
     name: ClassVar[str] = "ray"
@@ -140,8 +148,11 @@ class RayBackend(Backend):
     def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
                  mp_context: str | None = None, ray_address: str | None = None,
                  ray_init_kwargs: dict[str, Any] | None = None,
-                 ray_actor_options: dict[str, Any] | None = None, **options: Any) -> None:
+                 ray_actor_options: dict[str, Any] | None = None, standby: bool = True,
+                 **options: Any) -> None:
         super().__init__(builds, num_workers, mp_context=mp_context, **options)
+        self.use_standby = standby
+        self._standby: Any = None
         self.ray_address = ray_address
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
         self.actor_options: dict[str, Any] = {"num_cpus": 0, **(ray_actor_options or {})}
@@ -163,16 +174,27 @@ class RayBackend(Backend):
         try:
             hellos = [self._create(k) for k in range(self.num_workers)]
             self._greet(list(range(self.num_workers)), hellos, timeout)
+            self._replenish()
         except Exception as exc:
             self.close()
             raise BackendUnavailable(f"ray actors did not start: {short_error(exc)}") from exc
 
     def _create(self, k: int) -> Any:
+        """Give slice ``k`` to the standby actor (or a new one); returns its ``load`` call."""
         progress = ProgressSlot()
-        handle = _remote_class().options(**self.actor_options).remote(self.builds_of(k),
-                                                                      progress.path)
+        handle, self._standby = self._standby, None
+        if handle is None:
+            handle = self._new_actor()
         self._actors[k] = _Actor(handle, progress)
-        return handle.hello.remote()
+        return handle.load.remote(self.builds_of(k), progress.path)
+
+    def _new_actor(self) -> Any:
+        return _remote_class().options(**self.actor_options).remote()
+
+    def _replenish(self) -> None:
+        """Start the next standby without waiting for it (a Python process takes a while)."""
+        if self.use_standby and self._standby is None and not self._closed:
+            self._standby = self._new_actor()
 
     def _greet(self, workers: list[int], hellos: list[Any], timeout: float) -> None:
         import ray
@@ -189,7 +211,8 @@ class RayBackend(Backend):
         self._closed = True
         actors = [a for a in self._actors if a is not None]
         self._actors = [None] * len(self._actors)
-        if not actors and not self._killed:
+        standby, self._standby = self._standby, None
+        if not actors and not self._killed and standby is None:
             return
         import ray
 
@@ -198,9 +221,9 @@ class RayBackend(Backend):
             with contextlib.suppress(Exception):  # envs get a chance to close cleanly
                 ray.wait([a.handle.handle.remote((0, "close", None)) for a in live],
                          num_returns=len(live), timeout=_CLOSE_GRACE_S)
-            for a in actors:
+            for handle in [a.handle for a in actors] + ([standby] if standby else []):
                 with contextlib.suppress(Exception):
-                    ray.kill(a.handle, no_restart=True)
+                    ray.kill(handle, no_restart=True)
         _wait_gone([a.pid for a in actors if a.local] + self._killed, _EXIT_WAIT_S)
         for a in actors:
             a.progress.close()
@@ -273,6 +296,7 @@ class RayBackend(Backend):
             self._greet([worker], [self._create(worker)], self._timeout)
         except Exception as exc:
             raise WorkerLost(f"ray actor {worker} did not restart: {short_error(exc)}") from exc
+        self._replenish()
 
     def worker_pids(self) -> list[int]:
         return [a.pid for a in self._actors if a is not None and a.local and a.pid > 0]
