@@ -413,7 +413,8 @@ class EnvPool:
         self._dispatch_turns(ticket, action_lists, whole=env_ids is None, single=single)
         self._finish(ticket)
         out: list[StepTuple] = ticket.out
-        self._raise_if_needed(ids, [r[6] for r in out])
+        if self.on_error == "raise":
+            self._raise_if_needed(ids, [r[6] for r in out])
         return out
 
     def _dispatch_turns(self, ticket: _Ticket, action_lists: list[Any], whole: bool = False,
