@@ -4,7 +4,9 @@ Each turn, the envs still running get one batched ``policy.generate`` call; thei
 parsed into actions (`turnpool.managers.plan_turn`) and executed by ``pool.step_turns`` (one
 message per worker), and the results are recorded (`turnpool.managers.apply_turn`). Finished
 envs are neither generated for nor stepped. The loop ends after ``max_turn`` turns or when
-every env is done.
+every env is done. With ``collector_mode="async"`` (config ``turnpool.collector.mode``) the
+same turn logic runs per env, overlapping generation with env steps
+(`turnpool.collector_async`).
 
 Sampling:
 
@@ -46,11 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from turnpool.collector_async import AsyncSettings, play_async
 from turnpool.managers import (
     EnvPrompt,
     EpisodeState,
     TagSpec,
     TurnOutcome,
+    TurnPlan,
     TurnSettings,
     apply_turn,
     build_messages,
@@ -58,7 +62,7 @@ from turnpool.managers import (
     plan_turn,
     start_episode,
 )
-from turnpool.policies.base import Policy, TurnContext
+from turnpool.policies.base import Message, Policy, TurnContext
 from turnpool.rewards import compute_scores
 from turnpool.trajectory import Trajectory, write_jsonl
 
@@ -91,6 +95,9 @@ class CollectorSettings:
     target_groups: int | None = None
     seed_base: int | None = 10000
     mode: str = "train"
+    #: "lockstep" (one batched policy call per turn) or "async" (`turnpool.collector_async`)
+    collector_mode: str = "lockstep"
+    async_settings: AsyncSettings = field(default_factory=AsyncSettings)
 
 
 @dataclass
@@ -113,6 +120,7 @@ class _Clock:
     reset_s: float = 0.0
     policy_s: float = 0.0
     turn_s: float = 0.0
+    overlap_s: float = 0.0
     turns: int = 0
     env_steps: int = 0
     batches: int = 0
@@ -228,6 +236,9 @@ class TrajectoryCollector:
                for i in range(self.pool.num_envs)]
         for ep in eps:
             ep.gen_batch = gen_batch
+        if self.settings.collector_mode == "async":
+            self._play_async(eps, gen_batch)
+            return eps
         for turn in range(self.settings.max_turn):
             active = [ep for ep in eps if not ep.done]
             if not active:
@@ -243,34 +254,63 @@ class TrajectoryCollector:
         Every env-side decision is in `plan_turn`/`apply_turn`, so a loop that sends envs
         back to the policy as their steps return can reuse this with any subset of envs.
         """
-        s = self.settings.turn
         start = time.perf_counter()
-        messages = [build_messages(ep, s) for ep in active]
-        contexts = [self._context(ep) for ep in active]
+        messages, contexts = self.prompts(active)
         t0 = time.perf_counter()
         replies = self.policy.generate(messages, contexts)
         self._clock.policy_s += time.perf_counter() - t0
+        plans = self.plan_replies(active, replies)
+        run = [k for k, p in enumerate(plans) if p.to_execute]
+        results: list[Any] = [None] * len(active)
+        if run:
+            t0 = time.perf_counter()
+            stepped = self.pool.step_turns([list(plans[k].to_execute) for k in run],
+                                           [active[k].env_id for k in run])
+            self._clock.env_s += time.perf_counter() - t0
+            for k, r in zip(run, stepped):
+                results[k] = r
+        for ep, plan, result in zip(active, plans, results):
+            self.record_turn(ep, plan, result)
+        self._clock.turns += 1
+        self._clock.turn_s += time.perf_counter() - start
+
+    def prompts(self, active: Sequence[EpisodeState]
+                ) -> tuple[list[list[Message]], list[TurnContext]]:
+        """What the policy gets for ``active``: their chats and contexts."""
+        s = self.settings.turn
+        return [build_messages(ep, s) for ep in active], [self._context(ep) for ep in active]
+
+    def plan_replies(self, active: Sequence[EpisodeState], replies: Sequence[str]
+                     ) -> list[TurnPlan]:
+        """Parse one reply per env into what its turn executes."""
         if len(replies) != len(active):
             raise RuntimeError(f"policy returned {len(replies)} replies for {len(active)} "
                                f"conversations")
-        plans = [plan_turn(ep, r, s) for ep, r in zip(active, replies)]
-        run = [k for k, p in enumerate(plans) if p.to_execute]
-        outcomes: list[TurnOutcome | None] = [None] * len(active)
-        if run:
-            t0 = time.perf_counter()
-            results = self.pool.step_turns([list(plans[k].to_execute) for k in run],
-                                           [active[k].env_id for k in run])
-            self._clock.env_s += time.perf_counter() - t0
-            for k, r in zip(run, results):
-                outcomes[k] = TurnOutcome(obs=r.obs, reward=r.reward_sum,
-                                          terminated=r.terminated, truncated=r.truncated,
-                                          info=dict(r.info), n_executed=r.n_executed,
-                                          error=r.error)
-                self._clock.env_steps += int(r.n_executed)
-        for ep, plan, outcome in zip(active, plans, outcomes):
-            apply_turn(ep, plan, outcome, s)
-        self._clock.turns += 1
-        self._clock.turn_s += time.perf_counter() - start
+        s = self.settings.turn
+        return [plan_turn(ep, r, s) for ep, r in zip(active, replies)]
+
+    def record_turn(self, ep: EpisodeState, plan: TurnPlan, result: Any) -> None:
+        """Record ``ep``'s turn from the pool's `TurnResult` (None: nothing was executed)."""
+        outcome = None
+        if result is not None:
+            outcome = TurnOutcome(obs=result.obs, reward=result.reward_sum,
+                                  terminated=result.terminated, truncated=result.truncated,
+                                  info=dict(result.info), n_executed=result.n_executed,
+                                  error=result.error)
+            self._clock.env_steps += int(result.n_executed)
+        apply_turn(ep, plan, outcome, self.settings.turn)
+
+    def _play_async(self, eps: list[EpisodeState], gen_batch: int) -> None:
+        on_turn = self.on_turn
+        timing = play_async(self, eps, self.settings.async_settings,
+                            None if on_turn is None
+                            else lambda turn, running: on_turn(gen_batch, turn, running))
+        c = self._clock
+        c.policy_s += timing.policy_s
+        c.env_s += timing.env_s
+        c.overlap_s += timing.overlap_s
+        c.turn_s += timing.wall_s
+        c.turns += timing.calls
 
     def _context(self, ep: EpisodeState) -> TurnContext:
         s = self.settings.turn
@@ -397,8 +437,13 @@ class TrajectoryCollector:
         m["timing/turns"] = float(c.turns)
         m["timing/env_ms_per_turn"] = 1000.0 * c.env_s / c.turns if c.turns else 0.0
         m["timing/policy_ms_per_turn"] = 1000.0 * c.policy_s / c.turns if c.turns else 0.0
-        # prompts, parsing and bookkeeping: the driver's own share of a turn
-        manager_s = max(0.0, c.turn_s - c.policy_s - c.env_s)
+        # prompts, parsing and bookkeeping: the driver's own share of a turn (the time
+        # neither the policy nor the envs were busy)
+        manager_s = max(0.0, c.turn_s - c.policy_s - c.env_s + c.overlap_s)
+        m["timing/wall_s"] = c.turn_s
+        m["timing/overlap_s"] = c.overlap_s
+        shorter = min(c.policy_s, c.env_s)
+        m["timing/overlap_ratio"] = c.overlap_s / shorter if shorter > 0 else 0.0
         m["timing/manager_s"] = manager_s
         m["timing/manager_ms_per_turn"] = 1000.0 * manager_s / c.turns if c.turns else 0.0
         m["env_steps"] = float(c.env_steps)
@@ -419,7 +464,8 @@ def settings_from_plan(plan: Any) -> CollectorSettings:
         use_turn_scores=plan.use_turn_scores, filter_groups=plan.filter_groups,
         max_num_gen_batches=plan.max_num_gen_batches,
         on_budget_exhausted=plan.on_budget_exhausted, target_groups=plan.target_groups,
-        seed_base=plan.seed_base, mode=plan.mode)
+        seed_base=plan.seed_base, mode=plan.mode, collector_mode=plan.collector_mode,
+        async_settings=plan.async_settings)
 
 
 def build_pool(tags: Sequence[TagSpec], group_size: int, pool_settings: Any,

@@ -32,6 +32,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from turnpool.collector_async import AsyncSettings
 from turnpool.managers import DEFAULT_MAX_TOKENS, TagSpec, TurnSettings
 from turnpool.rewards import GROUPINGS, METHODS
 
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 PACKAGED_DIR = Path(__file__).resolve().parent / "configs"
 OVERRIDES_SOURCE = "command-line overrides"
 ON_BUDGET_EXHAUSTED = ("raise", "keep_all", "return_short")
-COLLECTOR_MODES = ("lockstep",)
+COLLECTOR_MODES = ("lockstep", "async")
 MP_CONTEXTS = ("spawn", "forkserver", "fork")
 ON_ERROR = ("flag", "raise")
 _INTERP = re.compile(r"\$\{.*\}")
@@ -161,6 +162,9 @@ SCHEMA: dict[str, Any] = {
         "policy": _Open({"name": STR}, nullable=False),
         "collector": {
             "mode": _T("string", lambda v: isinstance(v, str), choices=COLLECTOR_MODES),
+            "max_batch": OPT_INT,
+            "max_wait_s": FLOAT,
+            "policy_workers": INT,
             "target_groups": OPT_INT,
             "on_budget_exhausted": _T("string", lambda v: isinstance(v, str),
                                       choices=ON_BUDGET_EXHAUSTED),
@@ -438,6 +442,7 @@ class RolloutPlan:
     collector_mode: str
     pool: PoolSettings
     policy: dict[str, Any] = field(default_factory=dict)
+    async_settings: AsyncSettings = field(default_factory=AsyncSettings)
 
     @property
     def num_groups(self) -> int:
@@ -542,7 +547,19 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
         collector_mode=str(col.get("mode", "lockstep")),
         pool=pool_settings(cfg),
         policy=policy_options(tp.get("policy") or {}),
+        async_settings=_async_settings(col),
     )
+
+
+def _async_settings(col: Mapping[str, Any]) -> AsyncSettings:
+    defaults = AsyncSettings()
+    try:
+        return AsyncSettings(
+            max_batch=col.get("max_batch", defaults.max_batch),
+            max_wait_s=float(col.get("max_wait_s", defaults.max_wait_s)),
+            policy_workers=int(col.get("policy_workers", defaults.policy_workers)))
+    except ValueError as exc:
+        raise ConfigError(f"turnpool.collector: {exc}") from exc
 
 
 def policy_options(section: Mapping[str, Any]) -> dict[str, Any]:
