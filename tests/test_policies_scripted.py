@@ -41,8 +41,11 @@ def test_make_policy_builds_each_scripted_kind_and_rejects_bad_config() -> None:
     assert isinstance(oracle, OraclePolicy) and oracle.epsilon == 0.1
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
         make_policy({"name": "nope"})
-    with pytest.raises(TypeError, match="random"):
-        make_policy({"name": "random", "temperature": 1.0})
+    with pytest.raises(TypeError, match="random.*bogus"):
+        make_policy({"name": "random", "bogus": 1.0})
+    # Left over from another kind's config (switching name keeps the other keys): dropped.
+    assert isinstance(make_policy({"name": "random", "epsilon": 0.1, "max_tokens": 9}),
+                      RandomPolicy)
     with pytest.raises(ValueError, match="invalid_rate"):
         make_policy({"name": "random", "invalid_rate": 1.5})
 

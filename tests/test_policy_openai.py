@@ -4,6 +4,7 @@ the tiny model, and a small stdlib HTTP server that stalls, fails or misbehaves 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections import Counter
@@ -12,21 +13,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from turnpool.policies import make_policy
 from turnpool.policies.hf_local import HFPolicy
 from turnpool.policies.openai_compat import OpenAIPolicy, PolicyRequestError
 from turnpool.projection import parse_response
-from turnpool.testing import _user_prompt, transformers_server
+from turnpool.testing import sample_conversations, transformers_server
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def prompts(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
-    rng = np.random.default_rng(seed)
-    return [[{"role": "user", "content": _user_prompt(rng, turn=1 + i % 4)}] for i in range(n)]
+    return sample_conversations(n, seed=seed, turns=3)
 
 
 # ------------------------------------------------------------------ transformers serve
@@ -121,10 +120,17 @@ def make_handler(state: FakeLLM) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # The client hangs up on purpose in some tests (oversized body, timeouts).
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 @pytest.fixture()
 def fake_llm() -> Iterator[tuple[str, FakeLLM]]:
     state = FakeLLM()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(state))
+    server = QuietServer(("127.0.0.1", 0), make_handler(state))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                               daemon=True)
@@ -244,3 +250,31 @@ def test_unreachable_server_fails_fast_and_cleanly() -> None:
         assert policy.generate(conversations(2)) == ["", ""]
         assert policy.stats.failures == 2 and policy.stats.retries == 2
         assert "Connect" in policy.stats.errors[0]
+
+
+# ------------------------------------------------------------------ a full rollout
+def test_full_rollout_through_the_openai_policy(served_model: str, tmp_path: Path) -> None:
+    from turnpool.collector import TrajectoryCollector
+    from turnpool.trajectory import read_jsonl
+
+    overrides = ["es_manager.train.env_groups=2", "es_manager.train.group_size=2",
+                 "es_manager.train.env_configs.tags=[FrozenLake]",
+                 "es_manager.train.env_configs.n_groups=[2]", "agent_proxy.max_turn=3",
+                 "turnpool.backend=sequential",
+                 f"turnpool.policy={{name: openai, base_url: '{served_model}', "
+                 f"max_tokens: 48, concurrency: 4, timeout: 60}}"]
+    with TrajectoryCollector.from_config(overrides=overrides) as collector:
+        policy = collector.policy
+        assert isinstance(policy, OpenAIPolicy)
+        batch = collector.collect(seed=3)
+    assert batch.to_jsonl(tmp_path / "out.jsonl") == 4
+    assert [t.to_dict() for t in read_jsonl(tmp_path / "out.jsonl")] == \
+        [t.to_dict() for t in batch.trajectories]
+    turns = [turn for traj in batch.trajectories for turn in traj.turns]
+    assert policy.stats.failures == 0 and policy.stats.requests == len(turns)
+    assert all(turn.llm_raw_response for turn in turns)  # every request got a real reply
+    for traj in batch.trajectories:
+        replies = [m["content"] for m in traj.messages if m["role"] == "assistant"]
+        assert replies == [turn.llm_response for turn in traj.turns]
+    assert batch.metrics["FrozenLake/valid_action_ratio"] > 0.5
+    assert batch.metrics["env_steps"] >= 4

@@ -3,8 +3,9 @@
 Tests and benchmarks need a real ``transformers`` model (for the ``hf`` policy and for an
 OpenAI-compatible server such as ``transformers serve``) without downloading anything. This
 module trains a 512-token byte-level BPE on synthetic env-like text, builds a ~100k-parameter
-Llama with a ChatML template and, optionally, fine-tunes it for a couple of seconds so that its
-greedy replies look like ``<think>...</think><answer>Up</answer>``.
+Llama with a ChatML template and, optionally, fine-tunes it for a few seconds so that its
+greedy replies look like ``<think>...</think><answer>Up</answer>``. `transformers_server` runs
+``transformers serve`` on such a folder for OpenAI-compatible tests.
 
 Randomness: all text comes from a ``numpy.random.Generator`` seeded from ``seed``; weights are
 initialised from a local ``torch.Generator``; the fine-tuning runs inside
@@ -79,22 +80,67 @@ def _reply(rng: np.random.Generator, n_actions: int = 1) -> str:
     return f"<think>{thought}</think><answer>{actions}</answer>"
 
 
+def _sft_reply(game: str) -> str:
+    """The fine-tuning target: one well-formed turn per game (Sokoban grids have walls)."""
+    if game == "sokoban":
+        return "<think>push box</think><answer>Up</answer>"
+    return "<think>avoid the hole</think><answer>Down</answer>"
+
+
 def _turn_reply(turn: int) -> str:
-    """The fine-tuning target: a function of the turn number, so replies differ by prompt."""
+    """An earlier assistant turn inside a sampled chat (varies with the turn number)."""
     action = SOKOBAN_ACTIONS[(turn - 1) % len(SOKOBAN_ACTIONS)]
     return f"<think>{_THOUGHTS[(turn - 1) % len(_THOUGHTS)]}</think><answer>{action}</answer>"
 
 
-def _user_prompt(rng: np.random.Generator, turn: int = 1) -> str:
-    grid = _sokoban_grid(rng) if rng.random() < 0.7 else _lake_grid(rng)
+_GAMES = {
+    "sokoban": (
+        "You are solving the Sokoban puzzle. You are the player and you need to push all boxes "
+        "to targets. When you are right next to a box, you can push it by moving in the same "
+        "direction. The answer should be a sequence of actions, like "
+        "<answer>Right || Right || Up</answer>",
+        "#: wall, _: empty, O: target, \u221a: box on target, X: box, P: player, "
+        "S: player on target",
+        "Up, Down, Left, Right"),
+    "frozen_lake": (
+        "You are solving the FrozenLake puzzle. Forbid the hole and go to the target. You may "
+        "move to the unintended direction due to the slippery ice. Example answer format: "
+        "<think>I should go left then go up.</think><answer>Left || Up</answer>",
+        "P: player, _: empty, O: hole, G: goal, X: player in hole, \u221a: player on goal",
+        "Left, Down, Right, Up"),
+}
+
+
+def _turn_text(rng: np.random.Generator, game: str, turn: int) -> str:
+    grid = _sokoban_grid(rng) if game == "sokoban" else _lake_grid(rng)
     left = int(rng.integers(1, 11))
-    return (
-        "You are solving the Sokoban puzzle. Push all boxes onto targets.\n"
-        "Your available actions are:\nUp, Down, Left, Right\n"
-        f"Turn {turn}:\nState:\n{grid}\nYou have {left} actions left. "
-        "Always output: <think> [Your thoughts] </think> <answer> [your answer] </answer> "
-        "with no extra text. Max response length: 100 words (tokens)."
-    )
+    return (f"\nTurn {turn}:\nState:\n{grid}\nYou have {left} actions left. Always output: "
+            "<think> [Your thoughts] </think> <answer> [your answer] </answer> with no extra "
+            "text. Strictly follow this format. Max response length: 100 words (tokens).\n")
+
+
+def sample_conversation(rng: np.random.Generator, turns: int = 1) -> list[dict[str, str]]:
+    """A RAGEN-style chat (instruction, legend, actions, then ``turns`` turns) ending in a
+    user message; earlier turns carry assistant replies and a reward line."""
+    game = "sokoban" if rng.random() < 0.6 else "frozen_lake"
+    instruction, legend, actions = _GAMES[game]
+    user = (f"{instruction}\nThe meaning of each symbol in the state is:\n{legend}\n"
+            f"Your available actions are:\n{actions}\nYou can make up to 10 actions, "
+            'separated by the action separator " || "\n')
+    messages = [{"role": "system", "content": "You're a helpful assistant. "}]
+    for turn in range(1, turns + 1):
+        user += _turn_text(rng, game, turn)
+        messages.append({"role": "user", "content": user})
+        if turn < turns:
+            messages.append({"role": "assistant", "content": _turn_reply(turn)})
+            user = f"Reward:\n{float(rng.choice([0.0, -0.1, 1.0]))}\n"
+    return messages
+
+
+def sample_conversations(n: int, seed: int = 0, turns: int = 1) -> list[list[dict[str, str]]]:
+    """``n`` prompts like the ones a rollout sends, for tests and benchmarks."""
+    rng = np.random.default_rng([seed, 3])
+    return [sample_conversation(rng, 1 + (i % turns)) for i in range(n)]
 
 
 def synthetic_corpus(seed: int = 0, n_lines: int = 3000) -> list[str]:
@@ -113,7 +159,8 @@ def synthetic_corpus(seed: int = 0, n_lines: int = 3000) -> list[str]:
         elif kind == 3:
             lines.append(_reply(rng, int(rng.integers(1, 4))))
         elif kind == 4:
-            lines.append(_user_prompt(rng, int(rng.integers(1, 6))))
+            chat = sample_conversation(rng, int(rng.integers(1, 3)))
+            lines.extend(m["content"] for m in chat[1:])
         else:
             arms = "phoenix dragon" if rng.random() < 0.5 else "dragon phoenix"
             lines.append(f"<|im_start|>user\nChoose an arm: {arms}. The answer is: "
@@ -152,17 +199,17 @@ def build_tiny_model(
     path: str | os.PathLike[str],
     sft_steps: int = 0,
     seed: int = 0,
-    max_position_embeddings: int = 512,
+    max_position_embeddings: int = 2048,
     init_std: float = 0.02,
 ) -> Path:
     """Write a tiny Llama chat model and its tokenizer to ``path`` and return the path.
 
-    ``sft_steps > 0`` fine-tunes on synthetic Sokoban prompts with replies of the form
-    ``<think>...</think><answer>Up</answer>`` (about 2 s for 150 steps on 2 cores), so greedy
-    decoding produces parseable actions; the action depends on the "Turn k:" line of the
-    prompt, so different prompts get different replies. A large ``init_std`` without fine-tuning
-    gives a model whose (meaningless) greedy output varies strongly with the prompt, which is
-    what batch-alignment tests need.
+    ``sft_steps > 0`` fine-tunes on RAGEN-style Sokoban and FrozenLake chats (see
+    `sample_conversation`) so that greedy decoding answers ``<think>push box</think><answer>Up
+    </answer>`` on Sokoban grids and ``<think>avoid the hole</think><answer>Down</answer>`` on
+    lakes. 150 steps cost about 9 CPU-seconds. A large ``init_std`` without fine-tuning gives a
+    model whose (meaningless) greedy output varies strongly with the prompt, which is what
+    batch-alignment tests need.
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -194,7 +241,14 @@ def build_tiny_model(
                     param.normal_(0.0, init_std, generator=gen)
         if sft_steps > 0:
             torch.manual_seed(seed)
-            _fine_tune(model, tokenizer, sft_steps, seed)
+            threads = torch.get_num_threads()
+            # 64-wide matrices gain nothing from intra-op threads, and on a busy machine
+            # spinning OpenMP workers made a step 3-4x slower; restored right after.
+            torch.set_num_threads(1)
+            try:
+                _fine_tune(model, tokenizer, sft_steps, seed)
+            finally:
+                torch.set_num_threads(threads)
     model.eval()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -208,7 +262,7 @@ def build_tiny_model(
 
 
 def _fine_tune(model: Any, tokenizer: Any, steps: int, seed: int,
-               batch_size: int = 16, lr: float = 3e-3) -> None:
+               batch_size: int = 16, lr: float = 3e-3, tail_tokens: int = 128) -> None:
     """Supervised steps on (prompt, reply) pairs; the loss covers only the reply tokens."""
     import torch
 
@@ -219,14 +273,18 @@ def _fine_tune(model: Any, tokenizer: Any, steps: int, seed: int,
     for _ in range(steps):
         prompts, replies = [], []
         for _ in range(batch_size):
-            turn = int(rng.integers(1, 5))
-            messages = [{"role": "user", "content": _user_prompt(rng, turn)}]
+            turns = int(rng.integers(1, 4))
+            messages = sample_conversation(rng, turns)
             prompts.append(tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True))
-            replies.append(_turn_reply(turn) + "<|im_end|>")
+            game = "sokoban" if "Sokoban" in messages[1]["content"] else "frozen_lake"
+            replies.append(_sft_reply(game) + "<|im_end|>")
         ids, labels = [], []
         for prompt, reply in zip(prompts, replies):
-            p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            # Only the end of the prompt: it decides the reply, and short rows keep a step
+            # cheap. Rotary positions are relative, and 128 tokens were enough in trials for
+            # the format to carry over to full-length multi-turn prompts (96 were not).
+            p = tokenizer(prompt, add_special_tokens=False)["input_ids"][-tail_tokens:]
             r = tokenizer(reply, add_special_tokens=False)["input_ids"]
             ids.append(p + r)
             labels.append([-100] * len(p) + r)

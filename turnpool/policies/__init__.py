@@ -15,6 +15,8 @@ never imports torch, transformers or openai.
 from __future__ import annotations
 
 import importlib
+import inspect
+import logging
 from typing import Any
 
 from turnpool.policies.base import Message, Policy, PolicyStats, TurnContext
@@ -26,6 +28,8 @@ _KINDS: dict[str, str] = {
     "hf": "turnpool.policies.hf_local:HFPolicy",
 }
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["Message", "Policy", "PolicyStats", "TurnContext", "make_policy", "policy_names"]
 
 
@@ -34,17 +38,38 @@ def policy_names() -> list[str]:
     return sorted(_KINDS)
 
 
+def _policy_class(name: str) -> Any:
+    module_name, _, attr = _KINDS[name].partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _option_names(name: str) -> set[str]:
+    """Keyword options of a kind ({} when its optional dependencies are not installed)."""
+    try:
+        cls = _policy_class(name)
+    except ImportError:
+        return set()
+    return set(inspect.signature(cls.__init__).parameters) - {"self"}
+
+
 def make_policy(cfg: dict[str, Any]) -> Policy:
     """Build a policy from ``{"name": <kind>, **options}``.
 
-    Unknown names and unknown options raise ``ValueError``/``TypeError`` naming them.
+    Options that only another kind takes (say ``epsilon`` left over from the default oracle
+    config after switching ``name`` to ``hf``) are dropped with a log line; options no kind
+    takes, and unknown names, raise ``TypeError``/``ValueError`` naming them.
     """
     options = dict(cfg)
     name = options.pop("name", None) or options.pop("type", None)
     if name not in _KINDS:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(policy_names())}")
-    module_name, _, attr = _KINDS[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
+    own = _option_names(name)
+    others = set().union(*(_option_names(k) for k in _KINDS if k != name)) - own
+    for key in sorted(set(options) & others):
+        logger.info("policy %r does not take %r (an option of another policy); ignoring it",
+                    name, key)
+        del options[key]
+    cls = _policy_class(name)
     try:
         policy: Policy = cls(**options)
     except TypeError as exc:
