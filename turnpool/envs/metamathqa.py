@@ -109,7 +109,7 @@ def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
 class MetaMathQAEnv(TextEnv):
     """Question answering with decaying reward for retries; see the module docstring."""
 
-    instruction = "You are solving Math problems. "
+    instruction = "Solve the math problem and give only the final answer. "
 
     def __init__(
         self, data_path: str | Path | None = None, dataset_path: str | Path | None = None,

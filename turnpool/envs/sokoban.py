@@ -215,10 +215,10 @@ class SokobanEnv(TextEnv):
     grid_vocab = {"#": "wall", "_": "empty", "O": "target", "√": "box on target", "X": "box",
                   "P": "player", "S": "player on target"}
     instruction = (
-        "You are solving the Sokoban puzzle. You are the player and you need to push all "
-        "boxes to targets. When you are right next to a box, you can push it by moving in the "
-        "same direction. You cannot push a box through a wall, and you cannot pull a box. The "
-        "answer should be a sequence of actions, like <answer>Right || Right || Up</answer>")
+        "Sokoban: you are the player P. Push every box X onto a target O. Walking into a box "
+        "pushes it one cell if the cell behind it is free; boxes cannot be pulled or pushed "
+        "into walls or other boxes. Answer with a sequence of moves, for example "
+        "<answer>Right || Right || Up</answer>")
     metadata = {"render_modes": ["text", "rgb_array"]}
 
     def __init__(self, dim_room: Sequence[int] = (6, 6), num_boxes: int = 1,
