@@ -122,12 +122,14 @@ class RandomPolicy:
         self.min_actions = max(1, int(min_actions))
         self.max_actions = max_actions
         self.stats = PolicyStats()
+        self._lock = threading.Lock()  # rollout threads may share one policy
 
     def generate(self, batch: list[list[Message]],
                  contexts: list[TurnContext] | None = None) -> list[str]:
         ctxs = _require_contexts(batch, contexts, "random")
-        self.stats.calls += 1
-        self.stats.requests += len(ctxs)
+        with self._lock:
+            self.stats.calls += 1
+            self.stats.requests += len(ctxs)
         return [self.reply(ctx) for ctx in ctxs]
 
     def reply(self, ctx: TurnContext) -> str:
@@ -178,8 +180,9 @@ class OraclePolicy:
     def generate(self, batch: list[list[Message]],
                  contexts: list[TurnContext] | None = None) -> list[str]:
         ctxs = _require_contexts(batch, contexts, "oracle")
-        self.stats.calls += 1
-        self.stats.requests += len(ctxs)
+        with self._lock:
+            self.stats.calls += 1
+            self.stats.requests += len(ctxs)
         return [self.reply(ctx) for ctx in ctxs]
 
     def reply(self, ctx: TurnContext) -> str:
@@ -204,9 +207,11 @@ class OraclePolicy:
             plan = [str(a) for a in self._oracle(ctx.env_type)(ctx.obs, self._config(ctx))]
         except Exception as exc:  # an oracle bug must not stop a rollout
             logger.warning("oracle for %s failed: %s", ctx.env_type, exc)
-            self.stats.failures += 1
-            self.stats.errors.append(f"{ctx.env_type}: {exc}"[:200])
             plan = []
+            with self._lock:
+                self.stats.failures += 1
+                self.stats.errors.append(f"{ctx.env_type}: {exc}"[:200])
+                del self.stats.errors[:-100]
         with self._lock:
             self._plans[key] = plan
             while len(self._plans) > self._cache_size:
