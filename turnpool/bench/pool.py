@@ -262,12 +262,12 @@ def measure_pool(
     pool = EnvPool(case.env_type, env_num=n, group_n=1, seed=0, env_kwargs=case.kwargs,
                    backend=backend, num_workers=workers, step_timeout=120.0, **kwargs)
     try:
-        active = str(pool.backend_name)
+        active, actual_workers = str(pool.backend_name), pool.num_workers
         median, best, steps, other = _time_loop(
             pool.reset, pool.step, case, n, settings)
     finally:
         pool.close()
-    return Row(case.name, backend, n, median, best, steps, workers, active, other)
+    return Row(case.name, backend, n, median, best, steps, actual_workers, active, other)
 
 
 # ---------------------------------------------------------------- gymnasium reference
@@ -510,10 +510,14 @@ def summarize(report: dict) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- output
-def _table_columns(report: dict) -> list[tuple[str, int]]:
-    envs_present = {r["env"] for r in report["rows"]}
-    return [(env, n) for env in ALL_ENVS if env in envs_present
-            for n in report["settings"]["sizes"]]
+_TITLES = {
+    "trivial": "trivial env: µs per env-step (the backend's own overhead; lower is better)",
+    "cpu": "cpu env (~1 ms of Python per step): speedup over sequential (limit: cores)",
+    "sleep": "sleep env (1 ms wait per step): speedup over sequential (limit: concurrency)",
+    "sokoban": "sokoban (6x6, 1 box): ms per turn of the whole batch",
+}
+_LABELS = {THREAD16: "thread, 16 threads", RAY2: "ray, 2 actors",
+           GYM: "gymnasium AsyncVectorEnv"}
 
 
 def _cell(report: dict, idx: dict, env: str, backend: str, n: int) -> str:
@@ -531,38 +535,44 @@ def _cell(report: dict, idx: dict, env: str, backend: str, n: int) -> str:
 
 
 def render(report: dict) -> list[Any]:
-    """Rich renderables: the main table, the goals table and notes."""
+    """Rich renderables: one table per env (backends x N), the goals table and notes."""
     from rich.table import Table
 
     idx = _index(report)
-    columns = _table_columns(report)
-    units = {"trivial": "µs/env-step", "cpu": "speedup", "sleep": "speedup",
-             "sokoban": "ms/turn"}
-    table = Table(title="turnpool bench pool  (trivial: µs per env-step; cpu, sleep: speedup "
-                        "over sequential; sokoban: ms per batch turn)")
-    table.add_column("backend")
-    for env, n in columns:
-        table.add_column(f"{env} {units[env]}\nN={n}", justify="right")
-    backends = [b for b in (*ALL_BACKENDS, THREAD16, RAY2, GYM)
-                if any(r["backend"] == b for r in report["rows"])]
-    for backend in backends:
-        active = {r["active_backend"] for r in report["rows"]
-                  if r["backend"] == backend and r["active_backend"]}
-        label = {THREAD16: "thread, 16 threads", RAY2: "ray, 2 actors",
-                 GYM: "gymnasium AsyncVectorEnv"}.get(backend, backend)
-        if backend == "auto" and active:
-            label += " (" + ", ".join(sorted(a.removeprefix("auto->") for a in active)) + ")"
-        table.add_row(label, *(_cell(report, idx, env, backend, n) for env, n in columns))
+    sizes = report["settings"]["sizes"]
+    out: list[Any] = []
+    for env in ALL_ENVS:
+        rows = [r for r in report["rows"] if r["env"] == env]
+        if not rows:
+            continue
+        table = Table(title=_TITLES[env], title_justify="left")
+        table.add_column("backend")
+        table.add_column("workers", justify="right")
+        for n in sizes:
+            table.add_column(f"N={n}", justify="right")
+        for backend in (*ALL_BACKENDS, THREAD16, RAY2, GYM):
+            mine = [r for r in rows if r["backend"] == backend]
+            if not mine or all(r["n"] not in sizes for r in mine):
+                continue
+            label = _LABELS.get(backend, backend)
+            active = sorted({r["active_backend"].removeprefix("auto->") for r in mine
+                             if r["active_backend"].startswith("auto->")})
+            if active:
+                label += " -> " + "/".join(active)
+            workers = sorted({r["workers"] for r in mine if r["workers"] is not None})
+            table.add_row(label, ",".join(map(str, workers)) or "-",
+                          *(_cell(report, idx, env, backend, n) for n in sizes))
+        out.append(table)
 
-    goals = Table(title="issue goals (measured on a shared machine: noisy)")
+    goals = Table(title="issue goals (measured on a shared machine: noisy)",
+                  title_justify="left")
     for col in ("goal", "target", "measured", "met"):
         goals.add_column(col)
     for g in report["summary"]["goals"]:
         value = "-" if g["measured"] is None else f"{g['measured']:.2f}"
         met = {True: "yes", False: "no", None: "-"}[g["met"]]
         goals.add_row(g["goal"], g["target"], value, met)
-
-    out: list[Any] = [table, goals]
+    out.append(goals)
     ratio = report["summary"]["auto_ratio"]
     if ratio:
         out.append("auto / best backend: " + "; ".join(
@@ -573,11 +583,11 @@ def render(report: dict) -> list[Any]:
         out.append(f"CPU used by other processes while timing: median "
                    f"{statistics.median(loads):.0%}, max {max(loads):.0%} of the machine")
     gym_n = report["settings"]["gym_max_n"]
-    if report["settings"]["gym"] and any(n > gym_n for n in report["settings"]["sizes"]):
+    if report["settings"]["gym"] and any(n > gym_n for n in sizes):
         out.append(f"AsyncVectorEnv skipped above N={gym_n} (one process per env).")
-    errors = [r for r in report["rows"] if r["error"]]
-    for r in errors:
-        out.append(f"[red]{r['env']} {r['backend']} N={r['n']}: {r['error']}[/red]")
+    for r in report["rows"]:
+        if r["error"]:
+            out.append(f"[red]{r['env']} {r['backend']} N={r['n']}: {r['error']}[/red]")
     return out
 
 
@@ -588,10 +598,14 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    envs = [e for e in ALL_ENVS if any(r["env"] == e for r in report["rows"])]
-    fig, axes = plt.subplots(1, max(1, len(envs)), figsize=(4.2 * max(1, len(envs)), 3.8),
-                             squeeze=False)
-    for ax, env in zip(axes[0], envs):
+    envs = [e for e in ALL_ENVS if any(r["env"] == e for r in report["rows"])] or ["trivial"]
+    cols = 2 if len(envs) > 1 else 1
+    rows = (len(envs) + cols - 1) // cols
+    fig, grid = plt.subplots(rows, cols, figsize=(6.0 * cols, 4.4 * rows), squeeze=False)
+    axes = [ax for line in grid for ax in line]
+    for ax in axes[len(envs):]:
+        ax.set_visible(False)
+    for ax, env in zip(axes, envs):
         by_backend: dict[str, list[tuple[int, float]]] = {}
         for r in report["rows"]:
             if r["env"] == env and not r["error"]:
@@ -607,7 +621,7 @@ def plot(report: dict, path: Path) -> None:
         ax.set_xlabel("envs (N)")
         ax.set_ylabel("env-steps / s")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle(f"turnpool bench pool ({report['machine']['cpu_count']} cores)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
