@@ -350,9 +350,15 @@ class EnvPool:
         want = max(0, int(min_ready))
         self._pump(lambda: len(self._ready) >= want, timeout)
         out, self._ready = self._ready, []
-        results = [(i, TurnResult._make(r)) for i, r, _ in out]
-        self._raise_if_needed([i for i, _, _ in out], [r[6] for _, r, _ in out])
-        return results
+        if self.on_error == "raise" and any(r[6] is not None for _, r, _ in out):
+            # The failed envs are reported; the others stay ready for the next poll, so an
+            # exception never swallows a result.
+            self._ready = [x for x in out if x[1][6] is None]
+            failed = [x for x in out if x[1][6] is not None]
+            self._in_flight.difference_update(i for i, _, _ in failed)
+            self._raise_if_needed([i for i, _, _ in failed], [r[6] for _, r, _ in failed])
+        self._in_flight.difference_update(i for i, _, _ in out)
+        return [(i, TurnResult._make(r)) for i, r, _ in out]
 
     @property
     def in_flight(self) -> frozenset[int]:
@@ -602,8 +608,7 @@ class EnvPool:
     def _deliver(self, ticket: _Ticket, pos: int, env_id: int, result: Any) -> None:
         ticket.out[pos] = result
         ticket.remaining -= 1
-        if ticket.is_async:
-            self._in_flight.discard(env_id)
+        if ticket.is_async:  # stays in flight until polled
             self._ready.append((env_id, result, ""))
 
     def _fail(self, pending: _Pending, k: int, env_id: int, reason: str) -> None:
