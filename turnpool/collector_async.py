@@ -107,8 +107,9 @@ def play_async(collector: TrajectoryCollector, eps: Sequence[EpisodeState],
                on_turn: Callable[[int, int], None] | None = None) -> AsyncTiming:
     """Play ``eps`` (freshly reset episodes of ``collector.pool``) to the end, asynchronously.
 
-    ``on_turn(turn, running)`` is called when every env still running has finished turn
-    ``turn`` (the lock-step turn counter). Returns the run's busy times.
+    ``on_turn(turn, envs)`` is called once every env has finished turn ``turn`` or its
+    episode (the lock-step turn counter; ``envs`` played that turn). Returns the run's busy
+    times.
     """
     return _Driver(collector, eps, settings, on_turn).run()
 
@@ -246,10 +247,12 @@ class _Driver:
         """Call ``on_turn`` for each lock-step turn that every running env has completed."""
         if self.on_turn is None:
             return
-        running = [ep for ep in self.eps if not self._finished(ep)]
-        low = min((len(ep.turns) for ep in running), default=self.max_turn)
+        low = min((len(ep.turns) for ep in self.eps if not self._finished(ep)),
+                  default=self.max_turn)
         while self.level < low:
-            self.on_turn(self.level, len(running))
+            played = sum(len(ep.turns) > self.level for ep in self.eps)
+            if played:
+                self.on_turn(self.level, played)
             self.level += 1
 
     def _drain(self) -> None:
