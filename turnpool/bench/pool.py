@@ -14,7 +14,12 @@ shared-memory path returns stale text observations) runs the same envs through a
 the external reference column. Ray is measured last so that no process is forked after Ray's
 threads exist.
 
+Every row records how much CPU other processes used while it was timed (``other_load``); a
+row disturbed beyond ``--max-other-load`` is measured again (``--retries``) and the least
+disturbed attempt is kept, and ``--wait-quiet`` waits for a quiet machine before each row.
+
     turnpool bench pool --json pool.json --plot pool.png
+    turnpool bench pool --retries 3 --wait-quiet 10       # on a machine shared with others
     turnpool bench pool --quick --backends sequential,thread     # smoke run, seconds
 """
 
@@ -67,6 +72,12 @@ class Settings:
     cpu_target_ms: float = 1.0
     sokoban_turn: bool = True
     quick: bool = False
+    #: a row measured while other processes used more than this share of the machine is
+    #: measured again (up to ``retries`` times) and the least disturbed attempt is kept
+    max_other_load: float = 0.15
+    retries: int = 1
+    #: before each row, wait up to this long for the machine to be that quiet
+    wait_quiet_s: float = 0.0
 
 
 @dataclass
@@ -136,6 +147,18 @@ class _OtherLoad:
     def start(self) -> None:
         if self._psutil is not None:
             self._start = self._sample()
+
+    def wait_quiet(self, threshold: float, max_s: float, window_s: float = 0.25) -> None:
+        """Sleep in short windows until others use less than ``threshold`` of the machine."""
+        if self._psutil is None or max_s <= 0:
+            return
+        deadline = time.perf_counter() + max_s
+        while time.perf_counter() < deadline:
+            self.start()
+            time.sleep(window_s)
+            other = self.stop()
+            if other is None or other <= threshold:
+                return
 
     def stop(self) -> float | None:
         if self._psutil is None or self._start is None:
@@ -402,17 +425,7 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] | None = N
             progress(text)
         if step.backend == "ray" and not ray_started_here:
             ray_started_here = _ray_was_down()
-        try:
-            if step.backend == GYM:
-                row = measure_gym(step.case, step.n, settings)
-            else:
-                row = measure_pool(step.case, step.backend, step.n, settings, step.workers)
-            row.backend = step.label
-        except Exception as exc:  # one broken backend must not lose the whole table
-            log.exception("%s failed", text)
-            row = Row(step.case.name, step.label, step.n, float("nan"), float("nan"), 0,
-                      step.workers, error=f"{type(exc).__name__}: {exc}")
-        rows.append(row)
+        rows.append(_measure_step(step, settings, text))
     sokoban_turn = measure_sokoban_turn(settings) if settings.sokoban_turn else None
     if ray_started_here:
         _ray_shutdown()
@@ -427,6 +440,29 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] | None = N
     }
     report["summary"] = summarize(report)
     return report
+
+
+def _measure_step(step: Step, settings: Settings, text: str) -> Row:
+    """One row, re-measured while other processes disturbed it; the cleanest attempt wins."""
+    best: Row | None = None
+    for _attempt in range(1 + max(0, settings.retries)):
+        _OtherLoad().wait_quiet(settings.max_other_load, settings.wait_quiet_s)
+        try:
+            if step.backend == GYM:
+                row = measure_gym(step.case, step.n, settings)
+            else:
+                row = measure_pool(step.case, step.backend, step.n, settings, step.workers)
+            row.backend = step.label
+        except Exception as exc:  # one broken backend must not lose the whole table
+            log.exception("%s failed", text)
+            return Row(step.case.name, step.label, step.n, float("nan"), float("nan"), 0,
+                       step.workers, error=f"{type(exc).__name__}: {exc}")
+        if best is None or (row.other_load or 0.0) < (best.other_load or 0.0):
+            best = row
+        if (best.other_load or 0.0) <= settings.max_other_load:
+            break
+    assert best is not None
+    return best
 
 
 def _ray_was_down() -> bool:
@@ -580,8 +616,11 @@ def render(report: dict) -> list[Any]:
             for env, d in ratio.items()))
     loads = [r["other_load"] for r in report["rows"] if r["other_load"] is not None]
     if loads:
+        dirty = sum(v > report["settings"]["max_other_load"] for v in loads)
         out.append(f"CPU used by other processes while timing: median "
-                   f"{statistics.median(loads):.0%}, max {max(loads):.0%} of the machine")
+                   f"{statistics.median(loads):.0%}, max {max(loads):.0%} of the machine; "
+                   f"{dirty} of {len(loads)} rows above "
+                   f"{report['settings']['max_other_load']:.0%} (see other_load in the JSON)")
     gym_n = report["settings"]["gym_max_n"]
     if report["settings"]["gym"] and any(n > gym_n for n in sizes):
         out.append(f"AsyncVectorEnv skipped above N={gym_n} (one process per env).")
@@ -661,23 +700,32 @@ def _csv(kind: type, choices: Sequence[Any] | None = None) -> Callable[..., Any]
 @click.option("--min-time", type=float, default=None,
               help="Seconds of stepping per timed block (default 0.3; quick 0.02).")
 @click.option("--repeats", type=int, default=None, help="Timed blocks per row (median).")
+@click.option("--retries", type=int, default=None,
+              help="Re-measure a row this often while other processes disturb it "
+                   "(default 1; quick 0).")
+@click.option("--max-other-load", type=float, default=0.15, show_default=True,
+              help="Share of the machine other processes may use during a clean row.")
+@click.option("--wait-quiet", type=float, default=0.0, show_default=True,
+              help="Seconds to wait, before each row, for the machine to be that quiet.")
 @click.option("--no-gym", is_flag=True, help="Skip the gymnasium AsyncVectorEnv column.")
 @click.option("--gym-max-n", type=int, default=256,
               help="Largest N for AsyncVectorEnv (it starts one process per env).")
 def command(json_path: Path | None, plot_path: Path | None, quick: bool,
             backends: tuple[str, ...] | None, envs: tuple[str, ...] | None,
             sizes: tuple[int, ...] | None, workers: int | None, mp_context: str | None,
-            min_time: float | None, repeats: int | None, no_gym: bool,
-            gym_max_n: int) -> None:
+            min_time: float | None, repeats: int | None, retries: int | None,
+            max_other_load: float, wait_quiet: float, no_gym: bool, gym_max_n: int) -> None:
     """Every pool backend at N = 8, 64, 256 on trivial / cpu / sleep / sokoban envs."""
     from rich.console import Console
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     settings = Settings(workers=workers, mp_context=mp_context, gym=not no_gym,
-                        gym_max_n=gym_max_n, quick=quick)
+                        gym_max_n=gym_max_n, quick=quick, max_other_load=max_other_load,
+                        wait_quiet_s=wait_quiet)
     if quick:
         settings.sizes, settings.min_time_s, settings.repeats, settings.warmup = (8,), 0.02, 1, 1
-        settings.thread16 = False
+        settings.thread16, settings.retries = False, 0
+    settings.retries = retries if retries is not None else settings.retries
     settings.backends = backends or settings.backends
     settings.envs = envs or settings.envs
     settings.sizes = sizes or settings.sizes
