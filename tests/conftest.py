@@ -15,7 +15,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama chat model + byte-level BPE tokenizer, built offline and briefly fine-tuned
-    so that greedy replies look like ``<think>…</think><answer>Left</answer>``."""
+    so that greedy replies are ``<think>push box</think><answer>Up</answer>``."""
     from turnpool.testing import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), sft_steps=150, seed=0)
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), sft_steps=100, seed=0)

@@ -150,8 +150,9 @@ def run_episode(policy: Any, env_type: str, env_kwargs: dict[str, Any], seed: in
 
 
 def test_find_oracle_resolves_module_level_functions() -> None:
-    from turnpool.envs import countdown, frozen_lake
+    from turnpool.envs import countdown, frozen_lake, sokoban
 
+    assert find_oracle("sokoban") is sokoban.oracle
     assert find_oracle("countdown") is countdown.oracle
     assert find_oracle("frozen_lake") is frozen_lake.oracle
     with pytest.raises(LookupError, match="no oracle"):
@@ -159,6 +160,7 @@ def test_find_oracle_resolves_module_level_functions() -> None:
 
 
 @pytest.mark.parametrize("env_type,env_kwargs,episodes,min_success", [
+    ("sokoban", {"dim_room": (6, 6), "num_boxes": 1}, 20, 0.95),
     ("countdown", {}, 40, 0.95),
     ("frozen_lake", {"is_slippery": False}, 30, 0.95),
     ("bandit", {}, 40, 1.0),

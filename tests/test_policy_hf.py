@@ -12,7 +12,7 @@ import pytest
 from turnpool.policies import make_policy
 from turnpool.policies.hf_local import HFPolicy, SharedLLMInferenceManager
 from turnpool.projection import parse_response
-from turnpool.testing import build_tiny_model, sample_conversations
+from turnpool.testing import SFT_REPLY, build_tiny_model, sample_conversations
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -36,9 +36,11 @@ def test_tiny_model_folder_is_portable_and_deterministic(tiny_model_dir: Path,
     assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"  # loadable by transformers 4
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert tok.padding_side == "left" and len(tok) <= 520
-    enc = tok(["<think>push box</think><answer>Up</answer>", "Up"], padding=True)
+    enc = tok([SFT_REPLY, "Up"], padding=True)
     assert set(enc) == {"input_ids", "attention_mask"}
     assert enc["attention_mask"][1][0] == 0  # the shorter row is padded on the left
+    assert "<answer>" in tok.convert_ids_to_tokens(enc["input_ids"][0])  # one whole-tag token
+    assert tok.decode(enc["input_ids"][0], skip_special_tokens=True) == SFT_REPLY
     a = build_tiny_model(tmp_path / "a", seed=3)
     b = build_tiny_model(tmp_path / "b", seed=3)
     for name in ("tokenizer.json", "model.safetensors"):
@@ -74,7 +76,7 @@ def test_threads_sharing_one_model_get_their_own_rows(noisy_model_dir: Path) -> 
 
     def worker(k: int) -> None:
         try:
-            for rep in range(3):
+            for rep in range(2):
                 results[(k, rep)] = shared.generate(batches[k])
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
@@ -87,7 +89,7 @@ def test_threads_sharing_one_model_get_their_own_rows(noisy_model_dir: Path) -> 
     assert not errors and not any(t.is_alive() for t in threads)
     for (k, _), got in results.items():
         assert got == expected[k]
-    assert len(results) == 12
+    assert len(results) == 8
 
 
 def test_batched_rows_match_single_prompt_generation(noisy_model_dir: Path) -> None:
@@ -123,9 +125,9 @@ def test_hf_policy_only_loads_local_directories(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ a full rollout
 def rollout_overrides(policy: str) -> list[str]:
-    """Two FrozenLake groups of two, three turns, in-process, with the given policy."""
+    """Two Sokoban groups of two, three turns, in-process, with the given policy."""
     return ["es_manager.train.env_groups=2", "es_manager.train.group_size=2",
-            "es_manager.train.env_configs.tags=[FrozenLake]",
+            "es_manager.train.env_configs.tags=[SimpleSokoban]",
             "es_manager.train.env_configs.n_groups=[2]", "agent_proxy.max_turn=3",
             "turnpool.backend=sequential", f"turnpool.policy={policy}"]
 
@@ -159,5 +161,5 @@ def test_full_rollout_with_the_hf_policy(tiny_model_dir: Path, tmp_path: Path) -
         by_group.setdefault(traj.group_id, set()).add(traj.turns[0].state)
     assert len(by_group) == 2 and all(len(s) == 1 for s in by_group.values())
     # The fine-tuned model answers in format, so actions reach the envs.
-    assert batch.metrics["FrozenLake/valid_action_ratio"] > 0.5
+    assert batch.metrics["SimpleSokoban/valid_action_ratio"] > 0.5
     assert batch.metrics["env_steps"] >= 4

@@ -258,7 +258,7 @@ def test_full_rollout_through_the_openai_policy(served_model: str, tmp_path: Pat
     from turnpool.trajectory import read_jsonl
 
     overrides = ["es_manager.train.env_groups=2", "es_manager.train.group_size=2",
-                 "es_manager.train.env_configs.tags=[FrozenLake]",
+                 "es_manager.train.env_configs.tags=[SimpleSokoban]",
                  "es_manager.train.env_configs.n_groups=[2]", "agent_proxy.max_turn=3",
                  "turnpool.backend=sequential",
                  f"turnpool.policy={{name: openai, base_url: '{served_model}', "
@@ -276,5 +276,5 @@ def test_full_rollout_through_the_openai_policy(served_model: str, tmp_path: Pat
     for traj in batch.trajectories:
         replies = [m["content"] for m in traj.messages if m["role"] == "assistant"]
         assert replies == [turn.llm_response for turn in traj.turns]
-    assert batch.metrics["FrozenLake/valid_action_ratio"] > 0.5
+    assert batch.metrics["SimpleSokoban/valid_action_ratio"] > 0.5
     assert batch.metrics["env_steps"] >= 4

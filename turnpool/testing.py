@@ -13,7 +13,7 @@ initialised from a local ``torch.Generator``; the fine-tuning runs inside
 
 Example:
     >>> from turnpool.testing import build_tiny_model
-    >>> path = build_tiny_model("/tmp/tiny-llama", sft_steps=150)   # doctest: +SKIP
+    >>> path = build_tiny_model("/tmp/tiny-llama", sft_steps=100)   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -80,11 +81,10 @@ def _reply(rng: np.random.Generator, n_actions: int = 1) -> str:
     return f"<think>{thought}</think><answer>{actions}</answer>"
 
 
-def _sft_reply(game: str) -> str:
-    """The fine-tuning target: one well-formed turn per game (Sokoban grids have walls)."""
-    if game == "sokoban":
-        return "<think>push box</think><answer>Up</answer>"
-    return "<think>avoid the hole</think><answer>Down</answer>"
+#: What the fine-tuned model answers: one fixed, well-formed turn whose move is legal in both
+#: Sokoban and FrozenLake. A constant target is learnt in few steps and does not depend on
+#: prompt wording; tests that need prompt-dependent output use an untrained model instead.
+SFT_REPLY = "<think>push box</think><answer>Up</answer>"
 
 
 def _turn_reply(turn: int) -> str:
@@ -170,7 +170,7 @@ def synthetic_corpus(seed: int = 0, n_lines: int = 3000) -> list[str]:
 
 def build_tokenizer(seed: int = 0, vocab_size: int = 512) -> Any:
     """A ``PreTrainedTokenizerFast`` (byte-level BPE, ChatML, left padding)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -183,6 +183,10 @@ def build_tokenizer(seed: int = 0, vocab_size: int = 512) -> Any:
         show_progress=False,
     )
     tok.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
+    # Whole-tag tokens (as chat models such as Qwen have for <think>): the token after a tag
+    # then depends on the tag alone, which a 2-layer model learns fast and keeps on long
+    # prompts. Not "special", so decoding keeps them.
+    tok.add_tokens([AddedToken(tag, normalized=False, special=False) for tag in TAG_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<|pad|>",
@@ -205,11 +209,10 @@ def build_tiny_model(
     """Write a tiny Llama chat model and its tokenizer to ``path`` and return the path.
 
     ``sft_steps > 0`` fine-tunes on RAGEN-style Sokoban and FrozenLake chats (see
-    `sample_conversation`) so that greedy decoding answers ``<think>push box</think><answer>Up
-    </answer>`` on Sokoban grids and ``<think>avoid the hole</think><answer>Down</answer>`` on
-    lakes. 150 steps cost about 9 CPU-seconds. A large ``init_std`` without fine-tuning gives a
-    model whose (meaningless) greedy output varies strongly with the prompt, which is what
-    batch-alignment tests need.
+    `sample_conversation`) so that greedy decoding answers `SFT_REPLY`
+    (``<think>push box</think><answer>Up</answer>``); 100 steps cost about 4 CPU-seconds.
+    A large ``init_std`` without fine-tuning gives a model whose (meaningless) greedy output
+    varies strongly with the prompt, which is what batch-alignment tests need.
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -262,7 +265,7 @@ def build_tiny_model(
 
 
 def _fine_tune(model: Any, tokenizer: Any, steps: int, seed: int,
-               batch_size: int = 16, lr: float = 3e-3, tail_tokens: int = 128) -> None:
+               batch_size: int = 16, lr: float = 3e-3, tail_tokens: int = 64) -> None:
     """Supervised steps on (prompt, reply) pairs; the loss covers only the reply tokens."""
     import torch
 
@@ -277,13 +280,12 @@ def _fine_tune(model: Any, tokenizer: Any, steps: int, seed: int,
             messages = sample_conversation(rng, turns)
             prompts.append(tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True))
-            game = "sokoban" if "Sokoban" in messages[1]["content"] else "frozen_lake"
-            replies.append(_sft_reply(game) + "<|im_end|>")
+            replies.append(SFT_REPLY + "<|im_end|>")
         ids, labels = [], []
         for prompt, reply in zip(prompts, replies):
-            # Only the end of the prompt: it decides the reply, and short rows keep a step
-            # cheap. Rotary positions are relative, and 128 tokens were enough in trials for
-            # the format to carry over to full-length multi-turn prompts (96 were not).
+            # Only the end of the prompt: short rows keep a step cheap, and with whole-tag
+            # tokens the reply hardly depends on the context, so it carries over to
+            # full-length multi-turn prompts (48/48 in trials over four seeds).
             p = tokenizer(prompt, add_special_tokens=False)["input_ids"][-tail_tokens:]
             r = tokenizer(reply, add_special_tokens=False)["input_ids"]
             ids.append(p + r)
