@@ -82,7 +82,8 @@ class HFPolicy:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         model: Any = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=getattr(torch, dtype), local_files_only=True)
+            self.model_path, dtype=dtype if dtype == "auto" else getattr(torch, dtype),
+            local_files_only=True)
         self.model: Any = model.to(self.device).eval()
 
     # ------------------------------------------------------------------ protocol
