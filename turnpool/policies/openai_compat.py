@@ -122,7 +122,9 @@ class OpenAIPolicy:
         until = start + budget
         futures: list[Future[str]] = [
             self._pool.submit(self._request, messages, until) for messages in batch]
-        done, not_done = wait_futures(futures, timeout=budget + self.timeout)
+        # Attempts stop at ``until`` by themselves; the extra ``timeout`` only catches a server
+        # that trickles bytes slowly enough to dodge httpx's per-read timeout.
+        _, not_done = wait_futures(futures, timeout=budget + self.timeout)
         replies: list[str] = []
         failures: list[str] = []
         for fut in futures:
