@@ -1,4 +1,4 @@
-"""The local transformers policy, on a tiny Llama model built offline in the test session."""
+"""The local transformers policy, on a tiny Llama model built offline once per test run."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ initialised from a local ``torch.Generator``; the fine-tuning runs inside
 
 Example:
     >>> from turnpool.testing import build_tiny_model
-    >>> path = build_tiny_model("/tmp/tiny-llama", sft_steps=100)   # doctest: +SKIP
+    >>> path = build_tiny_model("tiny-llama", sft_steps=100)   # doctest: +SKIP
 """
 
 from __future__ import annotations
