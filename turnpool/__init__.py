@@ -27,6 +27,10 @@ _LAZY: dict[str, str] = {
     "ParallelRolloutManager": "turnpool.compat",
     "TrajectoryCollector": "turnpool.collector",
     "load_config": "turnpool.config",
+    "make_policy": "turnpool.policies",
+    "SharedLLMInferenceManager": "turnpool.policies.hf_local",
+    "project_actions": "turnpool.projection",
+    "EnvGroupSpec": "turnpool.pool",
 }
 
 __all__ = ["TextEnv", "__version__", "make", "register", "registered", *_LAZY]
