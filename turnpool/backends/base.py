@@ -134,6 +134,8 @@ class EnvHost:
         self.builds = {b.env_id: b for b in builds}
         self.envs: dict[int, TextEnv | None] = {}
         self.broken: set[int] = set()
+        #: env id -> why it could not be built (a backend reports these when it starts)
+        self.build_errors: dict[int, str] = {}
         self._progress = progress or _no_progress
         for env_id, b in self.builds.items():
             try:
@@ -142,6 +144,7 @@ class EnvHost:
                 log.warning("building env %d (%s) failed: %s", env_id, b.entry_point, exc)
                 self.envs[env_id] = None
                 self.broken.add(env_id)
+                self.build_errors[env_id] = short_error(exc)
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, request: Request) -> Reply:

@@ -154,8 +154,7 @@ def _worker_main(inbox: multiprocessing.connection.Connection,
         view[index] = env_id
 
     host = EnvHost(builds, progress)
-    failed = {b.env_id: "" for b in builds if b.env_id in host.broken}
-    send(pickle.dumps(("ready", slot, failed), _PROTOCOL))
+    send(pickle.dumps(("ready", slot, host.build_errors), _PROTOCOL))
     loads, dumps, handle = pickle.loads, pickle.dumps, host.handle
     while True:
         try:
@@ -274,8 +273,10 @@ class ProcessBackend(Backend):
                                      f"(exit code {worker.proc.exitcode})") from exc
                 if message[0] == "ready":
                     if message[2]:
-                        raise WorkerLost(f"worker {slot} could not build envs "
-                                         f"{sorted(message[2])[:5]} (see its log)")
+                        env_id, why = sorted(message[2].items())[0]
+                        more = len(message[2]) - 1
+                        raise WorkerLost(f"worker {slot} could not build env {env_id}: {why}"
+                                         + (f" (and {more} more)" if more else ""))
                     return
             elif ready:
                 worker.proc.join(1.0)
