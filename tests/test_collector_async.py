@@ -5,9 +5,11 @@ really overlaps env steps; faults and policy errors behave as in lock-step."""
 from __future__ import annotations
 
 import io
+import json
 import threading
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -282,3 +284,35 @@ def test_busy_time_union_and_overlap() -> None:
     p, e, both = _busy(list(policy), list(env))
     assert (p, e) == (4.0, pytest.approx(3.2))
     assert both == pytest.approx(0.5 + 0.5 + 0.2)
+
+
+# ------------------------------------------------------------------ the benchmark harness
+def test_bench_rollout_quick_writes_json_and_png(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from turnpool.cli import main
+
+    out, png = tmp_path / "rollout.json", tmp_path / "rollout.png"
+    result = CliRunner().invoke(main, ["bench", "rollout", "--quick", "--no-openai",
+                                       "--json", str(out), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text(encoding="utf-8"))
+    (row,) = report["rows"]
+    assert row["case"] == "scripted" and row["ratio_target"] == 1.0
+    assert row["identical"] is True  # both modes produced the same trajectories
+    assert row["lock_wall_s"] > 0 and row["async_wall_s"] > 0 and row["async_calls"] > 0
+    assert row["extra"]["backend"] == "process"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "async/max" in result.output
+
+
+def test_sleep_policy_is_serial_and_passes_replies_through() -> None:
+    from turnpool.bench.rollout import SleepPolicy
+
+    inner = make_policy({"name": "random", "seed": 4})
+    policy = SleepPolicy(inner, per_request_s=0.0, per_call_s=0.0)
+    ctx = TurnContext(env_id=0, env_type="cpu", env_kwargs={}, obs="t=0", action_names=None,
+                      turn=0, actions_left=3, max_actions_per_turn=1, action_sep="||",
+                      enable_think=False, seed=1, tag="cpu")
+    assert policy.generate([[]], [ctx]) == inner.generate([[]], [ctx])
+    assert (policy.stats.calls, policy.stats.requests) == (1, 1)
