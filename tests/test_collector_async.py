@@ -137,6 +137,17 @@ def test_each_env_is_generated_for_once_per_turn_in_micro_batches() -> None:
     assert turns == lock_turns and turns[0] == (0, 0, 16)
 
 
+def test_without_max_batch_the_envs_move_in_eighths() -> None:
+    """One call for every pending env would keep all envs in step (lock-step again)."""
+    rec = Recording(make_policy({"name": "random", "seed": 2}))
+    overrides = [*_tags(["FrozenLake"], [8], 2), "agent_proxy.max_turn=3",
+                 "turnpool.backend=sequential", "turnpool.collector.mode=async"]
+    with TrajectoryCollector.from_config(overrides=overrides, policy=rec) as col:
+        assert col.settings.async_settings.max_batch is None
+        col.collect()
+    assert max(len(call) for call in rec.calls) == 2  # 16 envs / 8
+
+
 # ------------------------------------------------------------------ overlap, for real
 _GATE = threading.Event()
 

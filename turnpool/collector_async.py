@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 #: Longest single wait on policy threads; the loop re-checks and waits again (policies
 #: bound their own calls, this only keeps every wait finite).
 _POLICY_WAIT_S = 30.0
+#: Without ``max_batch``, a batch's envs are split into this many micro-batches: enough
+#: cohorts that one generates while others step (one batch for all would move in lock-step).
+AUTO_MICRO_BATCHES = 8
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,8 @@ class AsyncSettings:
     """Micro-batching of the async collector (``turnpool.collector.*``).
 
     Args:
-        max_batch: most envs per ``generate`` call (None: every pending env).
+        max_batch: most envs per ``generate`` call (None: an eighth of the envs, at least
+            one, so several cohorts alternate between the policy and the envs).
         max_wait_s: how long a pending env may wait for its micro-batch to fill.
         policy_workers: ``generate`` calls in flight at once (threads).
         poll_interval_s: while both sides are busy, how often the driver checks the other
@@ -68,7 +72,7 @@ class AsyncSettings:
 
     max_batch: int | None = None
     max_wait_s: float = 0.0
-    policy_workers: int = 4
+    policy_workers: int = 8
     poll_interval_s: float = 0.002
 
     def __post_init__(self) -> None:
@@ -123,6 +127,7 @@ class _Driver:
         self.on_turn = on_turn
         self.max_turn = collector.settings.max_turn
         self.eps = list(eps)
+        self.cap = settings.max_batch or max(1, -(-len(self.eps) // AUTO_MICRO_BATCHES))
         self.pending: deque[EpisodeState] = deque()
         self.since: dict[int, float] = {}  # env id -> when it became pending
         self.calls: dict[Future[list[str]], _Call] = {}
@@ -161,7 +166,7 @@ class _Driver:
         now = time.perf_counter()
         while self.pending and len(self.calls) < self.s.policy_workers:
             n = len(self.pending)
-            cap = self.s.max_batch or n
+            cap = self.cap
             oldest = self.since[self.pending[0].env_id]
             due = (n >= cap or now - oldest >= self.s.max_wait_s
                    or (not self.calls and not self.stepping))  # nothing else can arrive

@@ -10,6 +10,10 @@ Both cases below are throughput-bound on both sides, the regime the async mode i
     saturated LLM server: ``per_request_s`` per conversation, one call at a time) against the
     ``cpu`` env (pure-Python work per step) on the process backend, one worker per core. E is
     calibrated first; L is then set to ``ratio * E`` for ratio in 0.5, 1, 2.
+    ``scripted_parallel`` is the other extreme, a server with spare capacity: every call
+    sleeps L whatever its size, calls in parallel. There each env's own chain (its reply,
+    then its micro-batch's step) bounds the gain: wall >= turns * (L + its step), so the
+    ratio stays above 1 + max_batch * workers / envs at L = E.
 (b) ``openai``: the ``openai`` policy against ``transformers serve --continuous-batching`` on
     127.0.0.1 with the tiny model built offline (`turnpool.testing`), and the ``sleep`` env
     on two env threads (an env service with two lanes, which uses no CPU the server needs).
@@ -102,8 +106,10 @@ class Settings:
     turns: int = 10
     step_ms: float = 2.0
     workers: int | None = None
-    max_batch: int = 8
+    max_batch: int | None = None
     policy_workers: int = 8
+    repeats: int = 1
+    parallel: bool = True
     scripted: bool = True
     openai: bool = True
     openai_envs: int = 16
@@ -222,16 +228,24 @@ def run_scripted(settings: Settings, progress: Callable[[str], None]) -> list[Ro
         _collect(lock, seed=0)  # warm-up
         metrics, _ = _collect(lock, seed=0)
         e_turn = metrics["timing/env_s"] / max(1.0, metrics["timing/turns"])
-        for ratio in settings.ratios:
-            progress(f"scripted: L/E = {ratio:g}")
-            policy = SleepPolicy(RandomPolicy(seed=0, max_actions=1),
-                                 per_request_s=ratio * e_turn / settings.envs)
-            row = Row("scripted", ratio, settings.envs, settings.turns)
-            rows.append(_compare(pool, policy, [tag], base, row, seed=1))
-            row.extra |= {"step_ms": settings.step_ms, "work_iters": iters,
-                         "backend": pool.backend_name, "workers": pool.num_workers,
-                         "e_turn_calibrated_s": e_turn,
-                         "per_request_s": policy.per_request_s}
+        models = ("serial", "parallel") if settings.parallel else ("serial",)
+        for model in models:
+            case = "scripted" if model == "serial" else "scripted_parallel"
+            for ratio in settings.ratios:
+                progress(f"{case}: L/E = {ratio:g}")
+                inner = RandomPolicy(seed=0, max_actions=1)
+                if model == "serial":
+                    policy = SleepPolicy(inner, per_request_s=ratio * e_turn / settings.envs)
+                else:
+                    policy = SleepPolicy(inner, per_call_s=ratio * e_turn, serial=False)
+                row = Row(case, ratio, settings.envs, settings.turns)
+                rows.append(_compare(pool, policy, [tag], base, row, seed=1,
+                                     repeats=settings.repeats))
+                row.extra |= {"policy_model": model, "step_ms": settings.step_ms,
+                              "work_iters": iters, "backend": pool.backend_name,
+                              "workers": pool.num_workers, "e_turn_calibrated_s": e_turn,
+                              "per_request_s": policy.per_request_s,
+                              "per_call_s": policy.per_call_s}
     return rows
 
 
@@ -339,7 +353,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = [c for c in ("scripted", "openai") if any(r["case"] == c for r in report["rows"])]
+    cases = [c for c in ("scripted", "scripted_parallel", "openai")
+             if any(r["case"] == c for r in report["rows"])]
     fig, axes = plt.subplots(1, max(1, len(cases)), figsize=(6.0 * max(1, len(cases)), 4.2),
                              squeeze=False)
     for ax, case in zip(axes[0], cases):
@@ -383,9 +398,16 @@ def plot(report: dict[str, Any], path: Path) -> None:
               help="CPU per env step in case (a), in ms (default 2).")
 @click.option("--workers", type=int, default=None,
               help="Env worker processes in case (a) (default: one per core).")
+@click.option("--max-batch", type=int, default=None,
+              help="Async micro-batch size in case (a) (default: envs / 8).")
+@click.option("--policy-workers", type=int, default=None,
+              help="Async policy calls in flight in case (a) (default 8).")
+@click.option("--repeats", type=int, default=None,
+              help="Runs per mode and row in case (a); the fastest is kept (default 1).")
 def command(json_path: Path | None, plot_path: Path | None, quick: bool, scripted: bool,
             openai: bool, envs: int | None, turns: int | None, step_ms: float | None,
-            workers: int | None) -> None:
+            workers: int | None, max_batch: int | None, policy_workers: int | None,
+            repeats: int | None) -> None:
     """Lock-step vs async wall time for L/E = 0.5, 1, 2 (scripted and openai policies)."""
     from rich.console import Console
 
@@ -393,11 +415,14 @@ def command(json_path: Path | None, plot_path: Path | None, quick: bool, scripte
     settings = Settings(scripted=scripted, openai=openai, workers=workers, quick=quick)
     if quick:
         settings.ratios, settings.envs, settings.turns, settings.step_ms = (1.0,), 8, 3, 1.0
-        settings.max_batch, settings.policy_workers = 2, 2
+        settings.max_batch, settings.policy_workers, settings.parallel = 2, 2, False
         settings.openai_envs, settings.openai_turns, settings.openai_repeats = 4, 2, 1
     settings.envs = envs or settings.envs
     settings.turns = turns or settings.turns
     settings.step_ms = step_ms or settings.step_ms
+    settings.max_batch = max_batch or settings.max_batch
+    settings.policy_workers = policy_workers or settings.policy_workers
+    settings.repeats = repeats or settings.repeats
     console = Console()
     if not console.is_terminal:  # a log or a pipe: keep every column readable
         console = Console(width=132)
