@@ -370,7 +370,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
                 label=f"{GOAL} x max(L, E)")
         ax.plot(xs, [r["lock_policy_s"] + r["lock_env_s"] for r in rows], "k.",
                 label="L + E")
-        ax.set_xticks(xs, [f"L/E={r['ratio_measured']:.2f}" for r in rows])
+        ax.set_xticks(xs, [f"L/E={r['ratio_measured']:.2f}\n(set {r['ratio_target']:g})"
+                           for r in rows])
         ax.set_ylabel("seconds")
         ax.set_title(case)
         ax.grid(True, axis="y", alpha=0.3)
