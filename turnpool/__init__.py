@@ -31,6 +31,8 @@ _LAZY: dict[str, str] = {
     "SharedLLMInferenceManager": "turnpool.policies.hf_local",
     "project_actions": "turnpool.projection",
     "EnvGroupSpec": "turnpool.pool",
+    "TurnResult": "turnpool.pool",
+    "EnvError": "turnpool.pool",
 }
 
 __all__ = ["TextEnv", "__version__", "make", "register", "registered", *_LAZY]
