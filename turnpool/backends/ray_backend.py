@@ -106,6 +106,9 @@ class SliceActor:
         self.host = EnvHost(builds, ProgressWriter(progress_path))
         return os.getpid(), socket.gethostname()
 
+    def ping(self) -> int:
+        return os.getpid()
+
     def handle(self, request: Request) -> Reply:
         if self.host is None:
             raise RuntimeError("actor has no envs")
@@ -171,10 +174,16 @@ class RayBackend(Backend):
             raise BackendUnavailable(f"ray is not installed: {exc}") from exc
         except Exception as exc:  # ray.init raises many types (ConnectionError, RuntimeError..)
             raise BackendUnavailable(f"ray could not start: {short_error(exc)}") from exc
+        import ray
+
         try:
             hellos = [self._create(k) for k in range(self.num_workers)]
-            self._greet(list(range(self.num_workers)), hellos, timeout)
+            # The standby starts alongside the workers and start() waits for it too: a
+            # Python process starting up later would steal CPU from the first steps.
             self._replenish()
+            standby = [self._standby.ping.remote()] if self._standby is not None else []
+            self._greet(list(range(self.num_workers)), hellos, timeout)
+            ray.get(standby, timeout=timeout)
         except Exception as exc:
             self.close()
             raise BackendUnavailable(f"ray actors did not start: {short_error(exc)}") from exc
@@ -192,7 +201,7 @@ class RayBackend(Backend):
         return _remote_class().options(**self.actor_options).remote()
 
     def _replenish(self) -> None:
-        """Start the next standby without waiting for it (a Python process takes a while)."""
+        """Start the next standby; after a restart nobody waits for it (recovery first)."""
         if self.use_standby and self._standby is None and not self._closed:
             self._standby = self._new_actor()
 
