@@ -196,6 +196,20 @@ def test_joblib_seed_002_n_jobs() -> None:
         JoblibBackend(builds, joblib_backend="dask")
 
 
+def test_joblib_start_failure_leaves_nothing_behind() -> None:
+    from turnpool.backends.base import BackendUnavailable
+
+    def progress_files() -> set[str]:
+        return {f for f in os.listdir("/dev/shm") if f.startswith("turnpool-progress-")}
+
+    before = progress_files()
+    builds = [EnvBuild(i, "turnpool.envs.synthetic:TrivialEnv") for i in range(4)]
+    backend = JoblibBackend(builds, 2, joblib_backend="threading")
+    with pytest.raises(BackendUnavailable, match="did not"):
+        backend.start(timeout=0.0)  # no worker can connect in no time
+    assert progress_files() - before == set()
+
+
 @pytest.mark.parametrize("flavour", ["multiprocessing", "threading"])
 def test_joblib_flavours_match_sequential(flavour: str) -> None:
     with EnvPool("frozen_lake", env_num=3, group_n=2, seed=9, backend="sequential") as ref:

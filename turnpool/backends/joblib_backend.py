@@ -238,6 +238,7 @@ class JoblibBackend(Backend):
             import joblib  # noqa: F401  (fail here, into the pool's fallback, if missing)
         except ImportError as exc:
             raise BackendUnavailable(f"joblib is not installed: {exc}") from exc
+        progress: list[ProgressSlot] = []
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.bind(self._address)
@@ -250,6 +251,8 @@ class JoblibBackend(Backend):
                 self._await_worker(k, 0, progress[k], deadline, launch)
         except (OSError, TimeoutError, WorkerLost, ValueError) as exc:
             self.close()
+            for slot in progress:  # those of workers that never connected
+                slot.close()
             raise BackendUnavailable(f"joblib ({self.flavour}) workers did not start: "
                                      f"{short_error(exc)}") from exc
 
