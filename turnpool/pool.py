@@ -265,6 +265,12 @@ class EnvPool:
     def backend(self) -> Backend:
         return self._backend
 
+    @property
+    def env_seeds(self) -> list[int | None]:
+        """Each env's current episode seed (``None`` before its first reset or after a
+        failure); callers read seeds here instead of re-deriving the group rule."""
+        return list(self._seeds)
+
     def worker_pids(self) -> list[int]:
         """OS pids of the worker processes (empty for in-process backends)."""
         return self._backend.worker_pids()

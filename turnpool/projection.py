@@ -253,8 +253,6 @@ _TEXT_CHECKS: dict[str, Callable[[str], tuple[str, bool]]] = {
     "free_text": _check_free_text,
     "webshop": _check_webshop,
 }
-#: Built-in free-text envs; their classes have no ``action_lookup`` to read.
-_TEXT_KINDS = {"countdown": "expression", "metamathqa": "free_text", "webshop": "webshop"}
 
 
 @dataclass(frozen=True, eq=False)  # identity equality keeps instances hashable
@@ -302,13 +300,6 @@ def _names_of(action_lookup: Mapping[int, str]) -> dict[str, int]:
     return names
 
 
-def _per_episode_lookup(cls: type) -> bool:
-    from turnpool.envs.base import TextEnv
-
-    own = getattr(cls, "action_lookup_for_episode", None)
-    return own is not None and own is not TextEnv.action_lookup_for_episode
-
-
 def create_projection_function(
     env_type: str,
     *,
@@ -335,17 +326,13 @@ def create_projection_function(
         names = {str(n).strip().lower(): str(n).strip() for n in arm_names if str(n).strip()}
         return Projection(env_type, "names", names, INVALID_TEXT_ACTION)
     if action_lookup is None:
-        if env_type == "bandit":
-            return Projection(env_type, "word")
-        if env_type in _TEXT_KINDS:
-            return Projection(env_type, _TEXT_KINDS[env_type])
-        from turnpool.envs.registry import resolve
+        from turnpool.envs.registry import action_kind, resolve
 
-        cls, _ = resolve(env_type)
-        lookup = getattr(cls, "action_lookup", None)
-        if not lookup:
-            return Projection(env_type, "free_text")
-        if _per_episode_lookup(cls):
+        kind = action_kind(env_type)
+        if kind not in ("discrete", "names"):
+            return Projection(env_type, kind)
+        lookup = resolve(env_type)[0].action_lookup or {}
+        if kind == "names":
             names = {str(n).strip().lower(): str(n).strip() for n in lookup.values()}
             return Projection(env_type, "names", names, INVALID_TEXT_ACTION)
         action_lookup = lookup

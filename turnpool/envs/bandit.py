@@ -36,6 +36,7 @@ PROMPT = (
 class BanditEnv(TextEnv):
     """One-pull, two-armed bandit; see the module docstring for the rules."""
 
+    action_kind = "word"
     def __init__(
         self, lo_arm_name: str = "phoenix", lo_arm_score: float = 0.1,
         hi_arm_name: str = "dragon", hi_arm_loscore: float = 0.0,
@@ -101,3 +102,6 @@ def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
     hi_mean = (arms.hi_arm_hiscore_prob * arms.hi_arm_hiscore
                + (1 - arms.hi_arm_hiscore_prob) * arms.hi_arm_loscore)
     return [arms.hi_arm_name if hi_mean >= arms.lo_arm_score else arms.lo_arm_name]
+
+
+BanditEnv.oracle = staticmethod(oracle)

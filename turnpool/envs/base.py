@@ -22,9 +22,19 @@ Example:
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
+
+#: ``oracle(obs, env_config) -> action names`` that solve (or answer) the current state.
+OracleFn = Callable[..., list[str]]
+
+#: What an env's actions look like to the projection (LLM text -> action):
+#: ``discrete`` (a fixed ``action_lookup``: names -> ids), ``names`` (names whose ids change
+#: per episode), ``word``, ``expression`` (arithmetic, never evaluated by the projection),
+#: ``free_text`` and ``webshop`` (``search[...]`` / ``click[...]``).
+ACTION_KINDS = ("discrete", "names", "word", "expression", "free_text", "webshop")
 
 INFO_KEYS = ("success", "action_is_valid", "action_is_effective", "anchor_obs")
 
@@ -39,6 +49,12 @@ class TextEnv:
 
     #: id -> name for discrete envs (None for free-text envs such as countdown).
     action_lookup: ClassVar[dict[int, str] | None] = None
+    #: One of ``ACTION_KINDS``; ``None`` derives it: ``discrete`` with an ``action_lookup``,
+    #: ``names`` when that lookup changes per episode, else ``free_text``.
+    action_kind: ClassVar[str | None] = None
+    #: The env's own solver (used by the oracle policy), or ``None``; set it with
+    #: ``MyEnv.oracle = staticmethod(fn)``.
+    oracle: ClassVar[staticmethod[..., list[str]] | OracleFn | None] = None
     #: symbol -> meaning, for the prompt legend (None for envs without a grid).
     grid_vocab: ClassVar[dict[str, str] | None] = None
     #: Free text shown to the model before the first observation.

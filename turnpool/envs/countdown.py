@@ -202,6 +202,7 @@ def load_puzzles(config: dict[str, Any] | None = None) -> tuple[Puzzle, ...]:
 class CountdownEnv(TextEnv):
     """One-step arithmetic puzzle; see the module docstring for rules and data."""
 
+    action_kind = "expression"
     instruction = (
         "You are solving the Countdown puzzle. Combine all the given numbers, each exactly "
         "once, with + - * / and parentheses into an expression equal to the target. Example: "
@@ -280,3 +281,6 @@ def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
         return []
     solution = solve(int(match.group(1)), nums)
     return [] if solution is None else [solution]
+
+
+CountdownEnv.oracle = staticmethod(oracle)

@@ -157,6 +157,7 @@ def optimal_policy(
 class FrozenLakeEnv(TextEnv):
     """Grid walk on (slippery) ice; see the module docstring for the rules."""
 
+    action_kind = "discrete"
     action_lookup = dict(ACTIONS)
     grid_vocab = {"P": "player", "_": "empty", "O": "hole", "G": "goal",
                   "X": "player in hole", "√": "player on goal"}
@@ -252,3 +253,6 @@ def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
             return [ACTIONS[a] for a in path]
     policy, _ = optimal_policy(desc, bool(env_config.get("is_slippery", True)))
     return [ACTIONS[int(policy[pos])]]
+
+
+FrozenLakeEnv.oracle = staticmethod(oracle)

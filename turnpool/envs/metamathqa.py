@@ -109,6 +109,7 @@ def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
 class MetaMathQAEnv(TextEnv):
     """Question answering with decaying reward for retries; see the module docstring."""
 
+    action_kind = "free_text"
     instruction = "Solve the math problem and give only the final answer. "
 
     def __init__(
@@ -170,3 +171,6 @@ class MetaMathQAEnv(TextEnv):
     def anchor_obs(self) -> str:
         # The question identifies the state; the attempt count is a counter, left out.
         return self.question
+
+
+MetaMathQAEnv.oracle = staticmethod(oracle)

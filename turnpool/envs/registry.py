@@ -10,7 +10,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnpool.envs.base import TextEnv
+from turnpool.envs.base import ACTION_KINDS, OracleFn, TextEnv
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,29 @@ def resolve(name_or_entry_point: str) -> tuple[type[TextEnv], dict[str, Any]]:
     module_name, _, attr = entry.partition(":")
     cls = getattr(importlib.import_module(module_name), attr)
     return cls, dict(spec.kwargs) if spec else {}
+
+
+def action_kind(name_or_entry_point: str) -> str:
+    """The env's declared ``action_kind`` (see `turnpool.envs.base.ACTION_KINDS`), or the
+    one its ``action_lookup`` implies when it declares none."""
+    cls, _ = resolve(name_or_entry_point)
+    kind = cls.action_kind
+    if kind is None:
+        if not cls.action_lookup:
+            return "free_text"
+        per_episode = cls.action_lookup_for_episode is not TextEnv.action_lookup_for_episode
+        return "names" if per_episode else "discrete"
+    if kind not in ACTION_KINDS:
+        raise ValueError(f"{cls.__name__}.action_kind {kind!r} is not one of {ACTION_KINDS}")
+    return kind
+
+
+def oracle_for(name_or_entry_point: str) -> OracleFn:
+    """The env class's declared ``oracle``; `LookupError` when it has none."""
+    cls, _ = resolve(name_or_entry_point)
+    if cls.oracle is None:
+        raise LookupError(f"env {name_or_entry_point!r} ({cls.__name__}) declares no oracle")
+    return cls.oracle
 
 
 def make(name_or_entry_point: str, **kwargs: Any) -> TextEnv:

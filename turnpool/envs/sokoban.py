@@ -210,6 +210,7 @@ def tiles() -> np.ndarray:
 class SokobanEnv(TextEnv):
     """Sokoban on a generated room; see the module docstring for the rules."""
 
+    action_kind = "discrete"
     action_lookup = dict(ACTIONS)
     grid_lookup = dict(GRID_LOOKUP)
     grid_vocab = {"#": "wall", "_": "empty", "O": "target", "√": "box on target", "X": "box",
@@ -571,3 +572,6 @@ def oracle(obs: str, env_config: Mapping[str, Any] | None = None) -> list[str]:
     except (TypeError, ValueError):
         return []
     return [names[a] for a in solve(obs, config.get("grid_lookup"))]
+
+
+SokobanEnv.oracle = staticmethod(oracle)

@@ -161,6 +161,7 @@ class WebShopEnv(TextEnv):
     id by default, which never changes what pages show).
     """
 
+    action_kind = "webshop"
     instruction = _INSTRUCTION
 
     def __init__(self, server_url: str | None = None, split: str | None = None,
@@ -362,3 +363,6 @@ def oracle(obs: str, env_config: dict[str, Any] | None = None) -> list[str]:
     if "click[back to search]" in obs:
         return ["click[back to search]"]
     return []
+
+
+WebShopEnv.oracle = staticmethod(oracle)

@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from turnpool.envs.base import OracleFn
 from turnpool.policies.base import Message, PolicyStats, TurnContext
 
 logger = logging.getLogger(__name__)
 
-OracleFn = Callable[[str, dict[str, Any]], list[str]]
+
 
 _NUMS = re.compile(r"nums:\s*\[([^\]]*)\]")
 _INT = re.compile(r"-?\d+")
@@ -149,14 +148,10 @@ class RandomPolicy:
 
 
 def find_oracle(env_type: str) -> OracleFn:
-    """The ``oracle`` function in the module that defines ``env_type``'s class."""
-    from turnpool.envs.registry import resolve
+    """The ``oracle`` the env class declares (`turnpool.envs.base.TextEnv.oracle`)."""
+    from turnpool.envs.registry import oracle_for
 
-    cls, _ = resolve(env_type)
-    fn = getattr(sys.modules[cls.__module__], "oracle", None) or getattr(cls, "oracle", None)
-    if not callable(fn):
-        raise LookupError(f"env {env_type!r} ({cls.__module__}) has no oracle function")
-    return fn  # type: ignore[no-any-return]
+    return oracle_for(env_type)
 
 
 class OraclePolicy:
