@@ -121,149 +121,31 @@ def score(goal: Goal, product: Product, selected: dict[str, str]) -> Score:
 
 
 # --------------------------------------------------------------------------- vocabulary
-# Option value pools. Values are unique across the option names a product type uses, so a click
-# on a value identifies its option without ambiguity.
-_SHOE_SIZES = ["6", "6.5", "7", "7.5", "8", "8.5", "9", "9.5", "10", "10.5", "11", "12"]
-_APPAREL = ["x-small", "small", "medium", "large", "x-large", "xx-large"]
-_PET = ["small", "medium", "large", "x-large"]
-_COLORS = ["black", "white", "navy blue", "gray", "red", "green", "beige", "pink", "brown",
-           "light blue", "purple", "olive"]
-_FLAVORS = ["vanilla", "chocolate", "peanut butter", "strawberry", "cinnamon",
-            "salted caramel", "mixed berry", "original"]
-_SCENTS = ["lavender", "unscented", "citrus", "coconut", "rose", "eucalyptus", "sandalwood"]
-_PACKS = ["pack of 1", "pack of 2", "pack of 3", "pack of 6", "pack of 12"]
-_OUNCES = ["2 fl oz", "4 fl oz", "8 fl oz", "16 fl oz"]
-_WEIGHTS = ["8 ounce", "12 ounce", "1 pound", "2 pound"]
-_LENGTHS = ["3 ft", "6 ft", "10 ft"]
-_CAPACITY = ["5000mah", "10000mah", "20000mah"]
-_DUMBBELL = ["5 pound", "10 pound", "15 pound", "20 pound", "25 pound"]
-_TIERS = ["3 tier", "4 tier", "5 tier"]
-_PIECES = ["500 pieces", "1000 pieces", "1500 pieces"]
+#: category -> (attributes, brands, {product type: (price low, price high, {option: values})}).
+#: The vocabulary is data (turnpool/data/webshop_vocab.json): option values come from named
+#: pools, unique across the options one product type uses, so a click on a value identifies its
+#: option without ambiguity.
+Vocab = dict[str, tuple[list[str], list[str], dict[str, tuple[float, float, dict[str, list[str]]]]]]
+VOCAB_FILE = "webshop_vocab.json"
 
-# category -> (attributes, brands, {product type: (price low, price high, {option: pool})})
-_VOCAB: dict[str, tuple[list[str], list[str], dict[str, tuple[float, float,
-                                                            dict[str, list[str]]]]]] = {
-    "shoes": (
-        ["non slip", "lightweight", "water resistant", "breathable", "memory foam",
-         "rubber sole", "arch support", "slip on", "wide width"],
-        ["Stridewell", "Trailox", "Pacefoot", "Kinderstep", "Soleva"],
-        {"men's running shoes": (25, 110, {"size": _SHOE_SIZES, "color": _COLORS}),
-         "women's walking shoes": (20, 95, {"size": _SHOE_SIZES, "color": _COLORS}),
-         "hiking boots": (45, 160, {"size": _SHOE_SIZES, "color": _COLORS}),
-         "house slippers": (10, 40, {"size": _SHOE_SIZES, "color": _COLORS}),
-         "canvas sneakers": (18, 70, {"size": _SHOE_SIZES, "color": _COLORS}),
-         "leather loafers": (35, 130, {"size": _SHOE_SIZES, "color": _COLORS})}),
-    "clothing": (
-        ["machine wash", "cotton", "quick dry", "slim fit", "long sleeve", "moisture wicking",
-         "stretch fabric", "relaxed fit", "button closure"],
-        ["Northwove", "Cottonfield", "Urbanthread", "Mavelle", "Loomline"],
-        {"men's t-shirt": (8, 35, {"size": _APPAREL, "color": _COLORS}),
-         "women's hoodie": (20, 65, {"size": _APPAREL, "color": _COLORS}),
-         "yoga leggings": (15, 55, {"size": _APPAREL, "color": _COLORS}),
-         "denim jeans": (25, 90, {"size": _APPAREL, "color": _COLORS}),
-         "rain jacket": (30, 120, {"size": _APPAREL, "color": _COLORS}),
-         "wool socks": (6, 28, {"size": _APPAREL, "color": _COLORS})}),
-    "beauty": (
-        ["paraben free", "cruelty free", "natural ingredients", "fragrance free",
-         "sensitive skin", "long lasting", "vegan", "travel size", "dermatologist tested"],
-        ["Purelume", "Verdana Skin", "Glowture", "Aloha Botanics", "Mistral"],
-        {"face moisturizer": (9, 48, {"size": _OUNCES, "scent": _SCENTS}),
-         "hair shampoo": (6, 32, {"size": _OUNCES, "scent": _SCENTS}),
-         "lip balm": (3, 15, {"scent": _SCENTS, "count": _PACKS}),
-         "mineral sunscreen": (8, 36, {"size": _OUNCES}),
-         "body lotion": (7, 30, {"size": _OUNCES, "scent": _SCENTS}),
-         "hair serum": (10, 45, {"size": _OUNCES})}),
-    "grocery": (
-        ["gluten free", "keto friendly", "non gmo", "sugar free", "low carb", "high protein",
-         "dairy free", "organic", "kosher"],
-        ["Harvest Lane", "Nutriva", "Golden Acre", "Snackwise", "Bramble Farm"],
-        {"protein bars": (12, 45, {"flavor": _FLAVORS, "count": _PACKS}),
-         "whole bean coffee": (9, 38, {"flavor": _FLAVORS, "size": _WEIGHTS}),
-         "herbal tea": (5, 22, {"flavor": _FLAVORS, "count": _PACKS}),
-         "trail mix": (6, 28, {"size": _WEIGHTS, "count": _PACKS}),
-         "granola cereal": (5, 24, {"flavor": _FLAVORS, "size": _WEIGHTS}),
-         "dark chocolate": (4, 26, {"flavor": _FLAVORS, "count": _PACKS})}),
-    "electronics": (
-        ["fast charging", "noise cancelling", "long battery life", "high definition",
-         "compact design", "bluetooth", "usb c", "water resistant", "plug and play"],
-        ["Voltrix", "Sonique", "Bytecraft", "Lumina Tech", "Ampwave"],
-        {"wireless earbuds": (18, 150, {"color": _COLORS}),
-         "portable speaker": (20, 120, {"color": _COLORS}),
-         "charging cable": (5, 25, {"length": _LENGTHS, "color": _COLORS}),
-         "power bank": (15, 70, {"capacity": _CAPACITY, "color": _COLORS}),
-         "hdmi cable": (6, 30, {"length": _LENGTHS}),
-         "smart watch": (40, 250, {"color": _COLORS})}),
-    "home and kitchen": (
-        ["dishwasher safe", "bpa free", "easy clean", "machine washable", "heavy duty",
-         "eco friendly", "stainless steel", "non stick", "space saving"],
-        ["Hearthly", "Casa Verde", "Kitchenry", "Nestwell", "Brightloom"],
-        {"coffee mug": (7, 30, {"color": _COLORS, "count": _PACKS}),
-         "bath towels": (15, 60, {"color": _COLORS, "count": _PACKS}),
-         "throw pillow covers": (9, 35, {"color": _COLORS, "count": _PACKS}),
-         "food storage containers": (12, 45, {"color": _COLORS, "count": _PACKS}),
-         "frying pan": (18, 90, {"color": _COLORS}),
-         "shower curtain": (10, 40, {"color": _COLORS})}),
-    "furniture": (
-        ["easy assembly", "solid wood", "height adjustable", "space saving", "metal frame",
-         "storage space", "ergonomic design", "mid century", "living room"],
-        ["Oakcrest", "Modara", "Woodhaven", "Steelform", "Loftline"],
-        {"bookshelf": (40, 180, {"color": _COLORS, "size": _TIERS}),
-         "office chair": (60, 260, {"color": _COLORS}),
-         "side table": (25, 110, {"color": _COLORS}),
-         "tv stand": (50, 220, {"color": _COLORS}),
-         "bar stools": (45, 190, {"color": _COLORS, "count": _PACKS}),
-         "storage ottoman": (30, 120, {"color": _COLORS})}),
-    "sports and outdoors": (
-        ["non slip", "portable", "insulated", "leak proof", "durable", "lightweight",
-         "foldable", "adjustable", "easy carry"],
-        ["Peakfit", "Ridgeway", "Aquaflex", "Summit Gear", "Corepulse"],
-        {"yoga mat": (15, 70, {"color": _COLORS}),
-         "water bottle": (10, 40, {"color": _COLORS, "size": _OUNCES}),
-         "resistance bands": (8, 35, {"color": _COLORS}),
-         "camping tent": (50, 240, {"color": _COLORS}),
-         "adjustable dumbbells": (30, 200, {"weight": _DUMBBELL}),
-         "jump rope": (6, 25, {"color": _COLORS})}),
-    "toys and games": (
-        ["educational", "stem learning", "battery operated", "non toxic", "family game",
-         "gift idea", "rechargeable", "easy grip", "kids"],
-        ["Playnook", "Brightblock", "Tinkertown", "Wonderkit", "Funforge"],
-        {"building blocks": (12, 80, {"count": _PACKS}),
-         "jigsaw puzzle": (9, 35, {"size": _PIECES}),
-         "plush toy": (8, 40, {"color": _COLORS}),
-         "board game": (15, 60, {"count": _PACKS}),
-         "remote control car": (25, 110, {"color": _COLORS}),
-         "art supplies kit": (12, 55, {"count": _PACKS})}),
-    "pet supplies": (
-        ["washable", "durable", "odor control", "orthopedic", "non slip", "chew resistant",
-         "grain free", "reflective", "easy clean"],
-        ["Pawsome", "Tailwind Pets", "Furbrook", "Barkley", "Whiskerway"],
-        {"dog bed": (25, 110, {"size": _PET, "color": _COLORS}),
-         "cat litter": (10, 40, {"size": _WEIGHTS, "scent": _SCENTS}),
-         "dog leash": (8, 30, {"size": _PET, "color": _COLORS}),
-         "pet shampoo": (7, 25, {"scent": _SCENTS, "size": _OUNCES}),
-         "cat tree": (35, 150, {"color": _COLORS}),
-         "dog chew toys": (8, 35, {"size": _PET, "count": _PACKS})}),
-    "office products": (
-        ["refillable", "acid free", "quick drying", "heavy duty", "recycled paper",
-         "smooth writing", "durable", "portable", "water resistant"],
-        ["Inkwell", "Paperlane", "Deskmate", "Scribe & Co", "Clearnote"],
-        {"spiral notebook": (5, 25, {"color": _COLORS, "count": _PACKS}),
-         "gel pens": (6, 28, {"color": _COLORS, "count": _PACKS}),
-         "desk organizer": (12, 45, {"color": _COLORS}),
-         "sticky notes": (4, 18, {"color": _COLORS, "count": _PACKS}),
-         "laptop backpack": (25, 90, {"color": _COLORS}),
-         "stapler": (7, 30, {"color": _COLORS})}),
-    "health and household": (
-        ["fragrance free", "plant based", "easy to swallow", "non gmo", "gluten free",
-         "hypoallergenic", "septic safe", "bulk pack", "eco friendly"],
-        ["Vitalis", "Clearwell", "Greenhaven", "Everpure", "Sprightly"],
-        {"vitamin d3 gummies": (8, 35, {"flavor": _FLAVORS, "count": _PACKS}),
-         "hand soap": (5, 25, {"scent": _SCENTS, "count": _PACKS}),
-         "dish soap": (4, 20, {"scent": _SCENTS, "count": _PACKS}),
-         "paper towels": (10, 40, {"count": _PACKS}),
-         "laundry detergent": (9, 38, {"scent": _SCENTS, "size": _OUNCES}),
-         "electric toothbrush": (20, 120, {"color": _COLORS})}),
-}
+
+def _load_vocab() -> Vocab:
+    path = Path(__file__).resolve().parent.parent / "data" / VOCAB_FILE
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    pools: dict[str, list[str]] = raw["pools"]
+    return {
+        category: (
+            list(entry["attributes"]),
+            list(entry["brands"]),
+            {name: (p["price"][0], p["price"][1],
+                    {option: pools[pool] for option, pool in p["options"].items()})
+             for name, p in entry["products"].items()},
+        )
+        for category, entry in raw["categories"].items()
+    }
+
+
+_VOCAB: Vocab = _load_vocab()
 
 _DESCRIPTION_OPENERS = [
     "Meet the {title}, built for everyday use.",
