@@ -23,8 +23,8 @@ import pytest
 from click.testing import CliRunner
 
 from turnpool.backends.auto import EnvProfile, choose
-from turnpool.backends.base import EnvBuild
-from turnpool.backends.joblib_backend import JoblibBackend
+from turnpool.pool.protocol import EnvBuild
+from turnpool.backends.joblib import JoblibBackend
 from turnpool.backends.process_pool import ProcessPoolBackend
 from turnpool.envs.synthetic import TrivialEnv
 from turnpool.pool import EnvGroupSpec, EnvPool
@@ -197,7 +197,7 @@ def test_joblib_seed_002_n_jobs() -> None:
 
 
 def test_joblib_start_failure_leaves_nothing_behind() -> None:
-    from turnpool.backends.base import BackendUnavailable
+    from turnpool.pool.protocol import BackendUnavailable
 
     def progress_files() -> set[str]:
         return {f for f in os.listdir("/dev/shm") if f.startswith("turnpool-progress-")}
