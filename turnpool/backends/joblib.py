@@ -1,14 +1,14 @@
-"""joblib backend: seed 002's ``Parallel(n_jobs=...)`` workers, env state kept in the workers.
+"""joblib backend: ``Parallel(n_jobs=...)`` workers, env state kept in the workers.
 
-joblib runs stateless tasks and cannot send a task to the worker that holds env *i*; seed 002
-as written ships envs (or rebuilds them) per call and pays joblib's result-polling floor
-(~10 ms per ``Parallel`` call) every step. Here each turnpool worker is **one joblib task that
+joblib runs stateless tasks and cannot send a task to the worker that holds env *i*; a design
+that calls ``Parallel`` per step ships envs (or rebuilds them) per call and pays joblib's
+result-polling floor on every step. Here each turnpool worker is **one joblib task that
 lives as long as the pool**: it builds its slice of envs, connects back to the pool over a
 private local socket (Linux abstract namespace, no file; the first bytes must be a random token
 before anything is unpickled) and serves requests there, one message per worker per step, like
 the process backend. joblib chooses and manages the processes or threads
 (``joblib_backend``: ``"loky"`` (default), ``"multiprocessing"`` or ``"threading"``;
-``n_jobs=-1`` means one worker per core, as in seed 002), and no joblib call happens per step.
+``n_jobs=-1`` means one worker per core, joblib's rule), and no joblib call happens per step.
 
 All slices are launched by one ``Parallel`` call at start; a slice restarted after a fault is
 launched by a new one-task call. Each call runs in a daemon thread until its tasks return.
@@ -68,8 +68,8 @@ _TOKEN_BYTES = 32
 
 
 def resolve_n_jobs(n_jobs: int, num_envs: int) -> int:
-    """Seed 002's ``parallel_n_jobs``: ``-1`` all cores, ``-2`` all but one, ... (joblib's rule),
-    never more than envs."""
+    """joblib's ``n_jobs`` rule: ``-1`` all cores, ``-2`` all but one, ..., never more than
+    envs."""
     if n_jobs == 0:
         raise ValueError("n_jobs == 0 has no meaning")
     if n_jobs < 0:
@@ -165,7 +165,7 @@ class _Launch:
 class JoblibBackend(Backend):
     """Slices served by long-lived joblib tasks (see the module docstring).
 
-    Options: ``n_jobs`` (seed 002's ``parallel_n_jobs``, used when ``num_workers`` is None;
+    Options: ``n_jobs`` (joblib's worker count, used when ``num_workers`` is None;
     default -1 = one per core) and ``joblib_backend`` (``loky``, ``multiprocessing``,
     ``threading``).
     """
