@@ -15,10 +15,23 @@ from typing import Any
 
 import psutil
 
+from turnpool.envs.synthetic import TrivialEnv
 from turnpool.pool import EnvPool
 
 STEP_TIMEOUT = 1.5
+#: the entry point of `UnpicklableInfoEnv`
+UNPICKLABLE_ENV = f"{__name__}:UnpicklableInfoEnv"
 FAULTY = 1  # shares its worker with envs 0 and 2 (6 envs on 2 workers)
+
+
+class UnpicklableInfoEnv(TrivialEnv):
+    """Puts a lambda into info on action "lambda" (a result no pipe can carry)."""
+
+    def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = super()._step(action)
+        if action == "lambda":
+            info["callback"] = lambda: None
+        return obs, reward, terminated, truncated, info
 
 
 def gone(pid: int) -> bool:

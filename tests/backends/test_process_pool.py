@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests.faults import check_fault_isolated, faulty_pool, kill_parent_and_check, wait_gone
+from tests.faults import (
+    UNPICKLABLE_ENV,
+    check_fault_isolated,
+    faulty_pool,
+    kill_parent_and_check,
+    wait_gone,
+)
 from tests.traces import short_trace
 from turnpool.backends.process_pool import ProcessPoolBackend
 from turnpool.envs.synthetic import TrivialEnv
@@ -81,3 +87,14 @@ def test_process_pool_fault_is_isolated(process_pool_faulty: EnvPool, fault: str
 
 def test_process_pool_workers_die_with_a_killed_parent(tmp_path: Path) -> None:
     kill_parent_and_check(tmp_path, {"backend": "process_pool", "mp_context": "forkserver"})
+
+
+def test_process_pool_unpicklable_results_fail_only_their_envs() -> None:
+    with EnvPool(UNPICKLABLE_ENV, env_num=2, group_n=2, seed=1, backend="process_pool",
+                 num_workers=2) as pool:
+        assert pool.backend_name == "process_pool"
+        pool.reset()
+        _, _, dones, infos = pool.step(["a", "lambda", "b", "c"])
+        assert dones == [False, True, False, False]
+        assert "unpicklable result" in infos[1]["error"]
+        assert [i["t"] for k, i in enumerate(infos) if k != 1] == [1, 1, 1]

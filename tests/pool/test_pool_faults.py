@@ -5,13 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from tests.faults import kill_parent_and_check, mp_helpers, wait_gone
-from turnpool.envs.synthetic import TrivialEnv
+from tests.faults import UNPICKLABLE_ENV, kill_parent_and_check, mp_helpers, wait_gone
 from turnpool.pool import EnvPool
 
 pytestmark = pytest.mark.timeout(90)
@@ -123,19 +121,8 @@ def test_workers_die_with_a_killed_parent(tmp_path: Path, mp_context: str) -> No
                           exact_workers=False)  # spawn and forkserver keep a standby
 
 
-class UnpicklableInfoEnv(TrivialEnv):
-    """Puts a lambda into info on action "lambda" (a result no pipe can carry)."""
-
-    def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = super()._step(action)
-        if action == "lambda":
-            info["callback"] = lambda: None
-        return obs, reward, terminated, truncated, info
-
-
 def test_unpicklable_results_and_actions_fail_only_their_envs() -> None:
-    # fork: the env class lives in this test module, which forked workers already have.
-    with EnvPool(f"{__name__}:UnpicklableInfoEnv", env_num=2, group_n=2, seed=1,
+    with EnvPool(UNPICKLABLE_ENV, env_num=2, group_n=2, seed=1,
                  backend="process", num_workers=2, mp_context="fork") as pool:
         assert pool.backend_name == "process"
         pool.reset()

@@ -5,8 +5,8 @@ how bytes reach it; what a worker does once it holds its slice of envs is the sa
 so it is written here once:
 
 * `serve`: the one request -> reply loop (for backends that hand the worker a connection);
-* `picklable`: a reply that cannot be pickled becomes per-env errors (the env is to blame,
-  not the worker);
+* `encode`: a reply pickled once, in which results that cannot be pickled become per-env
+  errors (the env is to blame, not the worker);
 * `ProgressSlot` / `ProgressWriter`: a 16-byte shared record ``(env_id, since)`` the worker
   writes before each env, so the pool can enforce ``step_timeout`` per env and blame the right
   env when a worker dies or hangs;
@@ -58,7 +58,7 @@ def serve(recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], None],
           host: EnvHost) -> None:
     """Answer requests until ``close`` or until the pool hangs up; the envs are closed either
     way."""
-    loads, dumps, handle = pickle.loads, pickle.dumps, host.handle
+    loads, handle = pickle.loads, host.handle
     try:
         while True:
             try:
@@ -67,20 +67,24 @@ def serve(recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], None],
                 break
             if request[1] == "close":
                 break
-            reply = handle(request)
             try:
-                data = dumps(reply, PROTOCOL)
-            except Exception as exc:
-                data = dumps(picklable(reply, exc), PROTOCOL)
-            try:
-                send_bytes(data)
+                send_bytes(encode(handle(request)))
             except OSError:
                 break
     finally:
         host.close()
 
 
-def picklable(reply: Reply, exc: Exception) -> Reply:
+def encode(reply: Reply) -> bytes:
+    """The pickled reply; results that cannot be pickled become per-env errors (the env is to
+    blame, not the worker), so a worker's transport always has something to carry."""
+    try:
+        return pickle.dumps(reply, PROTOCOL)
+    except Exception as exc:
+        return pickle.dumps(_picklable(reply, exc), PROTOCOL)
+
+
+def _picklable(reply: Reply, exc: Exception) -> Reply:
     """Replace the results that cannot be pickled with per-env errors."""
     seq, payload, error = reply
     if isinstance(payload, tuple) and len(payload) == 2 and isinstance(payload[0], list):
@@ -259,4 +263,4 @@ class WorkerHandle:
 
 
 __all__ = ["CLOSE_GRACE_S", "PROTOCOL", "ProgressSlot", "ProgressWriter", "WorkerHandle",
-           "picklable", "serve", "watch_parent"]
+           "encode", "serve", "watch_parent"]

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import pickle
 import threading
 import time
 from collections.abc import Collection, Iterable, Sequence
@@ -37,6 +38,7 @@ from turnpool.backends._worker import (
     ProgressSlot,
     ProgressWriter,
     WorkerHandle,
+    encode,
     watch_parent,
 )
 from turnpool.backends.base import Backend, BackendUnavailable, WorkerLost
@@ -74,10 +76,10 @@ def _init_worker(builds: list[EnvBuild], progress_path: str, parent_pid: int,
     _HOST = EnvHost(builds, ProgressWriter(progress_path))
 
 
-def _handle(request: Request) -> Reply:
+def _handle(request: Request) -> bytes:
     if _HOST is None:  # the initializer failed; the executor reports that as broken
         raise RuntimeError("worker has no envs")
-    return _HOST.handle(request)
+    return encode(_HOST.handle(request))
 
 
 def _hello() -> int:
@@ -168,7 +170,7 @@ class ProcessPoolBackend(Backend):
         self._closed = True
         workers = list(self._workers.values())
         self._workers.clear()
-        closing: dict[int, cf.Future[Reply]] = {}
+        closing: dict[int, cf.Future[bytes]] = {}
         for i, w in enumerate(workers):
             if isinstance(w.runner, EnvHost):
                 w.runner.close()
@@ -218,15 +220,16 @@ class ProcessPoolBackend(Backend):
             raise WorkerLost(f"process_pool worker {worker} is gone")
         seq, fut = w.pending.popleft()
         try:
-            reply: Reply = fut.result(timeout=self._start_timeout)
+            reply: Reply | bytes = fut.result(timeout=self._start_timeout)
         except (BrokenProcessPool, cf.CancelledError) as exc:
             w.lost = True
             raise WorkerLost(f"process_pool worker {worker} died: {short_error(exc)}") from exc
         except cf.TimeoutError as exc:
             raise WorkerLost(f"process_pool worker {worker} did not reply") from exc
-        except Exception as exc:  # request or reply could not be pickled: the host is fine
+        except Exception as exc:  # the request could not be pickled: the host is fine
             return (seq, None, short_error(exc))
-        return reply
+        # a remote worker's reply comes pickled (see `encode`), the caller's own as is
+        return pickle.loads(reply) if isinstance(reply, bytes) else reply
 
     def progress(self, worker: int) -> tuple[int, float] | None:
         w = self._workers.get(worker)

@@ -29,12 +29,19 @@ import contextlib
 import functools
 import logging
 import os
+import pickle
 import socket
 import time
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
-from turnpool.backends._worker import CLOSE_GRACE_S, ProgressSlot, ProgressWriter, WorkerHandle
+from turnpool.backends._worker import (
+    CLOSE_GRACE_S,
+    ProgressSlot,
+    ProgressWriter,
+    WorkerHandle,
+    encode,
+)
 from turnpool.backends.base import Backend, BackendUnavailable, WorkerLost, one_per_core
 from turnpool.pool.host import EnvHost
 from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
@@ -97,10 +104,10 @@ class SliceActor:
     def ping(self) -> int:
         return os.getpid()
 
-    def handle(self, request: Request) -> Reply:
+    def handle(self, request: Request) -> bytes:
         if self.host is None:
             raise RuntimeError("actor has no envs")
-        return self.host.handle(request)
+        return encode(self.host.handle(request))
 
 
 @functools.lru_cache(maxsize=1)
@@ -251,14 +258,14 @@ class RayBackend(Backend):
             raise WorkerLost("ray actor is gone")
         seq, ref = actor.pending.popleft()
         try:
-            reply: Reply = ray.get(ref, timeout=self._timeout)
+            reply: Reply = pickle.loads(ray.get(ref, timeout=self._timeout))
         except RayActorError as exc:
             actor.lost = True
             raise WorkerLost(f"ray actor died ({type(exc).__name__})") from exc
         except GetTimeoutError as exc:
             actor.lost = True
             raise WorkerLost("ray actor did not reply") from exc
-        except Exception as exc:  # e.g. a result Ray could not serialize: the actor is fine
+        except Exception as exc:  # e.g. a request Ray could not serialize: the actor is fine
             return (seq, None, short_error(exc))
         return reply
 

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
-from turnpool.backends._worker import ProgressSlot
+from turnpool.backends._worker import CLOSE_GRACE_S, ProgressSlot
 from turnpool.backends.base import Backend, WorkerLost
 from turnpool.pool.host import EnvHost
 from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
@@ -122,7 +122,7 @@ class ThreadBackend(Backend):
         workers, self._workers = self._workers, []
         for w in workers:
             w.inbox.put(None)
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + CLOSE_GRACE_S
         for w in workers:
             w.thread.join(max(0.0, deadline - time.monotonic()))
             if w.thread.is_alive():  # stuck in env code; it is a daemon thread

@@ -46,13 +46,21 @@ from turnpool.backends import get_backend
 from turnpool.backends.base import Backend
 from turnpool.envs.registry import registered, resolve
 from turnpool.pool.dispatch import Pending, Ticket
-from turnpool.pool.protocol import BackendUnavailable, EnvBuild, ResetResult, TurnResult
+from turnpool.pool.protocol import (
+    DEFAULT_MP_CONTEXT,
+    BackendUnavailable,
+    EnvBuild,
+    ResetResult,
+    TurnResult,
+)
 from turnpool.pool.replay import Replaying
 
 log = logging.getLogger(__name__)
 
 #: Seconds a backend may take to start all its workers before the pool gives up on it.
 START_TIMEOUT = 120.0
+#: Seconds one env may spend on one turn by default (``step_timeout``).
+DEFAULT_STEP_TIMEOUT = 30.0
 
 
 class EnvError(RuntimeError):
@@ -104,7 +112,8 @@ class EnvPool(Replaying):
     def __init__(self, env_type: str = "sokoban", env_num: int = 1, group_n: int = 1,
                  seed: int = 0, env_kwargs: dict[str, Any] | None = None, *,
                  backend: str = "process", num_workers: int | None = None,
-                 mp_context: str | None = "spawn", step_timeout: float | None = 30.0,
+                 mp_context: str | None = DEFAULT_MP_CONTEXT,
+                 step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
                  reset_timeout: float | None = None, on_error: str = "flag",
                  fallback: bool = True, tag: str | None = None,
                  ray_address: str | None = None, **backend_options: Any) -> None:
@@ -126,7 +135,8 @@ class EnvPool(Replaying):
     # ------------------------------------------------------------------ construction
     def _init(self, specs: list[EnvGroupSpec], group_n: int, seed: int, *,
               backend: str = "process", num_workers: int | None = None,
-              mp_context: str | None = "spawn", step_timeout: float | None = 30.0,
+              mp_context: str | None = DEFAULT_MP_CONTEXT,
+              step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
               reset_timeout: float | None = None, on_error: str = "flag",
               fallback: bool = True, ray_address: str | None = None,
               **backend_options: Any) -> None:
