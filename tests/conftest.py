@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,3 +20,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from turnpool.testing import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), sft_steps=100, seed=0)
+
+
+@pytest.fixture(scope="module")
+def shop_url() -> Iterator[str]:
+    """A local WebShop server for the tests that run webshop envs on a pool."""
+    from turnpool.webshop.server import ShopServer
+
+    with ShopServer() as server:
+        yield server.url

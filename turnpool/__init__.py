@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "create_projection_function": "turnpool.projection",
     "parse_response": "turnpool.projection",
-    "EnvPool": "turnpool.pool",
+    "EnvPool": "turnpool.pool.api",
     "MultiProcessEnvironmentContainer": "turnpool.compat",
     "EnvStateManager": "turnpool.compat",
     "ParallelRolloutManager": "turnpool.compat",
@@ -30,9 +30,9 @@ _LAZY: dict[str, str] = {
     "make_policy": "turnpool.policies",
     "SharedLLMInferenceManager": "turnpool.policies.hf_local",
     "project_actions": "turnpool.projection",
-    "EnvGroupSpec": "turnpool.pool",
-    "TurnResult": "turnpool.pool",
-    "EnvError": "turnpool.pool",
+    "EnvGroupSpec": "turnpool.pool.api",
+    "TurnResult": "turnpool.pool.protocol",
+    "EnvError": "turnpool.pool.api",
 }
 
 __all__ = ["TextEnv", "__version__", "make", "register", "registered", *_LAZY]

@@ -1,14 +1,14 @@
 """Backends: where the pool's envs run. One file per backend, all behind `base.Backend`.
 
 Backends are looked up by name and imported lazily, so optional dependencies (ray, joblib) are
-only imported when chosen.
+only imported when chosen, and the pool never imports a concrete backend module.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from turnpool.backends.base import Backend, BackendUnavailable, EnvBuild, EnvHost, WorkerLost
+from turnpool.backends.base import Backend, BackendUnavailable
 
 #: name -> "module:Class"; a new backend adds one line here.
 BACKENDS: dict[str, str] = {
@@ -16,8 +16,8 @@ BACKENDS: dict[str, str] = {
     "thread": "turnpool.backends.thread:ThreadBackend",
     "process": "turnpool.backends.process:ProcessBackend",
     "process_pool": "turnpool.backends.process_pool:ProcessPoolBackend",
-    "joblib": "turnpool.backends.joblib_backend:JoblibBackend",
-    "ray": "turnpool.backends.ray_backend:RayBackend",
+    "joblib": "turnpool.backends.joblib:JoblibBackend",
+    "ray": "turnpool.backends.ray:RayBackend",
     "auto": "turnpool.backends.auto:AutoBackend",
 }
 
@@ -28,7 +28,7 @@ ALL_BACKENDS: list[str] = ["sequential", "thread", "process", "process_pool", "j
 
 def get_backend(name: str) -> type[Backend]:
     """The backend class registered under ``name`` (import errors surface as
-    `BackendUnavailable` so the pool can fall back)."""
+    `BackendUnavailable` so the pool can fall back; an unknown name is a `ValueError`)."""
     entry = BACKENDS.get(name)
     if entry is None:
         raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
@@ -41,5 +41,4 @@ def get_backend(name: str) -> type[Backend]:
     return cls
 
 
-__all__ = ["ALL_BACKENDS", "BACKENDS", "Backend", "BackendUnavailable", "EnvBuild", "EnvHost",
-           "WorkerLost", "get_backend"]
+__all__ = ["ALL_BACKENDS", "BACKENDS", "Backend", "BackendUnavailable", "get_backend"]

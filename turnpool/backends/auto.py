@@ -1,10 +1,10 @@
 """auto backend: time one env in the caller at start, then run the pool on the backend that fits.
 
 The measurement (`measure_env`) resets one instance of the pool's first env and steps it a few
-times (at most ~50 ms), recording wall time and this thread's CPU time per step. The choice
-(`choose`) compares the sequential loop with the best parallel option, using the fixed costs
-measured on a 2-core machine (a worker round trip ~60 µs per step plus ~1.5 µs per
-env of pickling; a thread hand-off ~50 µs):
+times (within `MEASURE_BUDGET_S`), recording wall time and this thread's CPU time per step.
+The choice (`choose`) compares the sequential loop with the best parallel option, using the
+fixed costs of a worker round trip, of pickling one env's result and of a thread hand-off (the
+constants below):
 
 * mostly waiting (CPU < half of wall, e.g. a web env): ``thread``, when the waits add up to
   more than the hand-offs cost;
@@ -26,15 +26,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from turnpool.backends.base import (
-    Backend,
-    BackendUnavailable,
-    EnvBuild,
-    Reply,
-    Request,
-    default_process_workers,
-    short_error,
-)
+from turnpool.backends.base import Backend, BackendUnavailable, one_per_core
+from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +135,7 @@ class AutoBackend(Backend):
                         self.builds[0].entry_point, short_error(exc))
             choice, self.estimate_s = "sequential", None
         else:
-            cores = default_process_workers(len(self.builds))
+            cores = one_per_core(len(self.builds))
             choice, self.estimate_s = choose(self.profile, len(self.builds), cores,
                                              self._requested_workers)
             log.info("auto: %s per step (%.0f%% CPU) x %d envs -> %s", _fmt(

@@ -13,7 +13,9 @@ from collections import deque
 from collections.abc import Collection
 from typing import ClassVar
 
-from turnpool.backends.base import Backend, EnvHost, Reply, Request
+from turnpool.backends.base import Backend
+from turnpool.pool.host import EnvHost
+from turnpool.pool.protocol import Reply, Request
 
 
 class SequentialBackend(Backend):

@@ -1,7 +1,7 @@
 """Thread backend: worker threads in the caller's process, each owning a slice of envs.
 
 For I/O-bound envs (web services, tools): a thread blocked on a socket releases the GIL, so
-16 threads give ~14x on 1 ms waits, while CPU-bound Python envs gain nothing (use ``process``).
+waits overlap, while CPU-bound Python envs gain nothing (use ``process``).
 
 A thread cannot be killed. A thread stuck past ``step_timeout`` is abandoned (its replies are
 ignored from then on, and it exits if it ever returns) and a new thread with freshly built envs
@@ -14,20 +14,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
-from turnpool.backends.base import (
-    Backend,
-    EnvBuild,
-    EnvHost,
-    Reply,
-    Request,
-    WorkerLost,
-    monotonic,
-    short_error,
-)
+from turnpool.backends._worker import CLOSE_GRACE_S, ProgressSlot
+from turnpool.backends.base import Backend, WorkerLost
+from turnpool.pool.host import EnvHost
+from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +36,11 @@ class _ThreadWorker:
         self.slot = slot
         self.generation = generation
         self.inbox: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
-        self.host = EnvHost(builds, self._progress)
+        self.progress = ProgressSlot()
+        self.progress.unlink()  # written and read in this process only
+        self.host = EnvHost(builds, self.progress.write)
         self.thread = threading.Thread(target=self._loop, name=f"turnpool-env-{slot}",
                                        daemon=True)
-
-    def _progress(self, env_id: int) -> None:
-        self.backend._marks[self.slot] = (env_id, monotonic())
 
     def _loop(self) -> None:
         while True:
@@ -77,7 +71,6 @@ class ThreadBackend(Backend):
         super().__init__(builds, num_workers, mp_context=mp_context, **options)
         self._cond = threading.Condition()
         self._outbox: list[deque[Any]] = [deque() for _ in self.slices]
-        self._marks: list[tuple[int, float]] = [(-1, 0.0)] * self.num_workers
         self._workers: list[_ThreadWorker] = []
         self._closed = False
 
@@ -111,7 +104,7 @@ class ThreadBackend(Backend):
         return result
 
     def progress(self, worker: int) -> tuple[int, float] | None:
-        return self._marks[worker]
+        return self._workers[worker].progress.read() if self._workers else None
 
     def restart(self, worker: int) -> None:
         old = self._workers[worker]
@@ -120,7 +113,6 @@ class ThreadBackend(Backend):
         with self._cond:
             self._workers[worker] = new
             self._outbox[worker].clear()
-            self._marks[worker] = (-1, monotonic())
         new.thread.start()
 
     def close(self) -> None:
@@ -130,8 +122,8 @@ class ThreadBackend(Backend):
         workers, self._workers = self._workers, []
         for w in workers:
             w.inbox.put(None)
-        deadline = monotonic() + 2.0
+        deadline = time.monotonic() + CLOSE_GRACE_S
         for w in workers:
-            w.thread.join(max(0.0, deadline - monotonic()))
+            w.thread.join(max(0.0, deadline - time.monotonic()))
             if w.thread.is_alive():  # stuck in env code; it is a daemon thread
                 log.warning("env thread %d is stuck and was abandoned", w.slot)

@@ -136,21 +136,13 @@ def test_user_files(tmp_path: Path, name: str) -> None:
 
 
 def test_table_is_shared_and_not_in_snapshots(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                              dataset_reads: list[Path]) -> None:
     path = _write(tmp_path / "shared.jsonl")
-    reads: list[Path] = []
-    real_read = datasets.read_rows
-
-    def counting_read(p: Path) -> list[dict[str, object]]:
-        reads.append(p)
-        return real_read(p)
-
-    monkeypatch.setattr(datasets, "read_rows", counting_read)
     envs = [MetaMathQAEnv(data_path=path) for _ in range(4)]
     for seed, env in enumerate(envs):
         env.reset(seed=seed)
         env.step("5")
-    assert len(reads) == 1
+    assert len(dataset_reads) == 1
     assert all(env.table is envs[0].table for env in envs)
 
     bundled_a, bundled_b = MetaMathQAEnv(), MetaMathQAEnv()

@@ -1,13 +1,13 @@
 """ray backend: one Ray actor per worker, each owning a slice of envs for its whole life.
 
 A step is one remote call per actor (``handle``, carrying every env's actions for that actor),
-never one per env: on 2 cores one actor call costs ~0.6-0.8 ms and 64 per-env calls ~13 ms,
-while 64 envs batched over 2 actors cost ~1 ms.
+never one per env: a remote call costs far more than a local env step, so batching per actor
+is what makes Ray usable for microsecond envs.
 
 Ray runtime: with ``ray_address`` the pool joins that cluster (``ray.init(address=...)``);
 otherwise, if Ray is not initialised yet, it starts a local one bound to 127.0.0.1 with the
 dashboard off and a small object store (``ray_init_kwargs`` overrides any of that). A runtime
-the pool started stays up for later pools in the process (starting one costs ~2-3 s); call
+the pool started stays up for later pools in the process (starting one takes seconds); call
 ``ray.shutdown()`` to stop it.
 
 Actors default to ``num_cpus=0`` so that any number of them fits any cluster (parallelism is
@@ -29,26 +29,22 @@ import contextlib
 import functools
 import logging
 import os
+import pickle
 import socket
 import time
-from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from turnpool.backends.base import (
-    Backend,
-    BackendUnavailable,
-    EnvBuild,
-    EnvHost,
-    Reply,
-    Request,
-    WorkerLost,
-    default_process_workers,
-    monotonic,
-    short_error,
+from turnpool.backends._worker import (
+    CLOSE_GRACE_S,
+    ProgressSlot,
+    ProgressWriter,
+    WorkerHandle,
+    encode,
 )
-from turnpool.backends.process_pool import ProgressSlot, ProgressWriter
+from turnpool.backends.base import Backend, BackendUnavailable, WorkerLost, one_per_core
+from turnpool.pool.host import EnvHost
+from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +61,6 @@ RAY_INIT_DEFAULTS: dict[str, Any] = {
     "log_to_driver": False,
     "configure_logging": False,
 }
-_CLOSE_GRACE_S = 2.0
 _EXIT_WAIT_S = 5.0
 
 
@@ -109,10 +104,10 @@ class SliceActor:
     def ping(self) -> int:
         return os.getpid()
 
-    def handle(self, request: Request) -> Reply:
+    def handle(self, request: Request) -> bytes:
         if self.host is None:
             raise RuntimeError("actor has no envs")
-        return self.host.handle(request)
+        return encode(self.host.handle(request))
 
 
 @functools.lru_cache(maxsize=1)
@@ -122,16 +117,6 @@ def _remote_class() -> Any:
     # No Ray-level restarts: a restarted actor would come back with fresh envs behind the
     # pool's back; the pool restarts it itself and replays the innocent envs.
     return ray.remote(max_restarts=0, max_task_retries=0)(SliceActor)
-
-
-@dataclass
-class _Actor:
-    handle: Any
-    progress: ProgressSlot
-    pid: int = -1
-    local: bool = False
-    pending: deque[tuple[int, Any]] = field(default_factory=deque)
-    lost: bool = False
 
 
 class RayBackend(Backend):
@@ -146,7 +131,7 @@ class RayBackend(Backend):
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:
-        return default_process_workers(num_envs)
+        return one_per_core(num_envs)
 
     def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
                  mp_context: str | None = None, ray_address: str | None = None,
@@ -159,7 +144,7 @@ class RayBackend(Backend):
         self.ray_address = ray_address
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
         self.actor_options: dict[str, Any] = {"num_cpus": 0, **(ray_actor_options or {})}
-        self._actors: list[_Actor | None] = [None] * self.num_workers
+        self._actors: list[WorkerHandle | None] = [None] * self.num_workers
         self._timeout = 60.0
         self._closed = False
         self._hostname = socket.gethostname()
@@ -194,7 +179,7 @@ class RayBackend(Backend):
         handle, self._standby = self._standby, None
         if handle is None:
             handle = self._new_actor()
-        self._actors[k] = _Actor(handle, progress)
+        self._actors[k] = WorkerHandle(handle, progress, local=False)
         return handle.load.remote(self.builds_of(k), progress.path)
 
     def _new_actor(self) -> Any:
@@ -228,9 +213,9 @@ class RayBackend(Backend):
         if ray.is_initialized():
             live = [a for a in actors if not a.lost]
             with contextlib.suppress(Exception):  # envs get a chance to close cleanly
-                ray.wait([a.handle.handle.remote((0, "close", None)) for a in live],
-                         num_returns=len(live), timeout=_CLOSE_GRACE_S)
-            for handle in [a.handle for a in actors] + ([standby] if standby else []):
+                ray.wait([a.runner.handle.remote((0, "close", None)) for a in live],
+                         num_returns=len(live), timeout=CLOSE_GRACE_S)
+            for handle in [a.runner for a in actors] + ([standby] if standby else []):
                 with contextlib.suppress(Exception):
                     ray.kill(handle, no_restart=True)
         _wait_gone([a.pid for a in actors if a.local] + self._killed, _EXIT_WAIT_S)
@@ -242,7 +227,7 @@ class RayBackend(Backend):
         actor = self._actors[worker]
         if actor is None or actor.lost:
             raise WorkerLost("ray actor is gone")
-        actor.pending.append((request[0], actor.handle.handle.remote(request)))
+        actor.pending.append((request[0], actor.runner.handle.remote(request)))
 
     def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
         import ray
@@ -273,22 +258,20 @@ class RayBackend(Backend):
             raise WorkerLost("ray actor is gone")
         seq, ref = actor.pending.popleft()
         try:
-            reply: Reply = ray.get(ref, timeout=self._timeout)
+            reply: Reply = pickle.loads(ray.get(ref, timeout=self._timeout))
         except RayActorError as exc:
             actor.lost = True
             raise WorkerLost(f"ray actor died ({type(exc).__name__})") from exc
         except GetTimeoutError as exc:
             actor.lost = True
             raise WorkerLost("ray actor did not reply") from exc
-        except Exception as exc:  # e.g. a result Ray could not serialize: the actor is fine
+        except Exception as exc:  # e.g. a request Ray could not serialize: the actor is fine
             return (seq, None, short_error(exc))
         return reply
 
     def progress(self, worker: int) -> tuple[int, float] | None:
         actor = self._actors[worker]
-        if actor is None or not actor.local:
-            return None
-        return actor.progress.read()
+        return None if actor is None else actor.read_progress()
 
     def restart(self, worker: int) -> None:
         import ray
@@ -296,7 +279,7 @@ class RayBackend(Backend):
         old = self._actors[worker]
         if old is not None:
             with contextlib.suppress(Exception):
-                ray.kill(old.handle, no_restart=True)
+                ray.kill(old.runner, no_restart=True)
             if old.local:
                 self._killed.append(old.pid)  # its exit is awaited in close, not here
             old.progress.close()
@@ -314,10 +297,10 @@ class RayBackend(Backend):
 def _wait_gone(pids: list[int], timeout: float) -> None:
     """Block (bounded) until these local processes have exited; Ray kills actors
     asynchronously and a pool must not return from close with its workers still alive."""
-    deadline = monotonic() + timeout
+    deadline = time.monotonic() + timeout
     for pid in pids:
         while pid > 0 and _alive(pid):
-            if monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 log.warning("ray actor process %d still alive after %.0f s", pid, timeout)
                 return
             time.sleep(0.01)

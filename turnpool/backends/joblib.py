@@ -1,14 +1,14 @@
-"""joblib backend: seed 002's ``Parallel(n_jobs=...)`` workers, env state kept in the workers.
+"""joblib backend: ``Parallel(n_jobs=...)`` workers, env state kept in the workers.
 
-joblib runs stateless tasks and cannot send a task to the worker that holds env *i*; seed 002
-as written ships envs (or rebuilds them) per call and pays joblib's result-polling floor
-(~10 ms per ``Parallel`` call) every step. Here each turnpool worker is **one joblib task that
+joblib runs stateless tasks and cannot send a task to the worker that holds env *i*; a design
+that calls ``Parallel`` per step ships envs (or rebuilds them) per call and pays joblib's
+result-polling floor on every step. Here each turnpool worker is **one joblib task that
 lives as long as the pool**: it builds its slice of envs, connects back to the pool over a
 private local socket (Linux abstract namespace, no file; the first bytes must be a random token
 before anything is unpickled) and serves requests there, one message per worker per step, like
 the process backend. joblib chooses and manages the processes or threads
 (``joblib_backend``: ``"loky"`` (default), ``"multiprocessing"`` or ``"threading"``;
-``n_jobs=-1`` means one worker per core, as in seed 002), and no joblib call happens per step.
+``n_jobs=-1`` means one worker per core, joblib's rule), and no joblib call happens per step.
 
 All slices are launched by one ``Parallel`` call at start; a slice restarted after a fault is
 launched by a new one-task call. Each call runs in a daemon thread until its tasks return.
@@ -43,37 +43,33 @@ import socket
 import threading
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from multiprocessing.connection import wait as wait_connections
 from typing import Any, ClassVar
 
-from turnpool.backends import process as _process
-from turnpool.backends.base import (
-    Backend,
-    BackendUnavailable,
-    EnvBuild,
-    EnvHost,
-    Reply,
-    Request,
-    WorkerLost,
-    monotonic,
-    short_error,
+from turnpool.backends._worker import (
+    CLOSE_GRACE_S,
+    PROTOCOL,
+    ProgressSlot,
+    ProgressWriter,
+    WorkerHandle,
+    serve,
+    watch_parent,
 )
-from turnpool.backends.process_pool import ProgressSlot, ProgressWriter, watch_parent
+from turnpool.backends.base import Backend, BackendUnavailable, WorkerLost
+from turnpool.pool.host import EnvHost
+from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
 
 log = logging.getLogger(__name__)
 
 JOBLIB_BACKENDS = ("loky", "multiprocessing", "threading")
-_PROTOCOL = pickle.HIGHEST_PROTOCOL
-_CLOSE_GRACE_S = 2.0
 _INTERRUPT_GRACE_S = 1.0
 _TOKEN_BYTES = 32
 
 
 def resolve_n_jobs(n_jobs: int, num_envs: int) -> int:
-    """Seed 002's ``parallel_n_jobs``: ``-1`` all cores, ``-2`` all but one, ... (joblib's rule),
-    never more than envs."""
+    """joblib's ``n_jobs`` rule: ``-1`` all cores, ``-2`` all but one, ..., never more than
+    envs."""
     if n_jobs == 0:
         raise ValueError("n_jobs == 0 has no meaning")
     if n_jobs < 0:
@@ -118,8 +114,8 @@ def serve_slice(address: str, token: bytes, worker: int, incarnation: int,
         conn = Client(address, family="AF_UNIX")
         conn.send_bytes(token)
         host = EnvHost(builds, progress)
-        conn.send_bytes(pickle.dumps(("hello", worker, incarnation, os.getpid()), _PROTOCOL))
-        _serve(conn, host)
+        conn.send_bytes(pickle.dumps(("hello", worker, incarnation, os.getpid()), PROTOCOL))
+        serve(conn.recv_bytes, conn.send_bytes, host)
     except (EOFError, OSError, _Interrupted):
         pass
     finally:
@@ -129,26 +125,6 @@ def serve_slice(address: str, token: bytes, worker: int, incarnation: int,
             conn.close()
         progress(_FINISHED)
     return worker
-
-
-def _serve(conn: Connection, host: EnvHost) -> None:
-    loads, dumps, handle = pickle.loads, pickle.dumps, host.handle
-    try:
-        while True:
-            try:
-                request = loads(conn.recv_bytes())
-            except (EOFError, OSError):
-                break
-            if request[1] == "close":
-                break
-            reply = handle(request)
-            try:
-                data = dumps(reply, _PROTOCOL)
-            except Exception as exc:
-                data = dumps(_process._picklable(reply, exc), _PROTOCOL)
-            conn.send_bytes(data)
-    finally:
-        host.close()
 
 
 # ------------------------------------------------------------------------- caller side
@@ -186,19 +162,10 @@ class _Launch:
             log.warning("a joblib call did not stop; its daemon thread is left behind")
 
 
-@dataclass
-class _Worker:
-    conn: Connection | None
-    pid: int
-    progress: ProgressSlot
-    incarnation: int
-    lost: bool = False
-
-
 class JoblibBackend(Backend):
     """Slices served by long-lived joblib tasks (see the module docstring).
 
-    Options: ``n_jobs`` (seed 002's ``parallel_n_jobs``, used when ``num_workers`` is None;
+    Options: ``n_jobs`` (joblib's worker count, used when ``num_workers`` is None;
     default -1 = one per core) and ``joblib_backend`` (``loky``, ``multiprocessing``,
     ``threading``).
     """
@@ -220,7 +187,7 @@ class JoblibBackend(Backend):
             raise ValueError(f"joblib_backend must be one of {JOBLIB_BACKENDS}, "
                              f"got {joblib_backend!r}")
         self.flavour = joblib_backend
-        self._workers: list[_Worker | None] = [None] * self.num_workers
+        self._workers: list[WorkerHandle | None] = [None] * self.num_workers
         self._launches: list[_Launch] = []
         self._sock: socket.socket | None = None
         self._token = secrets.token_bytes(_TOKEN_BYTES)
@@ -246,7 +213,7 @@ class JoblibBackend(Backend):
             self._sock = sock
             progress = [ProgressSlot() for _ in range(self.num_workers)]
             launch = self._launch(list(range(self.num_workers)), progress, incarnation=0)
-            deadline = monotonic() + timeout
+            deadline = time.monotonic() + timeout
             for k in range(self.num_workers):
                 self._await_worker(k, 0, progress[k], deadline, launch)
         except (OSError, TimeoutError, WorkerLost, ValueError) as exc:
@@ -279,7 +246,7 @@ class JoblibBackend(Backend):
                       deadline: float, launch: _Launch) -> None:
         """Accept connections until worker ``k`` (this incarnation) has said hello."""
         while (k, incarnation) not in self._early:
-            left = deadline - monotonic()
+            left = deadline - time.monotonic()
             if left <= 0 or not launch.thread.is_alive():
                 progress.close()
                 why = "in time" if left <= 0 else "(its joblib call ended first)"
@@ -304,15 +271,15 @@ class JoblibBackend(Backend):
             self._early[(int(worker), int(inc))] = (conn, int(pid))
         conn, pid = self._early.pop((k, incarnation))
         progress.unlink()
-        self._workers[k] = _Worker(conn, pid, progress, incarnation)
+        self._workers[k] = WorkerHandle(None, progress, conn, pid=pid, incarnation=incarnation)
 
     def _handshake(self, conn: Connection, deadline: float) -> tuple[Any, ...]:
-        if not conn.poll(max(0.0, deadline - monotonic())):
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
             raise TimeoutError("no token")
         if not hmac.compare_digest(conn.recv_bytes(maxlength=_TOKEN_BYTES), self._token):
             raise ValueError("bad token")
         # Envs are built between token and hello; the worker is ours, so its pickles are trusted.
-        if not conn.poll(max(0.0, deadline - monotonic())):
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
             raise TimeoutError("no hello")
         hello = pickle.loads(conn.recv_bytes())
         if not (isinstance(hello, tuple) and len(hello) == 4 and hello[0] == "hello"):
@@ -330,16 +297,16 @@ class JoblibBackend(Backend):
         self._early.clear()
         if os.getpid() != self._owner_pid:  # a forked copy of the owner: not ours to stop
             return
-        bye = pickle.dumps((0, "close", None), _PROTOCOL)
+        bye = pickle.dumps((0, "close", None), PROTOCOL)
         for w in workers:
             if w.conn is not None and not w.lost:
                 with contextlib.suppress(OSError):
                     w.conn.send_bytes(bye)
         # A call with a lost (multiprocessing) or abandoned (threading) task never returns.
-        grace = 0.1 if self._stuck_call else _CLOSE_GRACE_S
-        deadline = monotonic() + grace
+        grace = 0.1 if self._stuck_call else CLOSE_GRACE_S
+        deadline = time.monotonic() + grace
         for launch in self._launches:
-            launch.thread.join(max(0.0, deadline - monotonic()))
+            launch.thread.join(max(0.0, deadline - time.monotonic()))
         for w in workers:
             if w.conn is not None:
                 w.conn.close()
@@ -351,7 +318,7 @@ class JoblibBackend(Backend):
             launch.stop(grace)
         self._launches.clear()
         if self.flavour == "loky":
-            _shutdown_loky(_CLOSE_GRACE_S)
+            _shutdown_loky(CLOSE_GRACE_S)
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -362,15 +329,15 @@ class JoblibBackend(Backend):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
-    def _stop_task(self, w: _Worker) -> None:
+    def _stop_task(self, w: WorkerHandle) -> None:
         """End a worker's task: interrupt it, and kill its process only if it does not return
         (env code stuck in C); a thread worker can only be abandoned."""
         if w.pid <= 0 or w.pid == self._owner_pid:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(w.pid, _INTERRUPT)
-        deadline = monotonic() + _INTERRUPT_GRACE_S
-        while monotonic() < deadline:
+        deadline = time.monotonic() + _INTERRUPT_GRACE_S
+        while time.monotonic() < deadline:
             mark = w.progress.read()
             if mark is None or mark[0] == _FINISHED:
                 return
@@ -384,7 +351,7 @@ class JoblibBackend(Backend):
         if w is None or w.lost or w.conn is None:
             raise WorkerLost("joblib worker is gone")
         try:
-            w.conn.send_bytes(pickle.dumps(request, _PROTOCOL))
+            w.conn.send_bytes(pickle.dumps(request, PROTOCOL))
         except OSError as exc:
             w.lost = True
             raise WorkerLost(f"joblib worker {worker}: {exc}") from exc
@@ -416,7 +383,7 @@ class JoblibBackend(Backend):
 
     def progress(self, worker: int) -> tuple[int, float] | None:
         w = self._workers[worker]
-        return None if w is None else w.progress.read()
+        return None if w is None else w.read_progress()
 
     def restart(self, worker: int) -> None:
         old = self._workers[worker]
@@ -431,7 +398,7 @@ class JoblibBackend(Backend):
                                  or (old.lost and self.flavour == "multiprocessing"))
             old.progress.close()
         self._workers[worker] = None
-        deadline = monotonic() + self._timeout
+        deadline = time.monotonic() + self._timeout
         for attempt in range(2):  # a call may land on a loky executor that is still dying
             progress = ProgressSlot()
             launch = self._launch([worker], [progress], incarnation + attempt)

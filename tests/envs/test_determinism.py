@@ -35,7 +35,7 @@ CASES: dict[str, tuple[dict[str, Any], list[Any]]] = {
 MIN_DISTINCT = {"sokoban": 150, "frozen_lake": 150, "bandit": 4, "countdown": 150,
                 "metamathqa": 100}
 CHILD_TIMEOUT_S = 120
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(300)
 

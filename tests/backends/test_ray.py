@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,18 +16,14 @@ for _key, _value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": 
                      "RAY_USAGE_STATS_ENABLED": "0"}.items():
     os.environ.setdefault(_key, _value)  # read by Ray when it is imported
 
-import psutil  # noqa: E402
 import pytest  # noqa: E402
 import ray  # noqa: E402
-from test_pool_equivalence import _pool, _run  # noqa: E402
 
+from tests.faults import check_fault_isolated, faulty_pool, wait_gone  # noqa: E402
+from tests.traces import mixed_pool, run_trace  # noqa: E402
 from turnpool.pool import EnvPool  # noqa: E402
-from turnpool.webshop.server import ShopServer  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
-
-STEP_TIMEOUT = 1.5
-FAULTY = 1  # on actor 0 with envs 0 and 2 (6 envs, 2 actors)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,48 +36,26 @@ def ray_runtime() -> Iterator[None]:
     ray.shutdown()
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _wait_gone(pids: list[int], within: float) -> list[int]:
-    deadline = time.monotonic() + within
-    while True:
-        alive = [p for p in pids if not _gone(p)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
-
-
 def test_the_cluster_listens_on_loopback_only() -> None:
     assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
     assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
 
 
 @pytest.fixture(scope="module")
-def shop_url() -> Iterator[str]:
-    with ShopServer() as server:
-        yield server.url
-
-
-@pytest.fixture(scope="module")
 def reference(shop_url: str) -> list[Any]:
-    with _pool(shop_url, backend="sequential", num_workers=1) as pool:
-        return _run(pool)
+    with mixed_pool(shop_url, backend="sequential", num_workers=1) as pool:
+        return run_trace(pool)
 
 
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
 def test_every_env_type_identical_to_sequential(reference: list[Any], shop_url: str,
                                                 num_workers: int) -> None:
-    with _pool(shop_url, backend="ray", num_workers=num_workers) as pool:
+    with mixed_pool(shop_url, backend="ray", num_workers=num_workers) as pool:
         assert pool.backend_name == "ray" and pool.num_workers == num_workers
         pids = pool.worker_pids()
         assert len(pids) == num_workers and os.getpid() not in pids
-        trace = _run(pool)
-    assert _wait_gone(pids, 0.0) == []  # close() returns after the actors are gone
+        trace = run_trace(pool)
+    assert wait_gone(pids, 0.0) == []  # close() returns after the actors are gone
     assert len(trace) == len(reference)
     for got, want in zip(trace, reference):
         assert got == want, f"first difference: {got!r} != {want!r}"
@@ -90,46 +63,22 @@ def test_every_env_type_identical_to_sequential(reference: list[Any], shop_url: 
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[EnvPool]:
-    p = EnvPool("faulty", env_num=3, group_n=2, seed=7, backend="ray", num_workers=2,
-                step_timeout=STEP_TIMEOUT, env_kwargs={"episode_len": 1000})
+    p = faulty_pool("ray")
     assert p.backend_name == "ray"
     yield p
     pids = p.worker_pids()
     p.close()
     p.close()  # idempotent
-    assert _wait_gone(pids, 0.0) == []
+    assert wait_gone(pids, 0.0) == []
 
 
 @pytest.mark.parametrize("fault", ["raise", "exit", "hang"])
 def test_only_the_faulty_env_is_flagged(pool: EnvPool, fault: str) -> None:
-    with EnvPool("faulty", env_num=3, group_n=2, seed=7, backend="sequential",
-                 env_kwargs={"episode_len": 1000}) as reference:
-        n = pool.num_envs
-        assert pool.reset(seed=30) == reference.reset(seed=30)
-        warmup = [f"w{i}" for i in range(n)]
-        assert pool.step(warmup) == reference.step(warmup)  # history the restart replays
-        pids = pool.worker_pids()
-
-        actions = ["go"] * n
-        actions[FAULTY] = fault
-        started = time.monotonic()
-        obs, rewards, dones, infos = pool.step(actions)
-        assert time.monotonic() - started < STEP_TIMEOUT + 1.0
-        ref = reference.step(["go"] * n)
-        expected = {"raise": "RuntimeError", "exit": "ray actor died",
-                    "hang": "step timeout"}[fault]
-        assert expected in infos[FAULTY]["error"]
-        assert dones[FAULTY] and rewards[FAULTY] == 0.0
-        for i in range(n):
-            if i != FAULTY:  # innocent envs, including the faulty env's actor-mates
-                assert (obs[i], rewards[i], dones[i], infos[i]) == (
-                    ref[0][i], ref[1][i], ref[2][i], ref[3][i])
-        now = pool.worker_pids()
-        assert now[1] == pids[1]  # the other actor was untouched
-        if fault != "raise":  # the actor was replaced and its process is gone
-            assert now[0] != pids[0] and _wait_gone([pids[0]], 5.0) == []
-        assert pool.reset(seed=31) == reference.reset(seed=31)
-        assert pool.step(["fine"] * n) == reference.step(["fine"] * n)
+    expected = {"raise": "RuntimeError", "exit": "ray actor died", "hang": "step timeout"}[fault]
+    pids, now = check_fault_isolated(pool, fault, expected)
+    assert now[1] == pids[1]  # the other actor was untouched
+    if fault != "raise":  # the actor was replaced and its process is gone
+        assert now[0] != pids[0] and wait_gone([pids[0]], 5.0) == []
 
 
 _DRIVER = textwrap.dedent("""

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import turnpool
-from turnpool.envs import datasets
 from turnpool.envs.countdown import (
     CountdownEnv,
     load_puzzles,
@@ -182,22 +181,13 @@ def test_user_files_are_read_and_filtered(tmp_path: Path, name: str) -> None:
     assert unfiltered.puzzles == ((24, (4, 7, 8, 8)), (1000, (1, 2, 3)))
 
 
-def test_user_file_is_read_once_per_process(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_user_file_is_read_once_per_process(tmp_path: Path, dataset_reads: list[Path]) -> None:
     path = _write_rows(tmp_path / "once.jsonl", USER_ROWS)
-    reads: list[Path] = []
-    real_read = datasets.read_rows
-
-    def counting_read(p: Path) -> list[dict[str, object]]:
-        reads.append(p)
-        return real_read(p)
-
-    monkeypatch.setattr(datasets, "read_rows", counting_read)
     envs = [CountdownEnv(data_path=path) for _ in range(5)]
     for seed, env in enumerate(envs):
         env.reset(seed=seed)
         env.step("1 + 1")
-    assert len(reads) == 1
+    assert len(dataset_reads) == 1
     assert all(env.puzzles is envs[0].puzzles for env in envs)
 
 

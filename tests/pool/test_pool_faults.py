@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from turnpool.envs.synthetic import TrivialEnv
+from tests.faults import UNPICKLABLE_ENV, kill_parent_and_check, mp_helpers, wait_gone
 from turnpool.pool import EnvPool
 
 pytestmark = pytest.mark.timeout(90)
@@ -24,36 +17,6 @@ pytestmark = pytest.mark.timeout(90)
 STEP_TIMEOUT = 2.0
 N_GROUPS, GROUP_N = 3, 2  # 6 envs on 2 workers: envs 0-2 and 3-5
 FAULTY = 1  # shares worker 0 with innocent envs 0 and 2
-
-
-def _mp_helpers() -> set[int]:
-    """multiprocessing's own per-interpreter helpers (resource tracker, fork server)."""
-    helpers = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            cmd = " ".join(child.cmdline())
-        except psutil.Error:
-            continue
-        if "resource_tracker" in cmd or "forkserver" in cmd:
-            helpers.add(child.pid)
-    return helpers
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _wait_gone(pids: list[int], within: float) -> list[int]:
-    """Poll until every pid is gone or ``within`` seconds pass; the survivors."""
-    deadline = time.monotonic() + within
-    while True:
-        alive = [p for p in pids if not _gone(p)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +66,7 @@ def test_only_the_faulty_env_is_flagged(pool: EnvPool, reference: EnvPool, fault
         assert pool.worker_pids()[0] == pids_before[0]
     else:
         assert pool.worker_pids()[0] != pids_before[0]
-        assert _wait_gone([pids_before[0]], 5.0) == []
+        assert wait_gone([pids_before[0]], 5.0) == []
     assert pool.worker_pids()[1] == pids_before[1]  # the other worker was untouched
 
     # The restored envs keep going exactly as if nothing happened ...
@@ -147,57 +110,19 @@ def test_close_leaves_no_child_process() -> None:
     assert len(pids) >= 2 and all(psutil.pid_exists(x) for x in pids)
     p.reset()
     p.close()
-    assert _wait_gone(pids, 0.0) == []  # close() returns only after reaping its workers
+    assert wait_gone(pids, 0.0) == []  # close() returns only after reaping its workers
     now = {c.pid for c in psutil.Process().children(recursive=True)}
-    assert now - before - _mp_helpers() == set()
-
-
-_PARENT = textwrap.dedent("""
-    import json, sys
-    from turnpool.pool import EnvPool
-
-    if __name__ == "__main__":
-        pool = EnvPool("faulty", env_num=2, group_n=2, backend="process", num_workers=2,
-                       mp_context=sys.argv[1], step_timeout=600)
-        pool.reset()
-        pool.step_async([0], [["hang"]])  # worker 0 is stuck inside env code
-        print(json.dumps(pool.worker_pids()), flush=True)
-        sys.stdin.read()
-""")
+    assert now - before - mp_helpers() == set()
 
 
 @pytest.mark.parametrize("mp_context", ["spawn", "forkserver", "fork"])
 def test_workers_die_with_a_killed_parent(tmp_path: Path, mp_context: str) -> None:
-    script = tmp_path / "parent.py"
-    script.write_text(_PARENT)
-    parent = subprocess.Popen([sys.executable, str(script), mp_context], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
-    try:
-        assert parent.stdout is not None
-        pids = json.loads(parent.stdout.readline())
-        assert len(pids) >= 2 and not any(_gone(p) for p in pids)
-        os.kill(parent.pid, signal.SIGKILL)
-        parent.wait(10)
-        assert _wait_gone(pids, 5.0) == []
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(10)
-
-
-class UnpicklableInfoEnv(TrivialEnv):
-    """Puts a lambda into info on action "lambda" (a result no pipe can carry)."""
-
-    def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = super()._step(action)
-        if action == "lambda":
-            info["callback"] = lambda: None
-        return obs, reward, terminated, truncated, info
+    kill_parent_and_check(tmp_path, {"backend": "process", "mp_context": mp_context},
+                          exact_workers=False)  # spawn and forkserver keep a standby
 
 
 def test_unpicklable_results_and_actions_fail_only_their_envs() -> None:
-    # fork: the env class lives in this test module, which forked workers already have.
-    with EnvPool(f"{__name__}:UnpicklableInfoEnv", env_num=2, group_n=2, seed=1,
+    with EnvPool(UNPICKLABLE_ENV, env_num=2, group_n=2, seed=1,
                  backend="process", num_workers=2, mp_context="fork") as pool:
         assert pool.backend_name == "process"
         pool.reset()

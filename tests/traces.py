@@ -1,23 +1,17 @@
-"""Same seeds + same actions -> identical results on every backend, worker count and start
-method, for every env type (one mixed pool per configuration, 24 envs in 4 groups per type)."""
+"""Traces shared by the pool and backend tests: the same calls on two pools must give the same
+trace, whatever the backend (``mixed_pool`` + ``run_trace`` over every env type; ``short_trace``
+for one-type pools)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pytest
 
-from turnpool.backends import ALL_BACKENDS, BackendUnavailable, get_backend
 from turnpool.envs.webshop import oracle
 from turnpool.pool import EnvGroupSpec, EnvPool
-from turnpool.webshop.server import ShopServer
-
-pytestmark = pytest.mark.timeout(240)
 
 N_GROUPS, GROUP_N, TURNS = 4, 6, 20
-START_METHODS = ("spawn", "forkserver", "fork")
 
 #: env type -> (cheap kwargs, action vocabulary incl. invalid ones)
 ENVS: dict[str, tuple[dict[str, Any], list[Any]]] = {
@@ -33,26 +27,6 @@ ENVS: dict[str, tuple[dict[str, Any], list[Any]]] = {
     "webshop": ({"max_steps": 6}, ["search[red cotton shirt]", "click[buy now]",
                                    "click[back to search]", "click[next >]"]),
 }
-
-
-def _configs() -> list[tuple[str, int, str | None]]:
-    out = []
-    for backend in ALL_BACKENDS:
-        try:
-            methods = get_backend(backend).start_methods or (None,)
-        except BackendUnavailable:  # collected anyway: the test itself then fails loudly
-            methods = (None,)
-        for workers in (1, 2, 3):
-            for method in methods:
-                if method is None or method in START_METHODS:
-                    out.append((backend, workers, method))
-    return out
-
-
-@pytest.fixture(scope="module")
-def shop_url() -> Iterator[str]:
-    with ShopServer() as server:
-        yield server.url
 
 
 def _strip(info: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +47,7 @@ def _actions(rng: np.random.Generator, env_type: str, obs: str) -> list[Any]:
     return acts
 
 
-def _run(pool: EnvPool) -> list[Any]:
+def run_trace(pool: EnvPool) -> list[Any]:
     """A 20-turn trace: multi-action turns for live envs, seedless resets of finished ones."""
     trace: list[Any] = []
     obs, infos = pool.reset()
@@ -97,7 +71,7 @@ def _run(pool: EnvPool) -> list[Any]:
     return trace
 
 
-def _pool(shop_url: str, **kwargs: Any) -> EnvPool:
+def mixed_pool(shop_url: str, **kwargs: Any) -> EnvPool:
     specs = []
     for name, (env_kwargs, _) in ENVS.items():
         kw = dict(env_kwargs, server_url=shop_url) if name == "webshop" else env_kwargs
@@ -106,25 +80,11 @@ def _pool(shop_url: str, **kwargs: Any) -> EnvPool:
                               fallback=False, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def reference(shop_url: str) -> list[Any]:
-    with _pool(shop_url, backend="sequential", num_workers=1) as pool:
-        trace = _run(pool)
-    errors = [t for t in trace if t[0] != "reset" and t[-1] is not None]
-    assert not errors, errors[:3]  # the reference itself must be clean
-    assert len({t[2] for t in trace if t[0] != "reset"}) == len(ENVS)
-    return trace
-
-
-@pytest.mark.parametrize(("backend", "num_workers", "mp_context"), _configs())
-def test_every_backend_gives_identical_results(reference: list[Any], shop_url: str,
-                                               backend: str, num_workers: int,
-                                               mp_context: str | None) -> None:
-    extra = {"mp_context": mp_context} if mp_context else {}
-    with _pool(shop_url, backend=backend, num_workers=num_workers, **extra) as pool:
-        if backend != "auto":  # auto reports the backend it picked
-            assert pool.backend_name == backend and pool.num_workers == num_workers
-        trace = _run(pool)
-    assert len(trace) == len(reference)
-    for got, want in zip(trace, reference):
-        assert got == want, f"first difference: {got!r} != {want!r}"
+def short_trace(pool: EnvPool, turns: int = 4) -> list[Any]:
+    """Reset, a few multi-action turns, a seedless reset."""
+    out: list[Any] = [pool.reset(seed=11)]
+    for t in range(turns):
+        out.append(pool.step_turns([[f"a{t}", "b"][: 1 + (i + t) % 2]
+                                    for i in range(pool.num_envs)]))
+    out.append(pool.reset())
+    return out

@@ -1,0 +1,77 @@
+"""joblib backend with real workers in every flavour: its ``n_jobs`` option, exact results,
+faults isolated, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.faults import check_fault_isolated, faulty_pool, kill_parent_and_check, wait_gone
+from tests.traces import short_trace
+from turnpool.backends.joblib import JoblibBackend
+from turnpool.pool import EnvPool
+from turnpool.pool.protocol import EnvBuild
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_joblib_n_jobs() -> None:
+    builds = [EnvBuild(i, "turnpool.envs.synthetic:TrivialEnv") for i in range(64)]
+    import joblib
+
+    assert JoblibBackend(builds, n_jobs=-1).num_workers == joblib.cpu_count()
+    assert JoblibBackend(builds, n_jobs=3).num_workers == 3
+    assert JoblibBackend(builds[:2], n_jobs=8).num_workers == 2
+    with pytest.raises(ValueError, match="joblib_backend"):
+        JoblibBackend(builds, joblib_backend="dask")
+
+
+def test_joblib_start_failure_leaves_nothing_behind() -> None:
+    from turnpool.pool.protocol import BackendUnavailable
+
+    def progress_files() -> set[str]:
+        return {f for f in os.listdir("/dev/shm") if f.startswith("turnpool-progress-")}
+
+    before = progress_files()
+    builds = [EnvBuild(i, "turnpool.envs.synthetic:TrivialEnv") for i in range(4)]
+    backend = JoblibBackend(builds, 2, joblib_backend="threading")
+    with pytest.raises(BackendUnavailable, match="did not"):
+        backend.start(timeout=0.0)  # no worker can connect in no time
+    assert progress_files() - before == set()
+
+
+@pytest.mark.parametrize("flavour", ["multiprocessing", "threading"])
+def test_joblib_flavours_match_sequential(flavour: str) -> None:
+    with EnvPool("frozen_lake", env_num=3, group_n=2, seed=9, backend="sequential") as ref:
+        want = short_trace(ref)
+    with EnvPool("frozen_lake", env_num=3, group_n=2, seed=9, backend="joblib",
+                 joblib_backend=flavour, num_workers=3) as pool:
+        assert pool.backend_name == "joblib" and pool.num_workers == 3
+        assert short_trace(pool) == want
+
+
+@pytest.mark.parametrize(("flavour", "fault"), [("loky", "hang"), ("loky", "raise"),
+                                                ("multiprocessing", "exit"),
+                                                ("threading", "hang")])
+def test_joblib_fault_is_isolated(flavour: str, fault: str) -> None:
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    with faulty_pool("joblib", joblib_backend=flavour) as pool:
+        assert pool.backend_name == "joblib"
+        pids, _ = check_fault_isolated(pool, fault)
+        if flavour != "threading":
+            # A hung loky task is interrupted, not killed: loky would take every worker down.
+            assert pool.worker_pids()[1] == pids[1]
+        pids += pool.worker_pids()
+    assert wait_gone(pids, 0.0) == []
+    if flavour == "loky":
+        after = {c.pid for c in psutil.Process().children(recursive=True)}
+        helpers = {c.pid for c in psutil.Process().children(recursive=True)
+                   if "resource_tracker" in " ".join(c.cmdline())}
+        assert after - before - helpers == set()  # loky's idle workers were shut down too
+
+
+def test_joblib_workers_die_with_a_killed_parent(tmp_path: Path) -> None:
+    kill_parent_and_check(tmp_path, {"backend": "joblib", "joblib_backend": "loky"})

@@ -1,0 +1,266 @@
+"""Worker-side code shared by the backends whose workers are other processes.
+
+The process, process_pool, joblib and Ray backends differ only in how a worker is created and
+how bytes reach it; what a worker does once it holds its slice of envs is the same everywhere,
+so it is written here once:
+
+* `serve`: the one request -> reply loop (for backends that hand the worker a connection);
+* `encode`: a reply pickled once, in which results that cannot be pickled become per-env
+  errors (the env is to blame, not the worker);
+* `ProgressSlot` / `ProgressWriter`: a 16-byte shared record ``(env_id, since)`` the worker
+  writes before each env, so the pool can enforce ``step_timeout`` per env and blame the right
+  env when a worker dies or hangs;
+* `watch_parent`: workers never outlive the pool's process;
+* `WorkerHandle`: the caller's record of one worker, and `CLOSE_GRACE_S`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import mmap
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnpool.pool.host import EnvHost
+from turnpool.pool.protocol import (
+    MAX_ERROR_CHARS,
+    Reply,
+    ResetResult,
+    TurnResult,
+    error_reset,
+    error_step,
+)
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = pickle.HIGHEST_PROTOCOL
+#: How long ``close`` lets workers close their envs before stopping them.
+CLOSE_GRACE_S = 2.0
+_WATCHDOG_PERIOD_S = 0.25
+
+
+# ====================================================================== serving
+def serve(recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], None],
+          host: EnvHost) -> None:
+    """Answer requests until ``close`` or until the pool hangs up; the envs are closed either
+    way."""
+    loads, handle = pickle.loads, host.handle
+    try:
+        while True:
+            try:
+                request = loads(recv_bytes())
+            except (EOFError, OSError):
+                break
+            if request[1] == "close":
+                break
+            try:
+                send_bytes(encode(handle(request)))
+            except OSError:
+                break
+    finally:
+        host.close()
+
+
+def encode(reply: Reply) -> bytes:
+    """The pickled reply; results that cannot be pickled become per-env errors (the env is to
+    blame, not the worker), so a worker's transport always has something to carry."""
+    try:
+        return pickle.dumps(reply, PROTOCOL)
+    except Exception as exc:
+        return pickle.dumps(_picklable(reply, exc), PROTOCOL)
+
+
+def _picklable(reply: Reply, exc: Exception) -> Reply:
+    """Replace the results that cannot be pickled with per-env errors."""
+    seq, payload, error = reply
+    if isinstance(payload, tuple) and len(payload) == 2 and isinstance(payload[0], list):
+        results, failed = payload  # a step reply
+        fixed, bad = _fix_items(results)
+        return (seq, (fixed, sorted(set(failed) | set(bad))), error)
+    if isinstance(payload, list):
+        return (seq, _fix_items(payload)[0], error)
+    return (seq, None, f"unpicklable reply: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
+
+
+def _fix_items(items: list[Any]) -> tuple[list[Any], list[int]]:
+    fixed: list[Any] = []
+    bad: list[int] = []
+    for k, item in enumerate(items):
+        try:
+            pickle.dumps(item, PROTOCOL)
+            fixed.append(item)
+            continue
+        except Exception as item_exc:
+            reason = f"unpicklable result: {type(item_exc).__name__}: {item_exc}"
+            reason = reason[:MAX_ERROR_CHARS]
+        bad.append(k)
+        if isinstance(item, TurnResult):
+            fixed.append(error_step(reason))
+        elif isinstance(item, ResetResult):
+            fixed.append(error_reset(reason))
+        else:
+            fixed.append(reason)
+    return fixed, bad
+
+
+# ====================================================================== progress
+_SLOT = struct.Struct("<qd")  # env_id, time.monotonic() of its start
+
+
+class ProgressSlot:
+    """The caller's end of a worker's progress record ``(env_id, since)``.
+
+    It is a small file in ``/dev/shm`` (or the temp dir) that the worker opens by path
+    (`ProgressWriter`); the caller removes the name as soon as the worker has mapped it
+    (`unlink`), so nothing stays behind even if the caller is killed later. A worker in the
+    caller's own process (a thread) writes through `write`.
+    """
+
+    def __init__(self) -> None:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, self.path = tempfile.mkstemp(prefix="turnpool-progress-", dir=folder)
+        try:
+            os.ftruncate(fd, _SLOT.size)
+            self._map: mmap.mmap | None = mmap.mmap(fd, _SLOT.size)
+        finally:
+            os.close(fd)
+        self.write(-1)
+
+    def write(self, env_id: int) -> None:
+        if self._map is not None:
+            _SLOT.pack_into(self._map, 0, env_id, time.monotonic())
+
+    def read(self) -> tuple[int, float] | None:
+        if self._map is None:
+            return None
+        env_id, since = _SLOT.unpack_from(self._map, 0)
+        return int(env_id), float(since)
+
+    def unlink(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def close(self) -> None:
+        self.unlink()
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+
+class ProgressWriter:
+    """The worker's end of a `ProgressSlot`; a no-op where the file is not visible (another
+    host), because progress is a diagnosis aid, not a requirement."""
+
+    def __init__(self, path: str | None) -> None:
+        self._map: mmap.mmap | None = None
+        if path:
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError:
+                return
+            try:
+                self._map = mmap.mmap(fd, _SLOT.size)
+            finally:
+                os.close(fd)
+
+    def __call__(self, env_id: int) -> None:
+        if self._map is not None:
+            _SLOT.pack_into(self._map, 0, env_id, time.monotonic())
+
+
+# ====================================================================== parent death
+_WATCHING = False
+
+
+def watch_parent(owner_pid: int, die_with_parent: bool = False) -> None:
+    """End this worker process soon after the process that owns the pool dies.
+
+    With ``die_with_parent`` (the caller started us from its main thread) Linux's
+    ``PR_SET_PDEATHSIG`` kills us with our parent; a watchdog thread also exits when we are
+    re-parented or multiprocessing's parent sentinel closes (the only signal that works under
+    forkserver). Does nothing in the owner itself (a joblib ``threading`` worker runs there).
+    """
+    global _WATCHING
+    if _WATCHING or os.getpid() == owner_pid:
+        return
+    _WATCHING = True
+    if die_with_parent:
+        _die_with_parent()
+    parent = os.getppid()
+    try:
+        os.kill(owner_pid, 0)
+    except ProcessLookupError:
+        os._exit(0)  # the pool died before we could watch it
+    threading.Thread(target=_watch, args=(parent,), name="turnpool-parent-watch",
+                     daemon=True).start()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the thread that forked it exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 == PR_SET_PDEATHSIG
+    except (OSError, AttributeError) as exc:
+        log.debug("PR_SET_PDEATHSIG unavailable: %s", exc)
+
+
+def _watch(parent: int) -> None:
+    """Exit as soon as the pool's process is gone.
+
+    Two signals, because neither covers every start method: re-parenting changes our ppid
+    (spawn, fork), and multiprocessing's parent sentinel reaches EOF when the pool's process
+    dies (the only one for forkserver, whose server outlives the pool while we run).
+    """
+    mp_parent = multiprocessing.parent_process()
+    sentinel = mp_parent.sentinel if mp_parent is not None else None
+    while os.getppid() == parent:
+        if sentinel is None:
+            time.sleep(_WATCHDOG_PERIOD_S)
+        elif multiprocessing.connection.wait([sentinel], _WATCHDOG_PERIOD_S):
+            break
+    os._exit(0)
+
+
+# ====================================================================== caller side
+@dataclass(eq=False, slots=True)
+class WorkerHandle:
+    """The caller's record of one worker, whatever runs it.
+
+    ``runner`` is what the backend controls it by (a process, an executor, an actor handle,
+    or the `EnvHost` of a slice served in the caller); ``conn`` carries replies (and requests,
+    when ``out`` is None); ``pending`` holds ``(seq, future)`` of requests in flight where the
+    backend's transport returns futures.
+    """
+
+    runner: Any
+    progress: ProgressSlot
+    conn: multiprocessing.connection.Connection | None = None
+    out: multiprocessing.connection.Connection | None = None
+    pid: int = -1
+    incarnation: int = 0
+    local: bool = True
+    lost: bool = False
+    pending: deque[tuple[int, Any]] = field(default_factory=deque)
+
+    def read_progress(self) -> tuple[int, float] | None:
+        return self.progress.read() if self.local else None
+
+
+__all__ = ["CLOSE_GRACE_S", "PROTOCOL", "ProgressSlot", "ProgressWriter", "WorkerHandle",
+           "encode", "serve", "watch_parent"]

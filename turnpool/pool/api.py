@@ -1,0 +1,408 @@
+"""EnvPool: many text envs in groups, stepped in parallel on any backend, faults isolated.
+
+The pool is backend-agnostic: it decides seeds, groups, which worker gets which actions,
+deadlines and fault recovery; a `turnpool.backends.base.Backend` decides where envs run
+(``sequential``, ``thread``, ``process``, ...). Results are byte-identical for every backend,
+worker count and start method because each env's randomness comes only from its reset seed.
+
+Groups: env ``i`` belongs to group ``i // group_n``; all members of a group get the group's
+seed, so they start from the same state. The pool resets one member per group in each worker
+that owns members and copies the state to the others (one Sokoban room generation per group).
+
+Seeds: group ``g``'s reset seed is ``base + g``, with ``base`` the explicit ``reset(seed=...)`` or,
+for a seedless ``reset()``, ``seed + episode * n_groups`` where ``episode`` counts seedless
+resets; successive seedless resets therefore never reuse a seed.
+
+Faults: an env that raises, a worker that dies and an env that runs past ``step_timeout`` give
+that env a result with ``done=True`` (``truncated``), reward 0 and ``info["error"]``; the env
+stays failed until its next reset (which rebuilds it). A dead or stuck worker is killed and
+replaced; the other envs it held are rebuilt by reset + replay of their recorded actions
+(deterministic envs make this exact) and their results for the step are computed as if
+nothing happened. ``on_error="raise"`` raises `EnvError` after the step instead.
+
+Layers: this module is the public API (groups, seeds, validation); it sits on
+``replay.py`` (the replay log and recovery), which sits on ``dispatch.py`` (queues, sequence
+numbers, deadlines). Backends are looked up by name in `turnpool.backends.BACKENDS`, never
+imported here, so adding one never touches the pool.
+
+Example:
+    >>> from turnpool.pool import EnvPool
+    >>> with EnvPool("trivial", env_num=2, group_n=2, seed=1, backend="sequential") as pool:
+    ...     obs, infos = pool.reset()
+    ...     obs2, rewards, dones, infos2 = pool.step(["a", "b", "c", "d"])
+    >>> obs[0] == obs[1], pool.group_ids
+    (True, [0, 0, 1, 1])
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
+
+from turnpool.backends import get_backend
+from turnpool.backends.base import Backend
+from turnpool.envs.registry import registered, resolve
+from turnpool.pool.dispatch import Pending, Ticket
+from turnpool.pool.protocol import (
+    DEFAULT_MP_CONTEXT,
+    BackendUnavailable,
+    EnvBuild,
+    ResetResult,
+    TurnResult,
+)
+from turnpool.pool.replay import Replaying
+
+log = logging.getLogger(__name__)
+
+#: Seconds a backend may take to start all its workers before the pool gives up on it.
+START_TIMEOUT = 120.0
+#: Seconds one env may spend on one turn by default (``step_timeout``).
+DEFAULT_STEP_TIMEOUT = 30.0
+
+
+class EnvError(RuntimeError):
+    """Raised with ``on_error="raise"`` when envs failed; ``errors`` maps env id -> reason."""
+
+    def __init__(self, errors: dict[int, str]) -> None:
+        self.errors = dict(errors)
+        shown = "; ".join(f"env {i}: {e}" for i, e in list(self.errors.items())[:5])
+        more = f" (+{len(self.errors) - 5} more)" if len(self.errors) > 5 else ""
+        super().__init__(f"{len(self.errors)} env(s) failed: {shown}{more}")
+
+
+@dataclass(frozen=True)
+class EnvGroupSpec:
+    """One block of a multi-type pool (a RAGEN ``es_manager`` tag): ``n_groups`` groups of
+    ``env_type``, laid out after the blocks before it."""
+
+    tag: str
+    env_type: str
+    n_groups: int
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+
+class EnvPool(Replaying):
+    """A pool of ``env_num * group_n`` text envs (or a multi-type pool, see `from_specs`).
+
+    Args:
+        env_type: a registered env name or ``"module.path:ClassName"``.
+        env_num: number of groups; group_n: envs per group (same seed within a group).
+        seed: base seed; group ``g`` of the first seedless reset uses ``seed + g``.
+        env_kwargs: constructor arguments for every env.
+        backend: ``"sequential"``, ``"thread"``, ``"process"`` or any other name in
+            `turnpool.backends.BACKENDS`.
+        num_workers: worker count (default: the backend's, e.g. one process per core).
+        mp_context: ``"spawn"`` (default), ``"forkserver"`` or ``"fork"`` for process backends.
+        step_timeout: seconds one env may spend on one turn before its worker is killed and
+            the env flagged (None: no deadline). reset_timeout: the same for a reset
+            (default: ``step_timeout``).
+        on_error: ``"flag"`` (failed envs return done + ``info["error"]``) or ``"raise"``
+            (`EnvError` after the call).
+        fallback: run sequentially, with a logged warning, if the backend cannot start.
+        tag: the tag reported in ``pool.tags`` (default: ``env_type``).
+        ray_address, backend_options: passed to the backend.
+
+    Not thread-safe: drive one pool from one thread.
+    """
+
+    def __init__(self, env_type: str = "sokoban", env_num: int = 1, group_n: int = 1,
+                 seed: int = 0, env_kwargs: dict[str, Any] | None = None, *,
+                 backend: str = "process", num_workers: int | None = None,
+                 mp_context: str | None = DEFAULT_MP_CONTEXT,
+                 step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
+                 reset_timeout: float | None = None, on_error: str = "flag",
+                 fallback: bool = True, tag: str | None = None,
+                 ray_address: str | None = None, **backend_options: Any) -> None:
+        spec = EnvGroupSpec(tag or env_type, env_type, env_num, dict(env_kwargs or {}))
+        self._init([spec], group_n, seed, backend=backend, num_workers=num_workers,
+                   mp_context=mp_context, step_timeout=step_timeout,
+                   reset_timeout=reset_timeout, on_error=on_error, fallback=fallback,
+                   ray_address=ray_address, **backend_options)
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[EnvGroupSpec], group_n: int, seed: int = 0,
+                   **kwargs: Any) -> EnvPool:
+        """A pool of several env types (RAGEN tags), laid out in ``specs`` order; group ids
+        run on across specs, so seeds never collide between tags."""
+        pool = cls.__new__(cls)
+        pool._init(list(specs), group_n, seed, **kwargs)
+        return pool
+
+    # ------------------------------------------------------------------ construction
+    def _init(self, specs: list[EnvGroupSpec], group_n: int, seed: int, *,
+              backend: str = "process", num_workers: int | None = None,
+              mp_context: str | None = DEFAULT_MP_CONTEXT,
+              step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
+              reset_timeout: float | None = None, on_error: str = "flag",
+              fallback: bool = True, ray_address: str | None = None,
+              **backend_options: Any) -> None:
+        if group_n < 1:
+            raise ValueError("group_n must be >= 1")
+        if on_error not in ("flag", "raise"):
+            raise ValueError("on_error must be 'flag' or 'raise'")
+        self._closed = True  # until a backend is running
+        self.group_n = int(group_n)
+        self.seed = int(seed)
+        self.on_error = on_error
+        self.step_timeout = step_timeout
+        self.reset_timeout = reset_timeout if reset_timeout is not None else step_timeout
+        self.specs = specs
+        builds: list[EnvBuild] = []
+        self.group_ids: list[int] = []
+        self.tags: list[str] = []
+        self.env_types: list[str] = []
+        group = 0
+        for spec in specs:
+            if spec.n_groups < 0:
+                raise ValueError(f"n_groups must be >= 0 for tag {spec.tag!r}")
+            entry, kwargs = _entry_point(spec.env_type, spec.env_kwargs)
+            for _ in range(spec.n_groups):
+                for _ in range(self.group_n):
+                    builds.append(EnvBuild(len(builds), entry, kwargs))
+                    self.group_ids.append(group)
+                    self.tags.append(spec.tag)
+                    self.env_types.append(spec.env_type)
+                group += 1
+        if not builds:
+            raise ValueError("the pool has no envs")
+        self.n_groups = group
+        self.env_num = group
+        self._episode = 0
+        self._tickets = 0
+        options = dict(backend_options)
+        if ray_address is not None:
+            options["ray_address"] = ray_address
+        self._backend = _start_backend(backend, builds, num_workers, mp_context, options,
+                                       fallback)
+        self._closed = False
+        self._finalizer = weakref.finalize(self, self._backend.close)
+        self.attach(self._backend, len(builds))
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def num_envs(self) -> int:
+        return len(self.group_ids)
+
+    @property
+    def backend_name(self) -> str:
+        return self._backend.name
+
+    @property
+    def num_workers(self) -> int:
+        return self._backend.num_workers
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def env_seeds(self) -> list[int | None]:
+        """Each env's current episode seed (``None`` before its first reset or after a
+        failure); callers read seeds here instead of re-deriving the group rule."""
+        return list(self._seeds)
+
+    def worker_pids(self) -> list[int]:
+        """OS pids of the worker processes (empty for in-process backends)."""
+        return self._backend.worker_pids()
+
+    # ------------------------------------------------------------------ reset
+    def reset(self, seed: int | None = None, env_ids: Sequence[int] | None = None
+              ) -> tuple[list[str], list[dict[str, Any]]]:
+        """Start new episodes; returns ``(obs, infos)`` aligned to ``env_ids`` (default: all).
+
+        Group ``g`` gets seed ``base + g``; see the module docstring for ``base``.
+        """
+        self._check_open()
+        ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
+        self._check_ids(ids)
+        if seed is None:
+            base = self.seed + self._episode * self.n_groups
+            self._episode += 1
+        else:
+            base = int(seed)
+        ticket = Ticket(ids, is_async=False)
+        per_worker: dict[int, tuple[list[int], list[int]]] = {}
+        for pos, i in enumerate(ids):
+            wids, wpos = per_worker.setdefault(self._owner[i], ([], []))
+            wids.append(i)
+            wpos.append(pos)
+        for w, (wids, wpos) in per_worker.items():
+            groups: dict[int, list[int]] = {}
+            for i in wids:
+                groups.setdefault(self.group_ids[i], []).append(i)
+            items = [(base + g, members) for g, members in groups.items()]
+            order = [i for _, members in items for i in members]
+            pos_of = dict(zip(wids, wpos))
+            seeds = [base + self.group_ids[i] for i in order]
+            self._enqueue(w, Pending("reset", order, items, ticket,
+                                      [pos_of[i] for i in order], seeds))
+        self._finish(ticket)
+        results: list[ResetResult] = ticket.out
+        obs = [r.obs for r in results]
+        infos = [r.info for r in results]
+        self._raise_if_needed(ids, [r.error for r in results])
+        return obs, infos
+
+    # ------------------------------------------------------------------ step
+    def step(self, actions: Sequence[Any], env_ids: Sequence[int] | None = None
+             ) -> tuple[list[str], list[float], list[bool], list[dict[str, Any]]]:
+        """One action per env; returns ``(obs, rewards, dones, infos)`` aligned to ``env_ids``.
+
+        ``dones[k]`` is ``terminated or truncated``; both are also in ``infos[k]``.
+        """
+        res = self._run_turns(list(actions), env_ids, single=True)
+        if not res:
+            return [], [], [], []
+        # map + attrgetter: read by field name at C speed (this is the per-env hot path)
+        terminated = map(attrgetter("terminated"), res)
+        truncated = map(attrgetter("truncated"), res)
+        return (list(map(attrgetter("obs"), res)), list(map(attrgetter("reward_sum"), res)),
+                list(map(operator.or_, terminated, truncated)),
+                list(map(attrgetter("info"), res)))
+
+    def step_turns(self, action_lists: Sequence[Sequence[Any]],
+                   env_ids: Sequence[int] | None = None) -> list[TurnResult]:
+        """Multi-action turns: each env executes its actions in order inside its worker and
+        stops at the first done. Results are aligned to ``env_ids``."""
+        res = self._run_turns([list(a) for a in action_lists], env_ids)
+        return res
+
+    def step_async(self, env_ids: Sequence[int] | None,
+                   action_lists: Sequence[Sequence[Any]]) -> int:
+        """Start multi-action turns without waiting; collect them with `poll`. Returns a
+        ticket number (the order of the call; results carry env ids, not tickets).
+
+        Envs already in flight cannot be stepped again until their result was polled.
+        """
+        ids = self._ids(env_ids, len(action_lists))
+        ticket = Ticket(ids, is_async=True)
+        self._dispatch_turns(ticket, [list(a) for a in action_lists])
+        self._tickets += 1
+        return self._tickets
+
+    def poll(self, timeout: float | None = 0.0, min_ready: int = 1
+             ) -> list[tuple[int, TurnResult]]:
+        """Results of `step_async` turns that are done, ready first, as ``(env_id, result)``.
+
+        Blocks until at least ``min_ready`` results are available (or none are in flight) or
+        ``timeout`` seconds pass; ``step_timeout`` is enforced meanwhile.
+        """
+        self._check_open()
+        want = max(0, int(min_ready))
+        self._pump(lambda: len(self._ready) >= want, timeout)
+        out, self._ready = self._ready, []
+        if self.on_error == "raise" and any(r.error is not None for _, r in out):
+            # The failed envs are reported; the others stay ready for the next poll, so an
+            # exception never swallows a result.
+            self._ready = [x for x in out if x[1].error is None]
+            failed = [x for x in out if x[1].error is not None]
+            self._in_flight.difference_update(i for i, _ in failed)
+            self._raise_if_needed([i for i, _ in failed], [r.error for _, r in failed])
+        self._in_flight.difference_update(i for i, _ in out)
+        return out
+
+    @property
+    def in_flight(self) -> frozenset[int]:
+        """Env ids whose `step_async` results have not been polled yet."""
+        return frozenset(self._in_flight)
+
+    # ------------------------------------------------------------------ close
+    def close(self) -> None:
+        """Stop every worker and close every env. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> EnvPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"EnvPool(num_envs={self.num_envs}, group_n={self.group_n}, "
+                f"backend={self.backend_name!r}, num_workers={self.num_workers})")
+
+    # ================================================================== internals
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the pool is closed")
+
+    def _check_ids(self, ids: list[int]) -> None:
+        n = self.num_envs
+        for i in ids:
+            if not 0 <= i < n:
+                raise IndexError(f"env id {i} out of range [0, {n})")
+        if len(set(ids)) != len(ids):
+            raise ValueError("env_ids contains duplicates")
+        busy = self._in_flight.intersection(ids)
+        if busy:
+            raise RuntimeError(f"envs {sorted(busy)[:5]} are still in flight; poll() first")
+
+    def _ids(self, env_ids: Sequence[int] | None, n_actions: int) -> list[int]:
+        self._check_open()
+        if env_ids is None:
+            ids = list(range(self.num_envs))
+            if self._in_flight:
+                self._check_ids(ids)
+        else:
+            ids = [int(i) for i in env_ids]
+            self._check_ids(ids)
+        if len(ids) != n_actions:
+            raise ValueError(f"got {n_actions} actions for {len(ids)} envs")
+        return ids
+
+    def _run_turns(self, action_lists: list[Any], env_ids: Sequence[int] | None,
+                   single: bool = False) -> list[TurnResult]:
+        ids = self._ids(env_ids, len(action_lists))
+        ticket = Ticket(ids, is_async=False)
+        self._dispatch_turns(ticket, action_lists, whole=env_ids is None, single=single)
+        self._finish(ticket)
+        out: list[TurnResult] = ticket.out
+        if self.on_error == "raise":
+            self._raise_if_needed(ids, [r.error for r in out])
+        return out
+
+    def _raise_if_needed(self, ids: Sequence[int], errors: Sequence[str | None]) -> None:
+        if self.on_error != "raise":
+            return
+        failed = {i: e for i, e in zip(ids, errors) if e is not None}
+        if failed:
+            raise EnvError(failed)
+
+
+def _entry_point(env_type: str, env_kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Resolve a registered name to its entry point + merged kwargs, so envs registered only
+    in this process still build in spawned workers. Fails here, not in a worker, on typos."""
+    spec = registered().get(env_type)
+    resolve(env_type)  # imports the class: an unknown env or a broken module fails early
+    if spec is None:
+        return env_type, dict(env_kwargs)
+    return spec.entry_point, {**spec.kwargs, **env_kwargs}
+
+
+def _start_backend(name: str, builds: list[EnvBuild], num_workers: int | None,
+                   mp_context: str | None, options: dict[str, Any], fallback: bool) -> Backend:
+    backend: Backend | None = None
+    try:
+        cls = get_backend(name)
+        backend = cls(builds, num_workers, mp_context=mp_context, **options)
+        backend.start(START_TIMEOUT)
+        return backend
+    except (BackendUnavailable, OSError, ImportError) as exc:
+        if backend is not None:
+            backend.close()
+        if not fallback:
+            raise
+        log.warning("backend %r cannot start (%s); falling back to sequential", name, exc)
+    seq = get_backend("sequential")(builds, 1)
+    seq.start(START_TIMEOUT)
+    return seq
+

@@ -1,0 +1,146 @@
+"""The worker protocol: the messages between `EnvPool` and the workers that hold its envs.
+
+The pool (``turnpool/pool/``) decides *what* is computed: groups, seeds, which env gets which
+actions, deadlines, fault recovery and result assembly. A backend (``turnpool/backends/``)
+decides *where*: it places a fixed slice of env ids in each of its workers for the worker's
+whole life and moves one request to a worker and one reply back. Inside every worker an
+`turnpool.pool.host.EnvHost` answers the requests. This module is what all three share, so it
+depends on nothing but the envs: both sides of the wire import it without importing each other.
+
+Wire format (plain tuples; a process backend pickles them once per worker per call):
+
+* request ``(seq, op, payload)``; reply ``(seq, payload, error)`` where ``error`` is ``None``
+  unless the host itself failed (then the pool treats every env in the request as failed).
+* ``op == "reset"``: payload ``[(seed, [env_id, ...]), ...]``: one entry per group slice owned by
+  this worker. The host resets the first env with ``seed`` and copies its state to the others
+  (``get_state`` / ``set_state``), falling back to resetting each with the same seed if the env
+  cannot be copied. Reply payload: one `ResetResult` per env id, in request order.
+* ``op == "step"``: payload ``(env_ids, action_lists)`` (``env_ids`` may be a ``range``). Each
+  env executes its actions in order and stops at the first done. Reply payload
+  ``(results, failed)``: one `TurnResult` per env, in request order, and the indices of the
+  results whose ``error`` is set (so the pool need not scan every result).
+* ``op == "step1"``: the same with one bare action per env instead of a list (the common
+  ``pool.step`` case, which saves building and pickling a list per env).
+* ``op == "restore"``: payload ``[(env_id, seed, [[action, ...], ...]), ...]``: rebuild the env,
+  reset it with ``seed`` and replay its turns with the same stop-at-first-done rule (the pool
+  uses this to bring back the innocent envs of a worker that was killed). Reply payload: one
+  ``error`` (``None`` on success) per env.
+* ``op == "close"``: close every env; no reply is needed.
+
+Backends never look inside payloads, so these formats can evolve without touching them.
+Sequence numbers are chosen by the pool and echoed by the worker; the pool discards any reply
+whose number it is not waiting for (a late reply from a worker it gave up on).
+
+Fault model, as seen by a backend: exceptions inside env code never leave the host (they
+become per-env results with ``error`` set and done=True). A worker that dies, or that the pool
+finds stuck past its deadline, is replaced by ``Backend.restart``; the pool then identifies the
+env that was running from ``Backend.progress``, flags it, and restores the others by
+reset + replay (deterministic envs make this exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from turnpool.envs.base import TextEnv
+from turnpool.envs.registry import make
+
+#: ``(seq, op, payload)``
+Request = tuple[int, str, Any]
+#: ``(seq, payload, error)``
+Reply = tuple[int, Any, "str | None"]
+
+#: Cap on the length of an error text carried in ``info["error"]``.
+MAX_ERROR_CHARS = 300
+#: The start method of process-based backends when the caller names none: safe when the
+#: caller has threads (CUDA, tokenizers), unlike ``fork``.
+DEFAULT_MP_CONTEXT = "spawn"
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend could not start (missing package, start-method failure, worker import error)."""
+
+
+class WorkerLost(RuntimeError):
+    """A worker died (or was declared dead) before replying."""
+
+
+class TurnResult(NamedTuple):
+    """One env's outcome for a (possibly multi-action) turn: THE step result, from the host
+    through every backend to the pool's callers. Read it by field name.
+
+    ``reward_sum`` adds the rewards of the executed actions; execution stops at the first
+    done, so ``n_executed`` may be less than the number of actions sent.
+    """
+
+    obs: str
+    reward_sum: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+    n_executed: int
+    error: str | None
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+class ResetResult(NamedTuple):
+    """One env's outcome for a reset: its first observation and info, or the error."""
+
+    obs: str
+    info: dict[str, Any]
+    error: str | None
+
+
+@dataclass(frozen=True)
+class EnvBuild:
+    """How to build env ``env_id`` in any process: an entry point string and its kwargs.
+
+    The pool resolves registered names to ``"module.path:ClassName"`` before shipping, so envs
+    registered only in the parent still build in spawned workers.
+    """
+
+    env_id: int
+    entry_point: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> TextEnv:
+        return make(self.entry_point, **self.kwargs)
+
+
+def short_error(exc: BaseException) -> str:
+    """``"<ExcType>: message"``, bounded so a huge message cannot bloat replies."""
+    return bounded(f"{type(exc).__name__}: {exc}")
+
+
+def bounded(text: str) -> str:
+    """``text`` cut to `MAX_ERROR_CHARS`."""
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def error_info(reason: str) -> dict[str, Any]:
+    """The info dict of a failed env: the standard keys (so readers never KeyError) + error."""
+    return {"success": False, "action_is_valid": False, "action_is_effective": False,
+            "anchor_obs": "", "terminated": False, "truncated": True, "error": reason}
+
+
+def error_step(reason: str, n_executed: int = 0) -> TurnResult:
+    """A failed env's step result: done (truncated: the episode was cut, not finished), 0 reward."""
+    return TurnResult("", 0.0, False, True, error_info(reason), n_executed, reason)
+
+
+def error_reset(reason: str) -> ResetResult:
+    """A failed env's reset result."""
+    return ResetResult("", error_info(reason), reason)
+
+
+def split_evenly(env_ids: Sequence[int], num_workers: int) -> list[list[int]]:
+    """Contiguous, near-equal slices (groups are contiguous, so most stay in one worker)."""
+    n = len(env_ids)
+    w = max(1, min(num_workers, n)) if n else 1
+    bounds = [round(k * n / w) for k in range(w + 1)]
+    return [list(env_ids[bounds[k]:bounds[k + 1]]) for k in range(w)]
