@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from turnpool.safe_math import evaluate
 
 import turnpool
 from turnpool.envs import datasets
@@ -24,7 +25,6 @@ from turnpool.envs.countdown import (
     score_expression,
     solve,
 )
-from turnpool.safe_math import evaluate
 
 pytestmark = pytest.mark.timeout(120)
 

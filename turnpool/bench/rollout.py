@@ -1,7 +1,7 @@
 """``turnpool bench rollout``: lock-step vs async collection, wall time measured in one run.
 
 Lock-step collection costs L + E per turn (generation, then env steps); async collection
-(`turnpool.collector_async`) overlaps them and should approach max(L, E). Overlap needs two
+(`turnpool.rollout.async_driver`) overlaps them and should approach max(L, E). Overlap needs two
 resources that would otherwise idle in turn: env work that runs in worker processes or
 threads while the policy waits, and enough envs that some are always ready for each side.
 Both cases below are throughput-bound on both sides, the regime the async mode is for.
@@ -15,8 +15,9 @@ Both cases below are throughput-bound on both sides, the regime the async mode i
     then its micro-batch's step) bounds the gain: wall >= turns * (L + its step), so the
     ratio stays above 1 + max_batch * workers / envs at L = E.
 (b) ``openai``: the ``openai`` policy against ``transformers serve --continuous-batching`` on
-    127.0.0.1 with the tiny model built offline (`turnpool.testing`), and the ``sleep`` env
-    on two env threads (an env service with two lanes, which uses no CPU the server needs).
+    127.0.0.1 with the tiny model built offline (`turnpool.policies.tiny_llm`), and the
+    ``sleep`` env on two env threads (an env service with two lanes, which uses no CPU the
+    server needs).
     L is measured with the server; the env latency is then set to ``ratio * L``.
 
 For each row: total L and total E are lock-step's ``timing/policy_s`` and ``timing/env_s``;
@@ -46,10 +47,9 @@ from typing import Any
 
 import click
 
-from turnpool.collector import CollectorSettings, TrajectoryCollector
-from turnpool.collector_async import AsyncSettings
-from turnpool.managers import TagSpec, TurnSettings
 from turnpool.policies.base import Message, Policy, PolicyStats, TurnContext
+from turnpool.rollout.collector import TrajectoryCollector
+from turnpool.rollout.settings import AsyncSettings, CollectorSettings, TagSpec, TurnSettings
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def _turn_settings(max_turn: int, policy_workers: int, max_batch: int | None,
 
 def run_scripted(settings: Settings, progress: Callable[[str], None]) -> list[Row]:
     """Case (a): sleeping scripted policy vs CPU-bound env on the process backend."""
-    from turnpool.policies.scripted import RandomPolicy
+    from turnpool.policies.random import RandomPolicy
     from turnpool.pool import EnvPool
 
     iters = max(1, int(settings.step_ms * _cpu_iters_per_ms()))
@@ -251,7 +251,7 @@ def run_scripted(settings: Settings, progress: Callable[[str], None]) -> list[Ro
 
 @contextlib.contextmanager
 def _served_tiny_model(progress: Callable[[str], None]) -> Iterator[str]:
-    from turnpool.testing import build_tiny_model, transformers_server
+    from turnpool.policies.tiny_llm import build_tiny_model, transformers_server
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="turnpool-bench-") as tmp:
@@ -264,7 +264,7 @@ def _served_tiny_model(progress: Callable[[str], None]) -> Iterator[str]:
 
 def run_openai(settings: Settings, progress: Callable[[str], None]) -> list[Row]:
     """Case (b): the openai policy against transformers serve, env latency on two lanes."""
-    from turnpool.policies.openai_compat import OpenAIPolicy
+    from turnpool.policies.openai import OpenAIPolicy
     from turnpool.pool import EnvPool
 
     n = settings.openai_envs
