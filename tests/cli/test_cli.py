@@ -39,7 +39,7 @@ def test_rollout_writes_summary_json_and_trajectories(tmp_path: Path) -> None:
 
 
 def test_rollout_with_a_config_file_and_progress(tmp_path: Path) -> None:
-    cfg = Path(__file__).resolve().parent.parent / "configs" / "bandit.yaml"
+    cfg = Path(__file__).resolve().parents[2] / "configs" / "bandit.yaml"
     res = CliRunner().invoke(main, ["rollout", "--config", str(cfg),
                                     "es_manager.train.env_groups=2",
                                     "es_manager.train.env_configs.n_groups=[2]"])

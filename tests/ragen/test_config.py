@@ -218,8 +218,8 @@ def test_full_ragen_config_loads_and_unowned_sections_stay_unresolved(
     # a per-task file on top of base (RAGEN's _1_bandit.yaml)
     bandit = load_config(ragen_dir / "_1_bandit.yaml")
     p = rollout_plan(bandit)
-    assert [t.tag for t in p.tags] == ["Bandit"] and p.max_turn == 1
-    assert p.turn.max_actions_per_turn == 1
+    assert [t.tag for t in p.tags] == ["Bandit"] and p.collector.max_turn == 1
+    assert p.collector.turn.max_actions_per_turn == 1
     v = rollout_plan(bandit, "val")
     assert [(t.tag, t.n_groups) for t in v.tags] == [("Bandit", 256), ("BanditTest", 256)]
     assert v.tags[0].env_kwargs == {"lo_arm_name": "Phoenix", "hi_arm_name": "Dragon"}
@@ -338,7 +338,7 @@ def test_ragen_parallel_switches_map_to_backends() -> None:
 
 
 def test_shipped_user_configs_load() -> None:
-    root = Path(__file__).resolve().parent.parent / "configs"
+    root = Path(__file__).resolve().parents[2] / "configs"
     files = sorted(root.glob("*.yaml"))
     assert {f.stem for f in files} >= {"sokoban", "frozen_lake", "bandit", "countdown",
                                        "metamathqa", "webshop", "multi"}

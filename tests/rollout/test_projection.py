@@ -30,11 +30,11 @@ from turnpool.rollout.projection import (
     Projection,
     _find_tagged,
     _find_think_answer,
-    create_projection_function,
     extract_action_text,
     parse_response,
     project_actions,
 )
+from turnpool.rollout.projection import projection_for as create_projection_function
 
 pytestmark = pytest.mark.timeout(120)
 
