@@ -13,7 +13,8 @@ from turnpool.envs.safe_math import evaluate
 from turnpool.policies import TurnContext, make_policy, policy_names
 from turnpool.policies.oracle import OraclePolicy, find_oracle
 from turnpool.policies.random import RandomPolicy
-from turnpool.rollout.projection import create_projection_function, parse_response
+from turnpool.rollout.projection import parse_response
+from turnpool.rollout.projection import projection_for as create_projection_function
 
 pytestmark = pytest.mark.timeout(120)
 
