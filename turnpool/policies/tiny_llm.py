@@ -246,7 +246,7 @@ def build_tiny_model(
             torch.manual_seed(seed)
             threads = torch.get_num_threads()
             # 64-wide matrices gain nothing from intra-op threads, and on a busy machine
-            # spinning OpenMP workers made a step 3-4x slower; restored right after.
+            # spinning OpenMP workers only slow each step down; restored right after.
             torch.set_num_threads(1)
             try:
                 _fine_tune(model, tokenizer, sft_steps, seed)
