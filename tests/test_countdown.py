@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from turnpool.safe_math import evaluate
 
 import turnpool
 from turnpool.envs import datasets
@@ -25,6 +24,7 @@ from turnpool.envs.countdown import (
     score_expression,
     solve,
 )
+from turnpool.safe_math import evaluate
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,10 +6,10 @@ import sys
 import types
 
 import pytest
-from turnpool.compat import MultiProcessEnvironmentContainer
 
 import turnpool
 from turnpool.backends import BackendUnavailable
+from turnpool.compat import MultiProcessEnvironmentContainer
 from turnpool.envs.synthetic import TrivialEnv
 from turnpool.pool import EnvError, EnvGroupSpec, EnvPool, TurnResult
 
