@@ -17,7 +17,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama chat model + byte-level BPE tokenizer, built offline and briefly fine-tuned
     so that greedy replies are ``<think>push box</think><answer>Up</answer>``."""
-    from turnpool.testing import build_tiny_model
+    from turnpool.policies.tiny_llm import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), sft_steps=100, seed=0)
 

@@ -23,7 +23,7 @@ from turnpool.envs.countdown import (
     score_expression,
     solve,
 )
-from turnpool.safe_math import evaluate
+from turnpool.envs.safe_math import evaluate
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,9 +9,9 @@ import pytest
 
 import turnpool
 from turnpool.backends import BackendUnavailable
-from turnpool.compat import MultiProcessEnvironmentContainer
 from turnpool.envs.synthetic import TrivialEnv
 from turnpool.pool import EnvError, EnvGroupSpec, EnvPool, TurnResult
+from turnpool.ragen.container import MultiProcessEnvironmentContainer
 
 pytestmark = pytest.mark.timeout(60)
 

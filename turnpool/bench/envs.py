@@ -19,12 +19,9 @@ Two tables:
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
-import platform
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -35,6 +32,14 @@ from typing import Any
 
 import click
 import numpy as np
+
+from turnpool.bench.harness import (
+    json_option,
+    machine_info,
+    measure_and_print,
+    start,
+    write_outputs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -257,9 +262,8 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] = lambda s
         progress(f"room generation {case}")
         gen_rows.append(measure_generation(case, boxes, settings, gym))
     report: dict[str, Any] = {
-        "machine": {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-                    "platform": platform.platform(), "numpy": np.__version__,
-                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "machine": machine_info(numpy=np.__version__, load_average_before=load_before,
+                                load_average_after=os.getloadavg()),
         "settings": asdict(settings),
         "envs": [asdict(r) for r in env_rows],
         "generation": [asdict(r) for r in gen_rows],
@@ -326,8 +330,7 @@ def render(report: dict[str, Any]) -> list[Any]:
 
 
 @click.command(name="envs")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the report (env rows, generation rows, goals) as JSON.")
+@json_option("Write the report (env rows, generation rows, goals) as JSON.")
 @click.option("--resets", type=click.IntRange(min=1), default=Settings.resets,
               show_default=True, help="Seeded resets per env.")
 @click.option("--steps", type=click.IntRange(min=1), default=Settings.steps,
@@ -336,22 +339,12 @@ def render(report: dict[str, Any]) -> list[Any]:
               show_default=True, help="Rooms per generator and case in the Sokoban comparison.")
 def command(json_path: Path | None, resets: int, steps: int, rooms: int) -> None:
     """Reset/step time of every built-in env; Sokoban generation vs gym_sokoban."""
-    from rich.console import Console
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    console = Console()
+    console = start()
     settings = Settings(resets=resets, steps=steps, rooms=rooms)
-    with console.status("measuring...") as status:
-        report = run_benchmark(settings, progress=lambda s: status.update(f"measuring {s}"))
-    for item in render(report):
-        console.print(item)
+    report = measure_and_print(console, lambda progress: run_benchmark(settings, progress),
+                               render)
     console.print(f"elapsed {report['elapsed_s']:.1f} s")
-    if json_path:
-        json_path.write_text(json.dumps(report, indent=2))
-        console.print(f"wrote {json_path}")
+    write_outputs(console, report, json_path)
 
 
 __all__ = ["Settings", "command", "measure_env", "measure_generation", "run_benchmark"]
-
-if __name__ == "__main__":
-    command()

@@ -28,12 +28,10 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -41,6 +39,15 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from turnpool.bench.harness import (
+    json_option,
+    machine_info,
+    measure_and_print,
+    plot_option,
+    start,
+    write_outputs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -430,8 +437,7 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] | None = N
     if ray_started_here:
         _ray_shutdown()
     report = {
-        "machine": {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-                    "platform": platform.platform(), "processor": platform.processor()},
+        "machine": machine_info(processor=platform.processor()),
         "settings": asdict(settings),
         "env_kwargs": {c.name: c.kwargs for c in cases},
         "rows": [{**asdict(r), "us_per_env_step": r.us_per_env_step} for r in rows],
@@ -682,10 +688,8 @@ def _csv(kind: type, choices: Sequence[Any] | None = None) -> Callable[..., Any]
 
 
 @click.command(name="pool")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the full report (rows, summary, goals) as JSON.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Save a PNG of throughput vs N per backend.")
+@json_option("Write the full report (rows, summary, goals) as JSON.")
+@plot_option("Save a PNG of throughput vs N per backend.")
 @click.option("--quick", is_flag=True,
               help="Smoke run: N=8 only, a few ms per configuration.")
 @click.option("--backends", callback=_csv(str, ALL_BACKENDS),
@@ -716,9 +720,7 @@ def command(json_path: Path | None, plot_path: Path | None, quick: bool,
             min_time: float | None, repeats: int | None, retries: int | None,
             max_other_load: float, wait_quiet: float, no_gym: bool, gym_max_n: int) -> None:
     """Every pool backend at N = 8, 64, 256 on trivial / cpu / sleep / sokoban envs."""
-    from rich.console import Console
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = start()
     settings = Settings(workers=workers, mp_context=mp_context, gym=not no_gym,
                         gym_max_n=gym_max_n, quick=quick, max_other_load=max_other_load,
                         wait_quiet_s=wait_quiet)
@@ -732,21 +734,10 @@ def command(json_path: Path | None, plot_path: Path | None, quick: bool,
     settings.min_time_s = min_time if min_time is not None else settings.min_time_s
     settings.repeats = repeats if repeats is not None else settings.repeats
 
-    console = Console(stderr=False)
-    with console.status("measuring...") as status:
-        report = run_benchmark(settings, progress=lambda s: status.update(f"measuring {s}"))
-    for item in render(report):
-        console.print(item)
+    report = measure_and_print(console, lambda progress: run_benchmark(settings, progress),
+                               render)
     console.print(f"elapsed {report['elapsed_s']:.0f} s")
-    if json_path:
-        json_path.write_text(json.dumps(report, indent=2, default=str))
-        console.print(f"wrote {json_path}")
-    if plot_path:
-        plot(report, plot_path)
-        console.print(f"wrote {plot_path}")
+    write_outputs(console, report, json_path, plot_path, plot)
 
 
 __all__ = ["Row", "Settings", "command", "run_benchmark", "summarize"]
-
-if __name__ == "__main__":
-    command()

@@ -1,7 +1,7 @@
 """``turnpool bench rollout``: lock-step vs async collection, wall time measured in one run.
 
 Lock-step collection costs L + E per turn (generation, then env steps); async collection
-(`turnpool.collector_async`) overlaps them and should approach max(L, E). Overlap needs two
+(`turnpool.rollout.async_driver`) overlaps them and should approach max(L, E). Overlap needs two
 resources that would otherwise idle in turn: env work that runs in worker processes or
 threads while the policy waits, and enough envs that some are always ready for each side.
 Both cases below are throughput-bound on both sides, the regime the async mode is for.
@@ -15,8 +15,9 @@ Both cases below are throughput-bound on both sides, the regime the async mode i
     then its micro-batch's step) bounds the gain: wall >= turns * (L + its step), so the
     ratio stays above 1 + max_batch * workers / envs at L = E.
 (b) ``openai``: the ``openai`` policy against ``transformers serve --continuous-batching`` on
-    127.0.0.1 with the tiny model built offline (`turnpool.testing`), and the ``sleep`` env
-    on two env threads (an env service with two lanes, which uses no CPU the server needs).
+    127.0.0.1 with the tiny model built offline (`turnpool.policies.tiny_llm`), and the
+    ``sleep`` env on two env threads (an env service with two lanes, which uses no CPU the
+    server needs).
     L is measured with the server; the env latency is then set to ``ratio * L``.
 
 For each row: total L and total E are lock-step's ``timing/policy_s`` and ``timing/env_s``;
@@ -32,10 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
-import platform
 import tempfile
 import threading
 import time
@@ -46,10 +45,17 @@ from typing import Any
 
 import click
 
-from turnpool.collector import CollectorSettings, TrajectoryCollector
-from turnpool.collector_async import AsyncSettings
-from turnpool.managers import TagSpec, TurnSettings
+from turnpool.bench.harness import (
+    json_option,
+    machine_info,
+    measure_and_print,
+    plot_option,
+    start,
+    write_outputs,
+)
 from turnpool.policies.base import Message, Policy, PolicyStats, TurnContext
+from turnpool.rollout.collector import TrajectoryCollector
+from turnpool.rollout.settings import AsyncSettings, CollectorSettings, TagSpec, TurnSettings
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +216,7 @@ def _turn_settings(max_turn: int, policy_workers: int, max_batch: int | None,
 
 def run_scripted(settings: Settings, progress: Callable[[str], None]) -> list[Row]:
     """Case (a): sleeping scripted policy vs CPU-bound env on the process backend."""
-    from turnpool.policies.scripted import RandomPolicy
+    from turnpool.policies.random import RandomPolicy
     from turnpool.pool import EnvPool
 
     iters = max(1, int(settings.step_ms * _cpu_iters_per_ms()))
@@ -251,7 +257,7 @@ def run_scripted(settings: Settings, progress: Callable[[str], None]) -> list[Ro
 
 @contextlib.contextmanager
 def _served_tiny_model(progress: Callable[[str], None]) -> Iterator[str]:
-    from turnpool.testing import build_tiny_model, transformers_server
+    from turnpool.policies.tiny_llm import build_tiny_model, transformers_server
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="turnpool-bench-") as tmp:
@@ -264,7 +270,7 @@ def _served_tiny_model(progress: Callable[[str], None]) -> Iterator[str]:
 
 def run_openai(settings: Settings, progress: Callable[[str], None]) -> list[Row]:
     """Case (b): the openai policy against transformers serve, env latency on two lanes."""
-    from turnpool.policies.openai_compat import OpenAIPolicy
+    from turnpool.policies.openai import OpenAIPolicy
     from turnpool.pool import EnvPool
 
     n = settings.openai_envs
@@ -314,9 +320,8 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] = lambda s
     if settings.openai:
         rows += run_openai(settings, progress)
     return {
-        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform(),
-                    "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "machine": machine_info(
+            load_avg=list(os.getloadavg()) if hasattr(os, "getloadavg") else None),
         "settings": asdict(settings),
         "goal": f"async wall <= {GOAL} x max(total L, total E)",
         "rows": [asdict(r) for r in rows],
@@ -384,10 +389,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 # ------------------------------------------------------------------ CLI
 @click.command(name="rollout")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the full report as JSON.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Save a PNG of the wall times.")
+@json_option("Write the full report as JSON.")
+@plot_option("Save a PNG of the wall times.")
 @click.option("--quick", is_flag=True, help="Small sizes: a smoke run of a few seconds.")
 @click.option("--scripted/--no-scripted", default=True,
               help="Run case (a), the scripted policy (default: on).")
@@ -410,9 +413,7 @@ def command(json_path: Path | None, plot_path: Path | None, quick: bool, scripte
             workers: int | None, max_batch: int | None, policy_workers: int | None,
             repeats: int | None) -> None:
     """Lock-step vs async wall time for L/E = 0.5, 1, 2 (scripted and openai policies)."""
-    from rich.console import Console
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = start(width=132)
     settings = Settings(scripted=scripted, openai=openai, workers=workers, quick=quick)
     if quick:
         settings.ratios, settings.envs, settings.turns, settings.step_ms = (1.0,), 8, 3, 1.0
@@ -424,23 +425,9 @@ def command(json_path: Path | None, plot_path: Path | None, quick: bool, scripte
     settings.max_batch = max_batch or settings.max_batch
     settings.policy_workers = policy_workers or settings.policy_workers
     settings.repeats = repeats or settings.repeats
-    console = Console()
-    if not console.is_terminal:  # a log or a pipe: keep every column readable
-        console = Console(width=132)
-    with console.status("measuring...") as status:
-        report = run_benchmark(settings, progress=lambda s: status.update(s))
-    for item in render(report):
-        console.print(item)
-    if json_path:
-        json_path.write_text(json.dumps(report, indent=2, default=str) + "\n",
-                             encoding="utf-8")
-        console.print(f"wrote {json_path}")
-    if plot_path:
-        plot(report, plot_path)
-        console.print(f"wrote {plot_path}")
+    report = measure_and_print(console, lambda progress: run_benchmark(settings, progress),
+                               render)
+    write_outputs(console, report, json_path, plot_path, plot)
 
 
 __all__ = ["Row", "Settings", "SleepPolicy", "command", "run_benchmark"]
-
-if __name__ == "__main__":
-    command()

@@ -17,7 +17,6 @@ and shop compete for the same cores; the numbers say how much each used.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -30,6 +29,8 @@ from typing import Any
 
 import click
 import numpy as np
+
+from turnpool.bench.harness import json_option, measure_and_print, start, write_outputs
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,8 @@ def run(n_envs: int = 64, steps: int = 20, group_n: int = 4, threads: int | None
             "python": platform.python_version(), "machine": platform.machine(), "rows": rows}
 
 
-def _print(report: dict[str, Any]) -> None:
-    from rich.console import Console
+def render(report: dict[str, Any]) -> list[Any]:
+    """The report as a table and its legend."""
     from rich.table import Table
 
     table = Table(title=f"webshop: {report['envs']} envs (groups of {report['group_n']}), "
@@ -179,11 +180,9 @@ def _print(report: dict[str, Any]) -> None:
                       f"{r['steps_per_s']:.0f}", f"{r['ms_per_pool_step']:.1f}",
                       f"{speed:.2f}" if speed else "-", f"{r['shop_cores']:.2f}",
                       f"{r['client_cores']:.2f}")
-    console = Console()
-    console.print(table)
-    console.print("ms/step: one pool step of all envs; x seq: speedup over sequential at the "
-                  "same latency; shop/client cpu: cores used (CPU seconds per wall second) by "
-                  "the shop process and by this process with its workers.")
+    return [table, "ms/step: one pool step of all envs; x seq: speedup over sequential at the "
+                   "same latency; shop/client cpu: cores used (CPU seconds per wall second) by "
+                   "the shop process and by this process with its workers."]
 
 
 @click.command("webshop")
@@ -198,8 +197,7 @@ def _print(report: dict[str, Any]) -> None:
                    "(0 = the shop on this machine; 2 = a shop across a network). One shop "
                    "process per value.")
 @click.option("--backends", default=",".join(BACKENDS), show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Also write the report as JSON here.")
+@json_option("Also write the report as JSON here.")
 def command(n_envs: int, steps: int, group_n: int, threads: int | None,
             processes: int | None, latency: str, backends: str,
             json_path: Path | None) -> None:
@@ -210,7 +208,8 @@ def command(n_envs: int, steps: int, group_n: int, threads: int | None,
     except ValueError as exc:
         raise click.BadParameter(f"--latency-ms must be numbers separated by commas: {exc}") \
             from exc
-    report = run(n_envs, steps, group_n, threads, processes, latencies, chosen)
-    _print(report)
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=2))
+    console = start()
+    report = measure_and_print(
+        console, lambda progress: run(n_envs, steps, group_n, threads, processes, latencies,
+                                      chosen), render)
+    write_outputs(console, report, json_path)

@@ -7,7 +7,7 @@ but has another value, 0 otherwise. The episode ends after one step.
 
 Differences from RAGEN, on purpose:
 
-* the expression is checked by :mod:`turnpool.safe_math` (parsed, whitelisted, exact
+* the expression is checked by :mod:`turnpool.envs.safe_math` (parsed, whitelisted, exact
   fractions, bounded), never by ``eval``; an expression that does not parse, divides by zero
   or blows up is ``action_is_valid=False`` with reward 0, even when its digits match;
 * puzzles are kept when they have a solution with any of + − × ÷ (RAGEN's filter only tried
@@ -41,7 +41,7 @@ from typing import Any, Union
 
 from turnpool.envs import datasets
 from turnpool.envs.base import TextEnv
-from turnpool.safe_math import MAX_CHARS, evaluate
+from turnpool.envs.safe_math import MAX_CHARS, evaluate
 
 logger = logging.getLogger(__name__)
 

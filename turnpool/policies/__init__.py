@@ -4,12 +4,15 @@
 Each kind lives in its own module and is imported only when asked for, so the core install
 never imports torch, transformers or openai.
 
-| name     | module          | what it is                                                  |
-|----------|-----------------|-------------------------------------------------------------|
-| random   | scripted        | well-formed random answers, ``invalid_rate`` malformed ones |
-| oracle   | scripted        | the env oracles, with ``epsilon`` noise                     |
-| openai   | openai_compat   | any OpenAI-compatible chat endpoint (vLLM, SGLang, ...)     |
-| hf       | hf_local        | a local transformers model, batched, thread-safe            |
+| name     | module  | what it is                                                  |
+|----------|---------|-------------------------------------------------------------|
+| random   | random  | well-formed random answers, ``invalid_rate`` malformed ones |
+| oracle   | oracle  | the env oracles, with ``epsilon`` noise                     |
+| openai   | openai  | any OpenAI-compatible chat endpoint (vLLM, SGLang, ...)     |
+| hf       | hf      | a local transformers model, batched, thread-safe            |
+
+Adding a policy is one module with a class taking keyword options and one ``_KINDS`` line.
+`turnpool.policies.tiny_llm` builds (and serves) a tiny offline chat model for the LLM paths.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from typing import Any
 from turnpool.policies.base import Message, Policy, PolicyStats, TurnContext
 
 _KINDS: dict[str, str] = {
-    "random": "turnpool.policies.scripted:RandomPolicy",
-    "oracle": "turnpool.policies.scripted:OraclePolicy",
-    "openai": "turnpool.policies.openai_compat:OpenAIPolicy",
-    "hf": "turnpool.policies.hf_local:HFPolicy",
+    "random": "turnpool.policies.random:RandomPolicy",
+    "oracle": "turnpool.policies.oracle:OraclePolicy",
+    "openai": "turnpool.policies.openai:OpenAIPolicy",
+    "hf": "turnpool.policies.hf:HFPolicy",
 }
 
 logger = logging.getLogger(__name__)

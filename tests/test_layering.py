@@ -1,0 +1,201 @@
+"""The package's import graph: no cycles, and every import goes with the layering.
+
+The graph is read with ``ast`` from the source (imports inside functions count, so a lazy
+import cannot hide a dependency). Importing ``a.b.c`` also imports the packages ``a`` and
+``a.b``, so those edges count too. Layers, bottom up::
+
+    webshop (the shop)  <-  envs  <-  pool (protocol, host)  <-  backends
+    backends (registry, protocol)  <-  pool (api, dispatch, replay)
+    envs, pool, policies  <-  rollout  <-  ragen  <-  cli
+
+``turnpool/__init__.py`` names its public objects as strings (imported on first use), so it
+adds no edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import turnpool
+
+ROOT = Path(turnpool.__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    is_package = MODULES[module].name == "__init__.py"
+    base = module.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _targets(module: str) -> Iterator[str]:
+    """Every turnpool module that importing ``module`` imports directly."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, node)
+            # `from pkg import name` imports pkg.name when that is a module.
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                     for a in node.names]
+        for name in names:
+            if not name.startswith("turnpool"):
+                continue
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            parts = name.split(".")
+            for k in range(1, len(parts) + 1):  # parent packages are imported first
+                yield ".".join(parts[:k])
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module in MODULES:
+        own = module.split(".")
+        parents = {".".join(own[:k]) for k in range(1, len(own))}
+        graph[module] = {t for t in _targets(module) if t != module and t not in parents}
+    return graph
+
+
+GRAPH = _graph()
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def _in(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_graph_is_read() -> None:
+    """The reader sees the package: the core modules and their best-known edges."""
+    for name in ("turnpool.envs.base", "turnpool.pool.api", "turnpool.backends.base",
+                 "turnpool.rollout.collector", "turnpool.ragen.config"):
+        assert name in MODULES, name
+    assert "turnpool.envs.base" in GRAPH["turnpool.envs.registry"]
+    assert "turnpool.pool.protocol" in GRAPH["turnpool.pool.host"]
+
+
+def test_no_import_cycles() -> None:
+    assert _cycle(GRAPH) is None, " -> ".join(_cycle(GRAPH) or [])
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    """The checker itself fails on a cycle (guards against a checker that sees nothing)."""
+    graph = {k: set(v) for k, v in GRAPH.items()}
+    graph["turnpool.envs.base"].add("turnpool.pool.api")
+    assert _cycle(graph) is not None
+
+
+#: module (prefix) -> what it may import: ``"a.b"`` is that module (or package) only,
+#: ``"a.b.*"`` is it and everything below it. The first matching rule wins.
+ALLOWED: list[tuple[str, tuple[str, ...]]] = [
+    ("turnpool.webshop", ("turnpool.webshop.*",)),  # the shop the WebShop env talks to
+    ("turnpool.envs", ("turnpool.envs.*", "turnpool.webshop.*")),
+    ("turnpool.pool.protocol", ("turnpool.envs.*", "turnpool.pool", "turnpool.pool.protocol")),
+    ("turnpool.pool.host", ("turnpool.envs.*", "turnpool.pool", "turnpool.pool.protocol")),
+    ("turnpool.backends", ("turnpool.envs.*", "turnpool.backends.*", "turnpool.pool",
+                           "turnpool.pool.protocol", "turnpool.pool.host")),
+    ("turnpool.pool", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.backends",
+                       "turnpool.backends.base")),
+    ("turnpool.policies", ("turnpool.envs.*", "turnpool.policies.*")),
+    ("turnpool.rollout.settings", ()),
+    ("turnpool.rollout", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.policies.*",
+                          "turnpool.rollout.*")),
+]
+
+
+def _allows(allowed: tuple[str, ...], target: str) -> bool:
+    for rule in allowed:
+        if rule.endswith(".*") and _in(target, rule[:-2]):
+            return True
+        if target == rule:
+            return True
+    return False
+
+
+def _rule(module: str) -> tuple[str, ...] | None:
+    for prefix, allowed in ALLOWED:
+        if _in(module, prefix):
+            return allowed
+    return None
+
+
+def test_rules_reject_what_they_should() -> None:
+    assert not _allows(_rule("turnpool.backends.process") or (), "turnpool.pool.api")
+    assert not _allows(_rule("turnpool.pool.api") or (), "turnpool.backends.process")
+    assert not _allows(_rule("turnpool.envs.sokoban") or (), "turnpool.pool")
+    assert _allows(_rule("turnpool.pool.api") or (), "turnpool.backends")
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_follow_the_layers(module: str) -> None:
+    targets = GRAPH[module] - {"turnpool"}
+    allowed = _rule(module)
+    if allowed is not None:
+        wrong = sorted(t for t in targets if not _allows(allowed, t))
+        assert not wrong, f"{module} imports {wrong} against the layering"
+    if not _in(module, "turnpool.ragen", "turnpool.cli"):
+        wrong = sorted(t for t in targets if _in(t, "turnpool.ragen"))
+        assert not wrong, f"{module} imports the RAGEN facades {wrong}; only ragen/, cli/ may"
+
+
+def test_pool_core_reaches_backends_only_through_the_registry() -> None:
+    for module in MODULES:
+        if _in(module, "turnpool.pool") and not _in(module, "turnpool.pool.protocol",
+                                                     "turnpool.pool.host"):
+            concrete = [t for t in GRAPH[module] if _in(t, "turnpool.backends")
+                        and t not in ("turnpool.backends", "turnpool.backends.base")]
+            assert not concrete, f"{module} imports concrete backends {concrete}"
+
+
+def test_rollout_never_imports_a_backend() -> None:
+    for module in MODULES:
+        if _in(module, "turnpool.rollout"):
+            assert not any(_in(t, "turnpool.backends") for t in GRAPH[module]), module

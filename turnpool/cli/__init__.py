@@ -1,0 +1,49 @@
+"""The ``turnpool`` command line.
+
+One module per command in this package, each imported only when used, so ``turnpool envs``
+does not pay for ray or transformers:
+
+    turnpool rollout [--config F] [key=value ...] [--json F] [--out trajectories.jsonl]
+    turnpool envs
+    turnpool bench envs|pool|rollout|webshop [--json F]
+    turnpool webshop serve
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# command name -> "module:attribute" of a click.Command
+_COMMANDS: dict[str, str] = {
+    "rollout": "turnpool.cli.rollout:rollout",
+    "envs": "turnpool.cli.envs:envs",
+    "bench": "turnpool.cli.bench:bench",
+    "webshop": "turnpool.cli.webshop:webshop",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose sub-commands are imported on first use."""
+
+    def __init__(self, *args: object, lazy: dict[str, str], **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self._lazy, *super().list_commands(ctx)})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = self._lazy.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module, _, attr = target.partition(":")
+        cmd = getattr(importlib.import_module(module), attr)
+        assert isinstance(cmd, click.Command)
+        return cmd
+
+
+@click.group(cls=LazyGroup, lazy=_COMMANDS)
+def main() -> None:
+    """turnpool: parallel text environments for multi-turn LLM-agent RL."""

@@ -1,0 +1,20 @@
+"""``turnpool bench envs|pool|rollout|webshop``: each benchmark is imported only when run."""
+
+from __future__ import annotations
+
+import click
+
+from turnpool.cli import LazyGroup
+
+# bench name -> "module:attribute" of a click.Command
+_BENCHES: dict[str, str] = {
+    "envs": "turnpool.bench.envs:command",
+    "pool": "turnpool.bench.pool:command",
+    "rollout": "turnpool.bench.rollout:command",
+    "webshop": "turnpool.bench.webshop:command",
+}
+
+
+@click.group(cls=LazyGroup, lazy=_BENCHES)
+def bench() -> None:
+    """Benchmarks: every number is measured side by side in one run."""

@@ -1,0 +1,101 @@
+"""``turnpool envs``: the registered envs (entry point, actions, defaults) and the packaged
+RAGEN task tags, as tables or JSON.
+
+    turnpool envs --json envs.json
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from turnpool.envs.registry import registered, resolve
+from turnpool.ragen.config import PACKAGED_DIR
+from turnpool.rollout.prompts import describe_env
+
+log = logging.getLogger(__name__)
+
+
+def env_rows() -> list[dict[str, Any]]:
+    """One row per registered env: entry point, actions, default keyword arguments."""
+    rows = []
+    for name, spec in sorted(registered().items()):
+        row: dict[str, Any] = {"name": name, "entry_point": spec.entry_point}
+        try:
+            cls, defaults = resolve(name)
+        except Exception as exc:  # noqa: BLE001 - an optional env may fail to import any way
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            rows.append(row)
+            continue
+        kwargs = {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+                  if p.default is not inspect.Parameter.empty}
+        kwargs.update(defaults)
+        try:
+            desc = describe_env(name)
+            lookup = desc.action_lookup
+            row["actions"] = ([lookup[k] for k in sorted(lookup)] if lookup
+                              else list(desc.episode_action_names or []) or None)
+        except Exception as exc:  # noqa: BLE001 - a user env may fail to build any way
+            row["actions"] = None
+            log.debug("cannot describe %s: %s", name, exc)
+        row["defaults"] = {k: _plain(v) for k, v in kwargs.items()}
+        row["doc"] = (inspect.getdoc(cls) or "").splitlines()[0] if inspect.getdoc(cls) else ""
+        rows.append(row)
+    return rows
+
+
+def tag_rows() -> list[dict[str, Any]]:
+    """RAGEN task tags shipped in the packaged ``envs.yaml``."""
+    custom = OmegaConf.to_container(OmegaConf.load(PACKAGED_DIR / "envs.yaml").custom_envs)
+    assert isinstance(custom, dict)
+    return [{"tag": tag, "env_type": c.get("env_type"),
+             "max_actions_per_traj": c.get("max_actions_per_traj"),
+             "env_config": c.get("env_config") or {}} for tag, c in custom.items()]
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return repr(v)
+
+
+@click.command()
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Write the tables as JSON.")
+def envs(json_path: str | None) -> None:
+    """List registered envs (with their defaults) and the packaged RAGEN task tags."""
+    rows, tags = env_rows(), tag_rows()
+    console = Console()
+    table = Table(title="registered envs")
+    for col in ("name", "actions", "defaults", "about"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        if "error" in r:
+            table.add_row(r["name"], "-", f"unavailable: {r['error']}", r["entry_point"])
+            continue
+        defaults = ", ".join(f"{k}={v!r}" for k, v in r["defaults"].items())
+        actions = ", ".join(r["actions"]) if r["actions"] else "free text"
+        table.add_row(r["name"], actions, defaults, r["doc"])
+    console.print(table)
+    ttable = Table(title="config tags (custom_envs in the packaged envs.yaml)")
+    for col in ("tag", "env_type", "max_actions_per_traj", "env_config"):
+        ttable.add_column(col, overflow="fold")
+    for t in tags:
+        ttable.add_row(t["tag"], str(t["env_type"]), str(t["max_actions_per_traj"]),
+                       json.dumps(t["env_config"], ensure_ascii=False))
+    console.print(ttable)
+    if json_path:
+        Path(json_path).write_text(json.dumps({"envs": rows, "tags": tags}, indent=2,
+                                              ensure_ascii=False) + "\n", encoding="utf-8")

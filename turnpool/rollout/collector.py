@@ -1,0 +1,381 @@
+"""TrajectoryCollector: the multi-turn loop between a policy and an EnvPool.
+
+Each turn, the envs still running get one batched ``policy.generate`` call; their replies are
+parsed into actions (`turnpool.rollout.episode.plan_turn`) and executed by ``pool.step_turns``
+(one message per worker), and the results are recorded (`turnpool.rollout.episode.apply_turn`).
+Finished
+envs are neither generated for nor stepped. The loop ends after ``max_turn`` turns or when
+every env is done. With ``collector_mode="async"`` (config ``turnpool.collector.mode``) the
+same turn logic runs per env, overlapping generation with env steps
+(`turnpool.rollout.async_driver`).
+
+Sampling:
+
+* vanilla: one batch (one reset of the pool) is the result;
+* dynamic (``algorithm.filter_groups.enable``, DAPO / dynamic GiGPO): batches are drawn with
+  fresh seeds and groups whose episode rewards are all equal are dropped, until exactly
+  ``target_groups`` groups are kept. Surplus groups of the last batch are discarded, so the
+  result never overshoots. When ``max_num_gen_batches`` batches are spent first,
+  ``on_budget_exhausted`` decides: ``raise`` (`BudgetExhausted`), ``keep_all`` (fill the batch
+  with dropped groups, oldest first) or ``return_short``. Counts are in the metrics.
+
+Scores follow RAGEN (see `turnpool.rollout.scoring`); the group filter reads the unpenalized,
+unnormalized sums. GiGPO step groups: every turn gets ``step_group_uid``, equal for turns of
+one group whose ``anchor_obs`` are equal.
+
+Seeds follow `turnpool.rollout.episode.SeedSchedule` (``seed_base``, ``mode``); each
+trajectory records the seed the pool gave its env.
+
+Example:
+    >>> from turnpool.policies import make_policy
+    >>> from turnpool.pool import EnvPool
+    >>> from turnpool.rollout.collector import TrajectoryCollector
+    >>> from turnpool.rollout.settings import CollectorSettings
+    >>> pool = EnvPool("bandit", env_num=2, group_n=2, backend="sequential")
+    >>> with TrajectoryCollector(pool, make_policy({"name": "oracle"}),
+    ...                          settings=CollectorSettings(max_turn=2), owns_pool=True) as col:
+    ...     batch = col.collect()
+    >>> len(batch.trajectories), sorted(batch.metrics)[:1]
+    (4, ['bandit/errors'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from turnpool.policies import make_policy
+from turnpool.policies.base import Policy
+from turnpool.pool import EnvGroupSpec, EnvPool
+from turnpool.rollout.async_driver import play_async
+from turnpool.rollout.episode import (
+    EpisodeState,
+    SeedSchedule,
+    TurnRunner,
+    start_episodes,
+    step_plans,
+)
+from turnpool.rollout.prompts import build_messages, env_prompts
+from turnpool.rollout.scoring import compute_scores
+from turnpool.rollout.settings import CollectorSettings, RolloutPlan, TagSpec
+from turnpool.rollout.trajectory import Trajectory, write_jsonl
+
+log = logging.getLogger(__name__)
+
+
+class BudgetExhausted(RuntimeError):
+    """Dynamic sampling spent ``max_num_gen_batches`` before enough groups had varied rewards."""
+
+    def __init__(self, kept: int, target: int, batches: int) -> None:
+        self.kept, self.target, self.batches = kept, target, batches
+        super().__init__(f"dynamic sampling kept {kept} of {target} groups after {batches} "
+                         f"generation batches (algorithm.filter_groups.max_num_gen_batches); "
+                         f"set turnpool.collector.on_budget_exhausted to keep_all or "
+                         f"return_short to accept fewer varied groups")
+
+
+@dataclass
+class RolloutBatch:
+    """What `TrajectoryCollector.collect` returns: trajectories (group members adjacent) and
+    metrics (per tag ``{tag}/success``, ``{tag}/pass@{k}``, ...; ``timing/...``;
+    ``dynamic/...``)."""
+
+    trajectories: list[Trajectory]
+    metrics: dict[str, float]
+
+    def to_jsonl(self, dest: str | Path | IO[str]) -> int:
+        """Write the trajectories as canonical JSONL; returns the number of lines."""
+        return write_jsonl(self.trajectories, dest)
+
+
+@dataclass
+class _Clock:
+    env_s: float = 0.0
+    reset_s: float = 0.0
+    policy_s: float = 0.0
+    turn_s: float = 0.0
+    overlap_s: float = 0.0
+    turns: int = 0
+    env_steps: int = 0
+    batches: int = 0
+
+
+class TrajectoryCollector:
+    """Runs ``policy`` against ``pool`` and returns scored trajectories.
+
+    ``tags`` describe the pool's blocks in order (env type, kwargs, action budget, prompt
+    texts); without them, they are read from the pool's own specs with defaults.
+    """
+
+    def __init__(self, pool: EnvPool, policy: Policy, tags: Sequence[TagSpec] | None = None,
+                 settings: CollectorSettings | None = None, *, owns_pool: bool = False,
+                 owns_policy: bool = False) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.settings = s = settings or CollectorSettings()
+        self._owns_pool, self._owns_policy = owns_pool, owns_policy
+        self._closed = False
+        self.tags = list(tags) if tags is not None else _tags_from_pool(pool)
+        self.group_size = int(pool.group_n)
+        self.n_groups = int(pool.n_groups)
+        self._prompt_of = env_prompts(self.tags, pool.tags, s.turn)
+        self.seeds = SeedSchedule(s.seed_base, self.n_groups, s.mode)
+        self.turns = TurnRunner(policy, s.turn)
+        self._clock = _Clock()
+        self.on_turn: Callable[[int, int, int], None] | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_plan(cls, plan: RolloutPlan, policy: Policy | None = None) -> TrajectoryCollector:
+        """Build pool, policy (unless given) and collector from a `RolloutPlan`. The
+        collector owns and closes what it built."""
+        pool = build_pool(plan.tags, plan.group_size, plan.pool,
+                          seed=plan.collector.seed_base or 0)
+        try:
+            pol = make_policy(plan.policy) if policy is None else policy
+            return cls(pool, pol, plan.tags, plan.collector, owns_pool=True,
+                       owns_policy=policy is None)
+        except Exception:
+            pool.close()
+            raise
+
+    # ------------------------------------------------------------------ public API
+    def collect(self, seed: int | None = None) -> RolloutBatch:
+        """One rollout batch: vanilla, or dynamic sampling when ``filter_groups`` is on."""
+        self._clock = _Clock()
+        s = self.settings
+        if s.filter_groups:
+            groups, dyn = self._dynamic(seed)
+        else:
+            groups, dyn = self._groups_of(self._run_batch(self.seeds.next(seed), 0)), {}
+        trajectories = [t for g in groups for t in g]
+        self._score(trajectories)
+        metrics = self._metrics(trajectories)
+        metrics.update(dyn)
+        return RolloutBatch(trajectories, metrics)
+
+    def close(self) -> None:
+        """Close what the collector built (pool, policy). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._owns_pool:
+                self.pool.close()
+        finally:
+            if self._owns_policy:
+                self.policy.close()
+
+    def __enter__(self) -> TrajectoryCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the loop
+    def _run_batch(self, seed: int, gen_batch: int) -> list[EpisodeState]:
+        """Reset the pool and play up to ``max_turn`` turns."""
+        t0 = time.perf_counter()
+        obs, infos = self.pool.reset(seed=seed)
+        self._clock.reset_s += time.perf_counter() - t0
+        self._clock.batches += 1
+        eps = start_episodes(self.pool, self._prompt_of, obs, infos)
+        for ep in eps:
+            ep.gen_batch = gen_batch
+        if self.settings.collector_mode == "async":
+            self._play_async(eps, gen_batch)
+        else:
+            for turn in range(self.settings.max_turn):
+                active = [ep for ep in eps if not ep.done]
+                if not active:
+                    break
+                self.play_turn(active)
+                if self.on_turn is not None:
+                    self.on_turn(gen_batch, turn, len(active))
+        self._clock.env_steps += sum(ep.num_actions for ep in eps)
+        return eps
+
+    def play_turn(self, active: Sequence[EpisodeState]) -> None:
+        """One turn for ``active`` envs: generate, plan, step, record."""
+        start = time.perf_counter()
+        messages, contexts = self.turns.prompts(active)
+        t0 = time.perf_counter()
+        replies = self.turns.generate(messages, contexts)
+        self._clock.policy_s += time.perf_counter() - t0
+        plans = self.turns.plan(active, replies)
+        t0 = time.perf_counter()
+        results = step_plans(self.pool, active, plans)
+        if any(p.to_execute for p in plans):
+            self._clock.env_s += time.perf_counter() - t0
+        for ep, plan, result in zip(active, plans, results):
+            self.turns.record(ep, plan, result)
+        self._clock.turns += 1
+        self._clock.turn_s += time.perf_counter() - start
+
+    def _play_async(self, eps: list[EpisodeState], gen_batch: int) -> None:
+        on_turn = self.on_turn
+        timing = play_async(self.turns, self.pool, eps, self.settings.max_turn,
+                            self.settings.async_settings,
+                            None if on_turn is None
+                            else lambda turn, running: on_turn(gen_batch, turn, running))
+        c = self._clock
+        c.policy_s += timing.policy_s
+        c.env_s += timing.env_s
+        c.overlap_s += timing.overlap_s
+        c.turn_s += timing.wall_s
+        c.turns += timing.calls
+
+    # ------------------------------------------------------------------ sampling
+    def _groups_of(self, eps: list[EpisodeState]) -> list[list[Trajectory]]:
+        groups: dict[int, list[Trajectory]] = {}
+        for ep in eps:
+            groups.setdefault(ep.group_id, []).append(self._trajectory(ep))
+        return list(groups.values())
+
+    def _dynamic(self, seed: int | None) -> tuple[list[list[Trajectory]], dict[str, float]]:
+        s = self.settings
+        target = s.target_groups if s.target_groups is not None else self.n_groups
+        if target < 1:
+            raise ValueError(f"target_groups must be >= 1, got {target}")
+        kept: list[list[Trajectory]] = []
+        dropped: list[list[Trajectory]] = []
+        surplus = 0
+        batches = 0
+        for b in range(s.max_num_gen_batches):
+            batches += 1
+            for group in self._groups_of(self._run_batch(self.seeds.next(seed if b == 0 else None),
+                                                         b)):
+                scores = {t.score for t in group}
+                if len(scores) <= 1:
+                    dropped.append(group)
+                elif len(kept) < target:
+                    kept.append(group)
+                else:
+                    surplus += 1
+            if len(kept) >= target:
+                break
+        filled = 0
+        if len(kept) < target:
+            policy = s.on_budget_exhausted
+            if policy == "raise":
+                raise BudgetExhausted(len(kept), target, batches)
+            if policy == "keep_all":
+                filled = min(target - len(kept), len(dropped))
+                kept.extend(dropped[:filled])
+            elif policy != "return_short":
+                raise ValueError(f"unknown on_budget_exhausted {policy!r}")
+            log.warning("dynamic sampling: %d of %d groups vary after %d batches (%s)",
+                        len(kept) - filled, target, batches, policy)
+        metrics = {"dynamic/gen_batches": float(batches), "dynamic/target_groups": float(target),
+                   "dynamic/kept_groups": float(len(kept) - filled),
+                   "dynamic/dropped_groups": float(len(dropped)),
+                   "dynamic/surplus_groups": float(surplus),
+                   "dynamic/filled_groups": float(filled),
+                   "dynamic/returned_groups": float(len(kept))}
+        return kept, metrics
+
+    # ------------------------------------------------------------------ results
+    def _trajectory(self, ep: EpisodeState) -> Trajectory:
+        full = dataclasses.replace(self.settings.turn, max_context_window=-1)
+        gen_batch = ep.gen_batch
+        group_uid = f"{gen_batch}-{ep.group_id}"
+        for turn in ep.turns:
+            turn.step_group_uid = step_group_uid(group_uid, turn.anchor_obs)
+        end = ep.end_reason if ep.done else "max_turn"
+        return Trajectory(
+            env_id=ep.env_id, group_id=ep.group_id, group_uid=group_uid, tag=ep.tag,
+            env_type=ep.prompt.spec.env_type, seed=ep.seed,
+            messages=build_messages(ep, full, for_update=True), turns=list(ep.turns),
+            final_state=ep.state, num_actions=ep.num_actions, penalty=ep.penalty,
+            success=ep.success, terminated=ep.terminated, truncated=ep.truncated,
+            end_reason=end, error=ep.error, score=sum(t.reward for t in ep.turns),
+            gen_batch=gen_batch)
+
+    def _score(self, trajectories: list[Trajectory]) -> None:
+        s = self.settings
+        if not trajectories:
+            return
+        scores = compute_scores([t.rewards for t in trajectories],
+                                [t.penalty for t in trajectories],
+                                [t.group_uid for t in trajectories],
+                                [t.tag for t in trajectories], s.grouping, s.method)
+        for t, orig, norm in zip(trajectories, scores.original, scores.normalized):
+            t.score = orig
+            # RAGEN normalizes (and adds the penalty) only for end-of-episode scores.
+            t.normalized_score = orig if s.use_turn_scores else norm
+
+    def _metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        m: dict[str, float] = {}
+        by_tag: dict[str, list[Trajectory]] = {}
+        for t in trajectories:
+            by_tag.setdefault(t.tag, []).append(t)
+        for tag, ts in by_tag.items():
+            n = len(ts)
+            groups: dict[str, list[Trajectory]] = {}
+            for t in ts:
+                groups.setdefault(t.group_uid, []).append(t)
+            turns = [turn for t in ts for turn in t.turns]
+            # An unparseable reply counts as one invalid action.
+            proposed = sum(max(1, len(turn.actions)) for turn in turns)
+            valid = sum(turn.n_valid for turn in turns)
+            m[f"{tag}/success"] = sum(t.success for t in ts) / n
+            m[f"{tag}/pass@{self.group_size}"] = (
+                sum(any(t.success for t in g) for g in groups.values()) / len(groups))
+            m[f"{tag}/num_actions"] = sum(t.num_actions for t in ts) / n
+            m[f"{tag}/num_turns"] = len(turns) / n
+            m[f"{tag}/valid_action_ratio"] = valid / proposed if proposed else 0.0
+            m[f"{tag}/penalty_rate"] = (sum(turn.penalized for turn in turns) / len(turns)
+                                        if turns else 0.0)
+            m[f"{tag}/score"] = sum(t.score for t in ts) / n
+            m[f"{tag}/normalized_score"] = sum(t.normalized_score for t in ts) / n
+            m[f"{tag}/errors"] = float(sum(t.error is not None for t in ts))
+            m[f"{tag}/trajectories"] = float(n)
+        c = self._clock
+        m["errors"] = float(sum(t.error is not None for t in trajectories))
+        m["trajectories"] = float(len(trajectories))
+        m["timing/env_s"] = c.env_s
+        m["timing/reset_s"] = c.reset_s
+        m["timing/policy_s"] = c.policy_s
+        m["timing/turns"] = float(c.turns)
+        m["timing/env_ms_per_turn"] = 1000.0 * c.env_s / c.turns if c.turns else 0.0
+        m["timing/policy_ms_per_turn"] = 1000.0 * c.policy_s / c.turns if c.turns else 0.0
+        # prompts, parsing and bookkeeping: the driver's own share of a turn (the time
+        # neither the policy nor the envs were busy)
+        manager_s = max(0.0, c.turn_s - c.policy_s - c.env_s + c.overlap_s)
+        m["timing/wall_s"] = c.turn_s
+        m["timing/overlap_s"] = c.overlap_s
+        shorter = min(c.policy_s, c.env_s)
+        m["timing/overlap_ratio"] = c.overlap_s / shorter if shorter > 0 else 0.0
+        m["timing/manager_s"] = manager_s
+        m["timing/manager_ms_per_turn"] = 1000.0 * manager_s / c.turns if c.turns else 0.0
+        m["env_steps"] = float(c.env_steps)
+        m["env_steps_per_s"] = c.env_steps / c.env_s if c.env_s > 0 else 0.0
+        return m
+
+
+def step_group_uid(group_uid: str, anchor_obs: str) -> str:
+    """GiGPO step group: same episode group and same anchor state -> same uid."""
+    digest = hashlib.sha256(anchor_obs.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{group_uid}/{digest}"
+
+
+def build_pool(tags: Sequence[TagSpec], group_size: int,
+               pool_options: Mapping[str, Any] | None = None, seed: int = 0) -> EnvPool:
+    """An `EnvPool` laid out like RAGEN's ``es_manager`` (tags in order, ``n_groups`` each);
+    ``pool_options`` are EnvPool keyword arguments (absent: EnvPool's own defaults)."""
+    specs = [EnvGroupSpec(t.tag, t.env_type, t.n_groups, dict(t.env_kwargs)) for t in tags]
+    return EnvPool.from_specs(specs, group_n=group_size, seed=seed, **dict(pool_options or {}))
+
+
+def _tags_from_pool(pool: EnvPool) -> list[TagSpec]:
+    specs = getattr(pool, "specs", None)
+    if not specs:
+        raise ValueError("pass tags=[TagSpec(...)] for a pool without specs")
+    return [TagSpec(tag=s.tag, env_type=s.env_type, n_groups=s.n_groups,
+                    env_kwargs=dict(s.env_kwargs)) for s in specs]

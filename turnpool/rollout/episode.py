@@ -1,0 +1,251 @@
+"""An env's episode inside a rollout: its state, the two turn functions, and the seed schedule.
+
+The turn logic is two functions. `plan_turn` is pure: it parses a reply, keeps the valid
+actions that fit the action budget and decides the format penalty. `apply_turn` is the only
+place an episode changes: it records what the pool returned (`turnpool.pool.TurnResult`, read
+by field name). Everything that drives episodes (the lock-step collector, the async driver,
+the RAGEN state manager) goes through these two and through `step_plans`, so they agree on
+prompts, penalties, budgets and records by construction.
+
+`TurnRunner` bundles the per-turn steps for any subset of episodes (prompts, one
+``generate`` call, plans, records); the lock-step loop calls it for every running env at once,
+the async driver for whatever micro-batch is ready.
+
+Seeds: `SeedSchedule` is the one place that decides a batch's base seed; the pool gives group
+``g`` the seed ``base + g`` and each episode reads its own from ``pool.env_seeds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnpool.policies.base import Message, Policy, TurnContext
+from turnpool.pool import EnvPool, TurnResult
+from turnpool.rollout.projection import parse_response
+from turnpool.rollout.prompts import EnvPrompt, build_messages
+from turnpool.rollout.settings import TurnSettings
+from turnpool.rollout.trajectory import Turn
+
+#: LLM text is hostile: what is stored and replayed into later prompts is capped.
+MAX_RESPONSE_CHARS = 32_768
+
+
+@dataclass
+class EpisodeState:
+    """One env's episode in the driver: identity, stored history, budget, end state."""
+
+    env_id: int
+    group_id: int
+    seed: int | None  # None: the reset failed
+    prompt: EnvPrompt
+    state: str
+    anchor_obs: str
+    turns: list[Turn] = field(default_factory=list)
+    num_actions: int = 0
+    penalty: float = 0.0
+    done: bool = False
+    success: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    end_reason: str = "running"
+    error: str | None = None
+    gen_batch: int = 0
+
+    @property
+    def tag(self) -> str:
+        return self.prompt.spec.tag
+
+    @property
+    def actions_left(self) -> int:
+        return max(0, self.prompt.spec.max_actions_per_traj - self.num_actions)
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """What one reply means before the env runs: the parse, and the actions to execute."""
+
+    raw: str
+    llm_response: str
+    format_valid: bool
+    actions: tuple[str, ...]
+    valid: tuple[str, ...]
+    to_execute: tuple[str, ...]
+    penalize: bool
+
+
+def start_episode(
+    prompt: EnvPrompt, env_id: int, group_id: int, seed: int | None, obs: str,
+    info: Mapping[str, Any],
+) -> EpisodeState:
+    """An episode after reset. A reset error ends it at once (nothing can be asked of it)."""
+    ep = EpisodeState(env_id=env_id, group_id=group_id, seed=seed, prompt=prompt,
+                      state=str(obs), anchor_obs=str(info.get("anchor_obs", obs)))
+    err = info.get("error")
+    if err:
+        ep.done, ep.end_reason, ep.error = True, "error", str(err)
+    return ep
+
+
+def plan_turn(ep: EpisodeState, reply: str, settings: TurnSettings) -> TurnPlan:
+    """Parse a reply and decide what runs. Never raises on any text."""
+    raw = reply[:MAX_RESPONSE_CHARS] if isinstance(reply, str) else ""
+    parsed = parse_response(raw, settings.action_sep, settings.max_actions_per_turn,
+                            settings.enable_think)
+    if not parsed.format_valid:
+        return plan_actions(ep, (), raw=raw, llm_response=raw, format_valid=False)
+    return plan_actions(ep, parsed.actions, raw=raw, llm_response=parsed.text,
+                        format_valid=True)
+
+
+def plan_actions(
+    ep: EpisodeState, actions: Sequence[str], *, raw: str = "", llm_response: str = "",
+    format_valid: bool = True,
+) -> TurnPlan:
+    """Decide what runs from already-parsed action strings (RAGEN's manager rules).
+
+    Actions outside a discrete env's action set are dropped before the env sees them, those
+    past the remaining action budget are cut silently, and a turn with any invalid action or
+    no valid action at all costs one format penalty (once per turn, however many were bad).
+    """
+    acts = tuple(str(a) for a in actions)
+    names = ep.prompt.valid_names
+    if names is None:
+        valid = acts
+    else:
+        by_lower = {n.lower(): n for n in names}
+        valid = tuple(by_lower[a.strip().lower()] for a in acts if a.strip().lower() in by_lower)
+    penalize = len(valid) != len(acts) or not valid
+    return TurnPlan(raw=raw, llm_response=llm_response, format_valid=format_valid,
+                    actions=acts, valid=valid, to_execute=valid[: ep.actions_left],
+                    penalize=penalize)
+
+
+def apply_turn(
+    ep: EpisodeState, plan: TurnPlan, outcome: TurnResult | None, settings: TurnSettings
+) -> Turn:
+    """Record one turn into the episode (``outcome`` is None when nothing was executed)."""
+    info: dict[str, Any] = {}
+    reward, n_exec, error = 0.0, 0, None
+    env_done = False
+    if outcome is not None:
+        info = {k: v for k, v in outcome.info.items() if k != "anchor_obs"}
+        reward, n_exec, error = float(outcome.reward_sum), int(outcome.n_executed), outcome.error
+        env_done = bool(outcome.terminated or outcome.truncated)
+    # Free-text envs (countdown, webshop, ...) judge validity themselves.
+    env_rejected = n_exec > 0 and info.get("action_is_valid") is False
+    penalize = plan.penalize or env_rejected
+    if penalize:
+        ep.penalty += settings.format_penalty
+    turn = Turn(state=ep.state, actions_left=ep.actions_left, anchor_obs=ep.anchor_obs,
+                llm_raw_response=plan.raw, llm_response=plan.llm_response,
+                format_valid=plan.format_valid, actions=list(plan.actions),
+                n_valid=max(0, len(plan.valid) - int(env_rejected)),
+                executed=list(plan.to_execute[:n_exec]), reward=reward, penalized=penalize,
+                info=info, error=error)
+    ep.turns.append(turn)
+    ep.num_actions += n_exec
+    if outcome is not None:
+        ep.state = str(outcome.obs)
+        ep.anchor_obs = str(outcome.info.get("anchor_obs", outcome.obs))
+    if error:
+        ep.done, ep.end_reason, ep.error = True, "error", str(error)
+    elif env_done:
+        ep.done, ep.success = True, bool(info.get("success", False))
+        ep.terminated, ep.truncated = bool(outcome and outcome.terminated), bool(
+            outcome and outcome.truncated and not outcome.terminated)
+        ep.end_reason = "terminated" if ep.terminated else "truncated"
+    elif ep.num_actions >= ep.prompt.spec.max_actions_per_traj:
+        ep.done, ep.truncated, ep.end_reason = True, True, "action_budget"
+    turn.done = ep.done
+    return turn
+
+
+def start_episodes(pool: EnvPool, prompts: Sequence[EnvPrompt], obs: Sequence[str],
+                   infos: Sequence[Mapping[str, Any]]) -> list[EpisodeState]:
+    """One episode per env after ``pool.reset``; seeds come from the pool itself (an env
+    whose reset failed has none, and its episode ends at once with the error)."""
+    seeds, gids = pool.env_seeds, pool.group_ids
+    return [start_episode(prompts[i], i, gids[i], seeds[i], obs[i], infos[i])
+            for i in range(len(prompts))]
+
+
+def step_plans(pool: EnvPool, eps: Sequence[EpisodeState], plans: Sequence[TurnPlan]
+               ) -> list[TurnResult | None]:
+    """Execute the plans that have actions in one pool call; None where nothing ran."""
+    run = [k for k, p in enumerate(plans) if p.to_execute]
+    results: list[TurnResult | None] = [None] * len(eps)
+    if run:
+        stepped = pool.step_turns([list(plans[k].to_execute) for k in run],
+                                  [eps[k].env_id for k in run])
+        for k, r in zip(run, stepped):
+            results[k] = r
+    return results
+
+
+class SeedSchedule:
+    """The base seed of each batch (RAGEN's scheme).
+
+    Train batches use ``base + counter`` and the counter advances by the number of groups, so
+    batches never share a seed; an explicit seed ``s`` is used as given and moves the counter
+    past ``s``'s whole block (RAGEN restarted at ``s + 1``, overlapping it). Val batches always
+    use ``base`` unless a seed is given. A missing base counts as 0.
+    """
+
+    def __init__(self, base: int | None, n_groups: int, mode: str = "train") -> None:
+        self.base = 0 if base is None else int(base)
+        self.n_groups = int(n_groups)
+        self.mode = mode
+        self.counter = 0
+
+    def next(self, seed: int | None = None) -> int:
+        """The base seed of the next batch (``seed``: an explicit one)."""
+        if self.mode == "val":
+            return self.base if seed is None else int(seed)
+        if seed is None:
+            out = self.base + self.counter
+            self.counter += self.n_groups
+            return out
+        self.counter = int(seed) - self.base + self.n_groups
+        return int(seed)
+
+
+class TurnRunner:
+    """The steps of one turn for any subset of episodes: prompts, generate, plan, record."""
+
+    def __init__(self, policy: Policy, settings: TurnSettings) -> None:
+        self.policy = policy
+        self.settings = settings
+
+    def prompts(self, eps: Sequence[EpisodeState]
+                ) -> tuple[list[list[Message]], list[TurnContext]]:
+        """What the policy gets for ``eps``: their chats and contexts."""
+        s = self.settings
+        return [build_messages(ep, s) for ep in eps], [self._context(ep) for ep in eps]
+
+    def generate(self, messages: list[list[Message]], contexts: list[TurnContext]
+                 ) -> list[str]:
+        return self.policy.generate(messages, contexts)
+
+    def plan(self, eps: Sequence[EpisodeState], replies: Sequence[str]) -> list[TurnPlan]:
+        """Parse one reply per episode into what its turn executes."""
+        if len(replies) != len(eps):
+            raise RuntimeError(f"policy returned {len(replies)} replies for {len(eps)} "
+                               f"conversations")
+        return [plan_turn(ep, r, self.settings) for ep, r in zip(eps, replies)]
+
+    def record(self, ep: EpisodeState, plan: TurnPlan, result: TurnResult | None) -> None:
+        """Record ``ep``'s turn (``result`` None: nothing was executed)."""
+        apply_turn(ep, plan, result, self.settings)
+
+    def _context(self, ep: EpisodeState) -> TurnContext:
+        s = self.settings
+        spec = ep.prompt.spec
+        names = list(ep.prompt.valid_names) if ep.prompt.valid_names else None
+        return TurnContext(env_id=ep.env_id, env_type=spec.env_type,
+                           env_kwargs=dict(spec.env_kwargs), obs=ep.state, action_names=names,
+                           turn=len(ep.turns), actions_left=ep.actions_left,
+                           max_actions_per_turn=s.max_actions_per_turn,
+                           action_sep=s.action_sep, enable_think=s.enable_think,
+                           seed=ep.seed or 0, tag=spec.tag)

@@ -1,0 +1,244 @@
+"""Observations -> chat messages, in RAGEN's format, reproduced string for string.
+
+Each tag's first user message (instruction, symbol legend, action list) is built once into an
+`EnvPrompt`; every turn then appends the state and the previous reward. `build_messages` only
+reads an episode, so the same history yields the policy's view (with the current state) and
+the training view (without the final state and reward).
+
+Prompt format (RAGEN's ContextManager)::
+
+    system: "You're a helpful assistant. "
+    user:   <env_instruction>
+            [\\nThe meaning of each symbol in the state is:\\n# : wall, ...]
+            [\\nYour available actions are:\\nUp, Down, ...
+             \\nYou can make up to N actions, separated by the action separator " || "\\n]
+            \\nTurn 1:\\nState:\\n<grid>\\nYou have 10 actions left. Always output: <think> ...
+    assistant: <think>...</think><answer>Up || Left</answer>
+    user:   Reward:\\n-0.2\\n
+            \\nTurn 2:\\nState:\\n...
+
+Deliberate differences from RAGEN (each a bug there):
+
+* the symbol legend comes from the symbols the env really draws (its ``env_config`` override
+  of ``grid_vocab``/``grid_lookup``), not from the env type's default config;
+* ``max_context_window`` selects what goes into the prompt and never shortens the stored
+  history, so scores and metrics always cover the whole episode; turns keep their real
+  numbers inside the window.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from turnpool.envs.base import TextEnv
+from turnpool.envs.registry import resolve
+from turnpool.policies.base import Message
+from turnpool.rollout.settings import TagSpec, TurnSettings
+from turnpool.rollout.trajectory import Turn
+
+SYSTEM_PROMPT = "You're a helpful assistant. "
+THINK_FORMAT = "<think> [Your thoughts] </think> <answer> [your answer] </answer>"
+ANSWER_FORMAT = "<answer> [your answer] </answer>"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EnvPrompt:
+    """What a tag's prompts are built from.
+
+    ``action_names`` are listed in the prompt (RAGEN lists the env config's
+    ``action_lookup``); ``valid_names`` are what a turn accepts, which also covers envs
+    whose lookup is only known per episode (Bandit shuffles its arm ids; RAGEN's prompt does
+    not list them but its manager still dropped unknown arm names).
+    """
+
+    spec: TagSpec
+    prefix: str
+    action_names: tuple[str, ...] | None
+    valid_names: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class EnvDescription:
+    """An env as configured: its default instruction, legend and action names."""
+
+    instruction: str
+    grid_vocab: dict[str, str] | None
+    action_lookup: dict[int, str] | None
+    episode_action_names: tuple[str, ...] | None
+
+
+# ------------------------------------------------------------------ env descriptions
+def describe_env(env_type: str, env_kwargs: Mapping[str, Any] | None = None) -> EnvDescription:
+    """The env *as configured* (class defaults overridden by its keyword arguments).
+
+    ``env_kwargs`` win over class attributes because they are what the env draws with: an env
+    configured with its own ``grid_vocab`` (RAGEN's SokobanDifferentGridVocab) gets that
+    legend; one that only remaps ``grid_lookup`` (code -> symbol) gets the default meanings
+    re-keyed by its symbols.
+    """
+    cls, defaults = resolve(env_type)
+    kw = {**defaults, **dict(env_kwargs or {})}
+    vocab = _as_str_dict(kw.get("grid_vocab")) or _as_str_dict(getattr(cls, "grid_vocab", None))
+    if kw.get("grid_lookup") and not kw.get("grid_vocab"):
+        vocab = _rekey_vocab(vocab, getattr(cls, "grid_lookup", None), kw["grid_lookup"])
+    lookup = _as_lookup(kw.get("action_lookup")) or _as_lookup(getattr(cls, "action_lookup", None))
+    episode_names: tuple[str, ...] | None = None
+    if lookup is None and _has_episode_lookup(cls):
+        episode_names = _episode_action_names(cls, kw)
+    return EnvDescription(str(getattr(cls, "instruction", "") or ""), vocab, lookup,
+                          episode_names)
+
+
+def _has_episode_lookup(cls: type) -> bool:
+    own = getattr(cls, "action_lookup_for_episode", None)
+    return own is not None and own is not TextEnv.action_lookup_for_episode
+
+
+def _episode_action_names(cls: type, kw: dict[str, Any]) -> tuple[str, ...] | None:
+    # Envs with per-episode lookups (ids shuffled on reset) keep the same *names*; a fresh
+    # instance reports them. Only such envs are built here, and building does no I/O.
+    try:
+        lookup = cls(**kw).action_lookup_for_episode()
+    except Exception as exc:  # noqa: BLE001 - a user env may fail any way; fall back to free text
+        log.warning("cannot list the actions of %s (%s); accepting any action text",
+                    cls.__name__, exc)
+        return None
+    return tuple(str(v) for _, v in sorted(lookup.items())) if lookup else None
+
+
+def _as_str_dict(x: Any) -> dict[str, str] | None:
+    if not x:
+        return None
+    return {str(k): str(v) for k, v in dict(x).items()}
+
+
+def _as_lookup(x: Any) -> dict[int, str] | None:
+    if not x:
+        return None
+    return {int(k): str(v) for k, v in dict(x).items()}
+
+
+def _rekey_vocab(
+    vocab: dict[str, str] | None, default_lookup: Any, new_lookup: Any
+) -> dict[str, str] | None:
+    if not vocab or not default_lookup:
+        return vocab
+    old = {int(k): str(v) for k, v in dict(default_lookup).items()}
+    new = {int(k): str(v) for k, v in dict(new_lookup).items()}
+    out: dict[str, str] = {}
+    for code, sym in new.items():
+        meaning = vocab.get(old.get(code, ""))
+        if meaning is not None:
+            out[sym] = meaning
+    return out or vocab
+
+
+def build_prefix(
+    instruction: str,
+    grid_vocab: Mapping[str, str] | None,
+    action_names: Sequence[str] | None,
+    max_actions_per_traj: int,
+    action_sep: str,
+) -> str:
+    """The first user message: instruction, symbol legend, available actions (RAGEN)."""
+    text = instruction
+    if grid_vocab:
+        text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(
+            f"{k}: {v}" for k, v in grid_vocab.items()
+        )
+    if action_names:
+        text += "\nYour available actions are:\n" + ", ".join(action_names)
+        text += (
+            f"\nYou can make up to {max_actions_per_traj} actions, "
+            f'separated by the action separator " {action_sep} "\n'
+        )
+    return text
+
+
+def make_env_prompt(spec: TagSpec, settings: TurnSettings) -> EnvPrompt:
+    """Resolve a tag's prompt prefix once (config keys over the env's own description)."""
+    desc = describe_env(spec.env_type, spec.env_kwargs)
+    instruction = desc.instruction if spec.env_instruction is None else spec.env_instruction
+    vocab = desc.grid_vocab
+    if spec.grid_vocab and not (spec.env_kwargs.get("grid_vocab")
+                                or spec.env_kwargs.get("grid_lookup")):
+        # custom_envs.<tag>.grid_vocab only reaches the prompt, never the env, so it is
+        # trusted only while the env draws with its default symbols.
+        vocab = _as_str_dict(spec.grid_vocab)
+    lookup = _as_lookup(spec.action_lookup) or desc.action_lookup
+    names = tuple(lookup[k] for k in sorted(lookup)) if lookup else None
+    prefix = build_prefix(instruction, vocab, names, spec.max_actions_per_traj,
+                          settings.action_sep)
+    return EnvPrompt(spec, prefix, names, names or desc.episode_action_names)
+
+
+# ------------------------------------------------------------------ messages
+class ChatHistory(Protocol):
+    """What `build_messages` reads of an episode (`turnpool.rollout.episode.EpisodeState`)."""
+
+    @property
+    def prompt(self) -> EnvPrompt: ...
+    @property
+    def turns(self) -> list[Turn]: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def actions_left(self) -> int: ...
+
+
+def _state_text(state: str, actions_left: int, max_tokens: int, enable_think: bool) -> str:
+    fmt = THINK_FORMAT if enable_think else ANSWER_FORMAT
+    return (f"State:\n{state}\nYou have {actions_left} actions left. Always output: {fmt} "
+            f"with no extra text. Strictly follow this format. "
+            f"Max response length: {max_tokens} words (tokens).\n")
+
+
+def _reward_text(turn: Turn) -> str:
+    # RAGEN starts each turn's sum at the integer 0, so a turn that ran nothing shows "0".
+    value: float | int = turn.reward if turn.executed else 0
+    return f"Reward:\n{value}\n"
+
+
+def build_messages(
+    ep: ChatHistory, settings: TurnSettings, *, for_update: bool = False
+) -> list[Message]:
+    """The chat for ``ep``: what the policy sees now, or (``for_update``) the training view
+    without the final state and the final reward. Reads the episode, never changes it."""
+    spec = ep.prompt.spec
+    entries: list[tuple[int, Turn | None]] = [(i + 1, t) for i, t in enumerate(ep.turns)]
+    if not for_update:
+        entries.append((len(ep.turns) + 1, None))
+    k = settings.max_context_window
+    if k is not None and k > 0:
+        entries = entries[-k:]
+    messages: list[Message] = [{"role": "system", "content": SYSTEM_PROMPT},
+                               {"role": "user", "content": ep.prompt.prefix}]
+    for pos, (number, turn) in enumerate(entries):
+        text = f"\nTurn {number}:\n"
+        if turn is None:
+            text += _state_text(ep.state, ep.actions_left, spec.max_tokens, settings.enable_think)
+        else:
+            text += _state_text(turn.state, turn.actions_left, spec.max_tokens,
+                                settings.enable_think)
+        messages[-1] = {"role": messages[-1]["role"],
+                        "content": messages[-1]["content"] + text}
+        if turn is not None:
+            messages.append({"role": "assistant", "content": turn.llm_response})
+            if not (for_update and pos == len(entries) - 1):
+                messages.append({"role": "user", "content": _reward_text(turn)})
+    return messages
+
+
+def env_prompts(tags: Sequence[TagSpec], pool_tags: Sequence[str], settings: TurnSettings
+                ) -> list[EnvPrompt]:
+    """One prompt per env of a pool (``pool_tags`` in env order), each tag's built once."""
+    prompts = {t.tag: make_env_prompt(t, settings) for t in tags}
+    missing = sorted(set(pool_tags) - set(prompts))
+    if missing:
+        raise ValueError(f"the pool has tags {missing} that no TagSpec describes")
+    return [prompts[t] for t in pool_tags]

@@ -1,0 +1,113 @@
+"""Every settings type of a rollout, in one place, as plain frozen dataclasses.
+
+A rollout is shaped by four things: what a tag is (`TagSpec`), what a turn accepts
+(`TurnSettings`), how the async driver batches (`AsyncSettings`) and how the collector samples
+and scores (`CollectorSettings`, which holds the other two). `RolloutPlan` composes them with
+the pool layout and the policy options; the config loader (`turnpool.ragen.config`) builds one
+from YAML and `TrajectoryCollector.from_plan` runs it.
+
+This module imports nothing else from turnpool, so any layer may read it. Pool options are a
+plain mapping handed to `turnpool.pool.EnvPool` as keyword arguments: each pool default lives
+once, in EnvPool's signature, and a key the user did not set is simply absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: RAGEN's fallback for ``max_tokens`` (``actor_rollout_ref.rollout.response_length``).
+DEFAULT_MAX_TOKENS = 400
+
+
+@dataclass(frozen=True)
+class TagSpec:
+    """One RAGEN tag (``custom_envs.<tag>``): env type, group count, prompt texts, budget."""
+
+    tag: str
+    env_type: str
+    n_groups: int = 1
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_actions_per_traj: int = 10
+    env_instruction: str | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    grid_vocab: dict[str, str] | None = None
+    action_lookup: dict[int, str] | None = None
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """``agent_proxy`` and ``es_manager`` keys that shape a turn."""
+
+    action_sep: str = "||"
+    max_actions_per_turn: int = 5
+    enable_think: bool = True
+    max_context_window: int = -1
+    format_penalty: float = -0.1
+
+
+@dataclass(frozen=True)
+class AsyncSettings:
+    """Micro-batching of the async driver (``turnpool.collector.*``).
+
+    Args:
+        max_batch: most envs per ``generate`` call (None: an eighth of the envs, at least
+            one, so several cohorts alternate between the policy and the envs).
+        max_wait_s: how long a pending env may wait for its micro-batch to fill.
+        policy_workers: ``generate`` calls in flight at once (threads).
+        poll_interval_s: while both sides are busy, how often the driver checks the other
+            side (the pool's wait cannot be woken by a policy thread).
+    """
+
+    max_batch: int | None = None
+    max_wait_s: float = 0.0
+    policy_workers: int = 8
+    poll_interval_s: float = 0.002
+
+    def __post_init__(self) -> None:
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1 or None, got {self.max_batch}")
+        if self.max_wait_s < 0 or self.poll_interval_s <= 0:
+            raise ValueError("need max_wait_s >= 0 and poll_interval_s > 0")
+        if self.policy_workers < 1:
+            raise ValueError(f"policy_workers must be >= 1, got {self.policy_workers}")
+
+
+@dataclass(frozen=True)
+class CollectorSettings:
+    """How trajectories are collected (``agent_proxy``, ``algorithm.filter_groups``, ...).
+
+    ``seed_base`` and ``mode`` drive the seed schedule (`turnpool.rollout.episode.SeedSchedule`).
+    """
+
+    max_turn: int = 5
+    turn: TurnSettings = field(default_factory=TurnSettings)
+    grouping: str = "state"
+    method: str = "identity"
+    use_turn_scores: bool = False
+    filter_groups: bool = False
+    max_num_gen_batches: int = 10
+    on_budget_exhausted: str = "raise"
+    target_groups: int | None = None
+    seed_base: int | None = 10000
+    mode: str = "train"
+    #: "lockstep" (one batched policy call per turn) or "async" (`turnpool.rollout.async_driver`)
+    collector_mode: str = "lockstep"
+    async_settings: AsyncSettings = field(default_factory=AsyncSettings)
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """Everything one rollout needs: tags in pool order, group size, collector settings,
+    the pool's keyword arguments (None: EnvPool's defaults) and the policy options."""
+
+    tags: list[TagSpec]
+    group_size: int
+    collector: CollectorSettings = field(default_factory=CollectorSettings)
+    pool: Mapping[str, Any] | None = None
+    policy: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_groups(self) -> int:
+        return sum(t.n_groups for t in self.tags)
