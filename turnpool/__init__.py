@@ -27,6 +27,7 @@ _LAZY: dict[str, str] = {
     "ParallelRolloutManager": "turnpool.ragen.rollout_manager",
     "TrajectoryCollector": "turnpool.rollout.collector",
     "load_config": "turnpool.ragen.config",
+    "collector_from_config": "turnpool.ragen.rollout_manager",
     "make_policy": "turnpool.policies",
     "SharedLLMInferenceManager": "turnpool.ragen.rollout_manager",
     "project_actions": "turnpool.rollout.projection",
