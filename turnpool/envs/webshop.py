@@ -66,10 +66,9 @@ class WebShopUnavailable(RuntimeError):
 class ShopConnection:
     """One keep-alive HTTP/1.1 connection to the shop, with a timeout on every socket wait.
 
-    ``http.client`` rather than httpx, because the env's step *is* this round trip: measured
-    against the shop in another process on loopback, httpx took 2.1-3.1 ms and 0.56-0.83 ms
-    of client CPU per request, ``http.client`` 0.7-1.2 ms and 0.17-0.18 ms (the shop's own CPU
-    per request also halved, 0.66 -> 0.34 ms). A request on a reused connection that the
+    ``http.client`` rather than httpx, because the env's step *is* this round trip and the
+    lighter client costs several times less latency and CPU per request (measured in
+    docs/performance.md, WebShop). A request on a reused connection that the
     server had closed while idle is retried once on a new connection (the server never saw
     it); nothing else is retried, so an action is never applied twice.
     """
