@@ -40,7 +40,6 @@ from turnpool.pool.protocol import (
     MAX_ERROR_CHARS,
     Reply,
     ResetResult,
-    TurnResult,
     error_reset,
     error_step,
 )
@@ -108,11 +107,11 @@ def _fix_items(items: list[Any]) -> tuple[list[Any], list[int]]:
             reason = f"unpicklable result: {type(item_exc).__name__}: {item_exc}"
             reason = reason[:MAX_ERROR_CHARS]
         bad.append(k)
-        if isinstance(item, TurnResult):
-            fixed.append(error_step(reason))
-        elif isinstance(item, ResetResult):
+        if isinstance(item, ResetResult):
             fixed.append(error_reset(reason))
-        else:
+        elif isinstance(item, tuple):  # a step result (`WireTurn`)
+            fixed.append(error_step(reason))
+        else:  # a restore result
             fixed.append(reason)
     return fixed, bad
 

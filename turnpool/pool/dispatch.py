@@ -25,6 +25,7 @@ from turnpool.pool.protocol import (
     ResetResult,
     TurnResult,
     WorkerLost,
+    as_turn_results,
     error_reset,
     error_step,
 )
@@ -257,7 +258,8 @@ class Dispatcher:
             return
         if head.op == "step" or head.op == "step1":
             assert ticket is not None
-            results, failed = payload
+            wire, failed = payload
+            results = as_turn_results(wire)
             for k in failed:
                 self._broken[ids[k]] = results[k].error
             self._step_done(self._owner[ids[0]], head)
