@@ -15,11 +15,11 @@ from typing import Any
 
 from turnpool.envs.base import OracleFn
 from turnpool.envs.registry import oracle_for, resolve
-from turnpool.policies.base import Message, PolicyStats, TurnContext
+from turnpool.policies.base import PolicyStats, TurnContext
 from turnpool.policies.random import (
+    ScriptedPolicy,
     format_reply,
     random_action,
-    require_contexts,
     turn_capacity,
     turn_rng,
 )
@@ -32,12 +32,14 @@ def find_oracle(env_type: str) -> OracleFn:
     return oracle_for(env_type)
 
 
-class OraclePolicy:
+class OraclePolicy(ScriptedPolicy):
     """Acts with the env's oracle; each action is replaced by a random one w.p. ``epsilon``.
 
     Plans are cached per (env type, config, observation), so the members of a group (which
     share their state until they diverge) solve a Sokoban room once, not ``group_n`` times.
     """
+
+    kind = "oracle"
 
     def __init__(self, seed: int = 0, epsilon: float = 0.0, cache_size: int = 4096) -> None:
         if not 0.0 <= epsilon <= 1.0:
@@ -49,14 +51,6 @@ class OraclePolicy:
         self._plans: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         self._oracles: dict[str, OracleFn] = {}
         self._lock = threading.Lock()
-
-    def generate(self, batch: list[list[Message]],
-                 contexts: list[TurnContext] | None = None) -> list[str]:
-        ctxs = require_contexts(batch, contexts, "oracle")
-        with self._lock:
-            self.stats.calls += 1
-            self.stats.requests += len(ctxs)
-        return [self.reply(ctx) for ctx in ctxs]
 
     def reply(self, ctx: TurnContext) -> str:
         """The reply for one env at one turn."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import threading
+from typing import ClassVar
 
 import numpy as np
 
@@ -85,7 +86,28 @@ def malformed_reply(rng: np.random.Generator, ctx: TurnContext) -> str:
     return "".join(rng.choice(_GARBAGE_ALPHABET, size=length))
 
 
-class RandomPolicy:
+class ScriptedPolicy:
+    """What the scripted policies share: a reply is a pure function of the policy seed and the
+    turn's context (`reply`), so ``generate`` only counts and maps. ``stats`` and ``_lock`` are
+    set by the subclass (rollout threads may share one policy)."""
+
+    kind: ClassVar[str] = "scripted"
+    stats: PolicyStats
+    _lock: threading.Lock
+
+    def generate(self, batch: list[list[Message]],
+                 contexts: list[TurnContext] | None = None) -> list[str]:
+        ctxs = require_contexts(batch, contexts, self.kind)
+        with self._lock:
+            self.stats.calls += 1
+            self.stats.requests += len(ctxs)
+        return [self.reply(ctx) for ctx in ctxs]
+
+    def reply(self, ctx: TurnContext) -> str:
+        raise NotImplementedError
+
+
+class RandomPolicy(ScriptedPolicy):
     """Well-formed random answers; with probability ``invalid_rate`` a malformed reply.
 
     Example:
@@ -99,6 +121,8 @@ class RandomPolicy:
         True
     """
 
+    kind = "random"
+
     def __init__(self, seed: int = 0, invalid_rate: float = 0.0,
                  min_actions: int = 1, max_actions: int | None = None) -> None:
         if not 0.0 <= invalid_rate <= 1.0:
@@ -109,14 +133,6 @@ class RandomPolicy:
         self.max_actions = max_actions
         self.stats = PolicyStats()
         self._lock = threading.Lock()  # rollout threads may share one policy
-
-    def generate(self, batch: list[list[Message]],
-                 contexts: list[TurnContext] | None = None) -> list[str]:
-        ctxs = require_contexts(batch, contexts, "random")
-        with self._lock:
-            self.stats.calls += 1
-            self.stats.requests += len(ctxs)
-        return [self.reply(ctx) for ctx in ctxs]
 
     def reply(self, ctx: TurnContext) -> str:
         """The reply for one env at one turn (a pure function of seeds and context)."""
