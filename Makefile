@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,17 @@ $(VENV)/.dev: pyproject.toml | $(PY)
 run: $(VENV)/.core
 	$(VENV)/bin/turnpool rollout
 
-test: $(VENV)/.dev
+# The browser test drives Debian's headless Chromium through chromedriver; install them when
+# missing (needs apt-get and root, as on a fresh CI machine).
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  fi; \
+	fi
+
+test: $(VENV)/.dev browser
 	$(VENV)/bin/ruff check turnpool tests benchmarks
 	$(VENV)/bin/mypy
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider

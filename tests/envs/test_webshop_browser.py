@@ -22,7 +22,7 @@ def _require(*names: str) -> str:
         if found:
             return found
     pytest.fail(f"none of {names} is on PATH; install Debian's chromium and chromium-driver "
-                "(`apt-get install -y chromium chromium-driver`, as .ci/run does)")
+                "(`apt-get install -y chromium chromium-driver`, as `make test` does)")
 
 
 @pytest.fixture(scope="module")
