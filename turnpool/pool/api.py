@@ -85,7 +85,6 @@ class EnvGroupSpec:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-
 class EnvPool(Replaying):
     """A pool of ``env_num * group_n`` text envs (or a multi-type pool, see `from_specs`).
 

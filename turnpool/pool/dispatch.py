@@ -22,6 +22,7 @@ from typing import Any
 
 from turnpool.backends.base import Backend
 from turnpool.pool.protocol import (
+    MAX_ERROR_CHARS,
     ResetResult,
     TurnResult,
     WorkerLost,
@@ -60,8 +61,6 @@ class Pending:
         self.positions = positions
         self.seeds = seeds
         self.clock = 0.0
-
-
 
 
 class Dispatcher:
@@ -168,7 +167,7 @@ class Dispatcher:
                 log.debug("sending to worker %d failed: %s", worker, exc)
                 return
             except Exception as exc:  # e.g. an action that cannot be pickled
-                reason = f"request could not be sent: {type(exc).__name__}: {exc}"[:300]
+                reason = f"request could not be sent: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
                 log.warning("worker %d: %s", worker, reason)
                 queue.popleft()
                 for k, i in enumerate(pending.env_ids):

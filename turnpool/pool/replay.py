@@ -100,7 +100,6 @@ class Replaying(Dispatcher):
         if queue:
             self._send(worker, queue[0])
 
-
     def _turns_since_reset(self, worker: int, env_ids: list[int]) -> dict[int, list[Any]]:
         """Each env's turns since its reset, from its worker's log (for replay)."""
         turns: dict[int, list[Any]] = {i: [] for i in env_ids}
