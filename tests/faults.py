@@ -15,13 +15,21 @@ from typing import Any
 
 import psutil
 
-from turnpool.envs.synthetic import TrivialEnv
+from turnpool.envs.synthetic import FaultyEnv, TrivialEnv
 from turnpool.pool import EnvPool
 
 STEP_TIMEOUT = 1.5
 #: the entry point of `UnpicklableInfoEnv`
 UNPICKLABLE_ENV = f"{__name__}:UnpicklableInfoEnv"
 FAULTY = 1  # shares its worker with envs 0 and 2 (6 envs on 2 workers)
+#: the entry point of `AllFaultsEnv`
+ALL_FAULTS_ENV = f"{__name__}:AllFaultsEnv"
+#: fault action -> the failure class the pool reports for it
+FAULT_CLASSES = {"raise": "env_error", "hang": "timeout", "spin": "timeout",
+                 "exit": "worker_lost", "lambda": "unpicklable"}
+#: backends whose envs run in the caller's process: an ``os._exit`` ends the caller, and
+#: nothing is pickled (so an unpicklable result is no fault there)
+IN_PROCESS = ("sequential", "thread", "auto")
 
 
 class UnpicklableInfoEnv(TrivialEnv):
@@ -32,6 +40,29 @@ class UnpicklableInfoEnv(TrivialEnv):
         if action == "lambda":
             info["callback"] = lambda: None
         return obs, reward, terminated, truncated, info
+
+
+class AllFaultsEnv(FaultyEnv):
+    """`FaultyEnv` plus ``"lambda"`` (a result no pipe can carry) and ``"spin"`` (a hang in a
+    pure-Python loop, which an in-process deadline can interrupt on any thread)."""
+
+    def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if action == "spin":
+            n = 0
+            while True:
+                n += 1
+        obs, reward, terminated, truncated, info = super()._step(action)
+        if action == "lambda":
+            info["callback"] = lambda: None
+        return obs, reward, terminated, truncated, info
+
+
+def faults_for(backend: str) -> list[str]:
+    """The faults a backend survives (an env that exits takes an in-process backend's caller
+    with it)."""
+    if backend.startswith(IN_PROCESS):
+        return ["raise", "hang", "spin"]
+    return ["raise", "hang", "spin", "exit", "lambda"]
 
 
 def gone(pid: int) -> bool:
@@ -65,8 +96,8 @@ def mp_helpers() -> set[int]:
 
 
 def faulty_pool(backend: str, **kwargs: Any) -> EnvPool:
-    """3 groups x 2 ``faulty`` envs on 2 workers (envs 0-2 and 3-5)."""
-    return EnvPool("faulty", env_num=3, group_n=2, seed=7, backend=backend, num_workers=2,
+    """3 groups x 2 `AllFaultsEnv` envs on 2 workers (envs 0-2 and 3-5)."""
+    return EnvPool(ALL_FAULTS_ENV, env_num=3, group_n=2, seed=7, backend=backend, num_workers=2,
                    step_timeout=STEP_TIMEOUT, env_kwargs={"episode_len": 1000}, **kwargs)
 
 
@@ -90,6 +121,9 @@ def check_fault_isolated(pool: EnvPool, fault: str, expected_error: str | None =
         assert infos[FAULTY]["error"] and dones[FAULTY] and rewards[FAULTY] == 0.0
         if expected_error is not None:
             assert expected_error in infos[FAULTY]["error"]
+        if fault in FAULT_CLASSES:  # every fault is classified
+            assert infos[FAULTY]["failure"] == FAULT_CLASSES[fault], infos[FAULTY]
+            assert infos[FAULTY]["retryable"] == (fault in ("hang", "spin", "exit"))
         for i in range(pool.num_envs):
             if i != FAULTY:  # innocent envs, including the faulty env's worker-mates
                 assert (obs[i], rewards[i], dones[i], infos[i]) == (

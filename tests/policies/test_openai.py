@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from turnpool.policies import make_policy
+from turnpool.policies.base import FailedReply, PolicyUnreachable
 from turnpool.policies.hf import HFPolicy
 from turnpool.policies.openai import OpenAIPolicy, PolicyRequestError
 from turnpool.policies.tiny_llm import sample_conversations, transformers_server
@@ -247,9 +248,26 @@ def test_unreachable_server_fails_fast_and_cleanly() -> None:
 
     url = f"http://127.0.0.1:{free_port()}/v1"
     with OpenAIPolicy(url, max_retries=1, backoff=0.01, timeout=2) as policy:
-        assert policy.generate(conversations(2)) == ["", ""]
+        start = time.monotonic()
+        with pytest.raises(PolicyUnreachable) as info:
+            policy.generate(conversations(2))
+        assert time.monotonic() - start < 10  # bounded: two attempts, short backoff
+        assert f"{url}/chat/completions" in str(info.value) and "2 attempt" in str(info.value)
         assert policy.stats.failures == 2 and policy.stats.retries == 2
         assert "Connect" in policy.stats.errors[0]
+
+
+def test_failed_replies_say_why(fake_llm: tuple[str, FakeLLM]) -> None:
+    """A request that fails (the server answers, badly) gives an empty `FailedReply` with the
+    reason, which the collector records as a policy_error; good replies are plain text."""
+    url, _ = fake_llm
+    with OpenAIPolicy(f"{url}/bad/v1", max_retries=0) as policy:
+        replies = policy.generate(conversations(2))
+    assert replies == ["", ""] and all(isinstance(r, FailedReply) for r in replies)
+    assert "HTTP 400" in replies[0].error
+    with OpenAIPolicy(f"{url}/ok/v1") as policy:
+        reply = policy.generate(conversations(1))[0]
+    assert reply == "echo q0" and not isinstance(reply, FailedReply)
 
 
 # ------------------------------------------------------------------ a full rollout

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.faults import check_fault_isolated, faults_for, faulty_pool
 from tests.traces import ENVS, mixed_pool, run_trace
 from turnpool.backends import ALL_BACKENDS, get_backend
 from turnpool.pool.protocol import BackendUnavailable
@@ -52,3 +53,12 @@ def test_every_backend_gives_identical_results(reference: list[Any], shop_url: s
     assert len(trace) == len(reference)
     for got, want in zip(trace, reference):
         assert got == want, f"first difference: {got!r} != {want!r}"
+
+
+@pytest.mark.parametrize(("backend", "fault"),
+                         [(b, f) for b in ALL_BACKENDS for f in faults_for(b)])
+def test_faults_are_isolated_alike_on_every_backend(backend: str, fault: str) -> None:
+    """Under each fault the faulty env is flagged with its class and every other env's results
+    are those of a clean sequential run, whatever the backend (ray: tests/backends/test_ray)."""
+    with faulty_pool(backend) as pool:
+        check_fault_isolated(pool, fault)

@@ -37,11 +37,11 @@ from typing import Any
 
 from turnpool.pool.host import EnvHost
 from turnpool.pool.protocol import (
-    MAX_ERROR_CHARS,
     Reply,
     ResetResult,
     error_reset,
     error_step,
+    short_error,
 )
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def _picklable(reply: Reply, exc: Exception) -> Reply:
         return (seq, (fixed, sorted(set(failed) | set(bad))), error)
     if isinstance(payload, list):
         return (seq, _fix_items(payload)[0], error)
-    return (seq, None, f"unpicklable reply: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
+    return (seq, None, "unpicklable reply: " + short_error(exc))
 
 
 def _fix_items(items: list[Any]) -> tuple[list[Any], list[int]]:
@@ -104,13 +104,12 @@ def _fix_items(items: list[Any]) -> tuple[list[Any], list[int]]:
             fixed.append(item)
             continue
         except Exception as item_exc:
-            reason = f"unpicklable result: {type(item_exc).__name__}: {item_exc}"
-            reason = reason[:MAX_ERROR_CHARS]
+            reason = "unpicklable result: " + short_error(item_exc)
         bad.append(k)
         if isinstance(item, ResetResult):
-            fixed.append(error_reset(reason))
+            fixed.append(error_reset(reason, "unpicklable"))
         elif isinstance(item, tuple):  # a step result (`WireTurn`)
-            fixed.append(error_step(reason))
+            fixed.append(error_step(reason, failure="unpicklable"))
         else:  # a restore result
             fixed.append(reason)
     return fixed, bad

@@ -11,6 +11,11 @@ constants below):
 * CPU-bound and worth splitting over the cores: ``process``;
 * otherwise (microsecond envs, one core, few envs): ``sequential``, the floor.
 
+Deadlines: with a ``step_timeout`` set, ``sequential`` is a candidate only where it can stop a
+hung env in-process with a timer signal (the main thread, ``SIGALRM`` unused by the program,
+see `turnpool.pool.interrupt`); elsewhere auto picks the better of ``thread`` and ``process``,
+which return within the deadline whatever the env does.
+
 A parallel choice must beat sequential by 20% on these estimates, so a close call stays
 in-process. ``pool.backend_name`` reports the choice, e.g. ``"auto->sequential"``, and
 `AutoBackend.profile` holds the measurement. If the chosen backend cannot start, auto runs
@@ -26,7 +31,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from turnpool.backends.base import Backend, BackendUnavailable, one_per_core
+from turnpool.backends.base import Backend, BackendUnavailable, one_per_core, raise_build_errors
+from turnpool.pool.interrupt import signal_timer_free
 from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
 
 log = logging.getLogger(__name__)
@@ -92,12 +98,13 @@ def measure_env(build: EnvBuild, budget_s: float = MEASURE_BUDGET_S,
 
 
 def choose(profile: EnvProfile, num_envs: int, cores: int,
-           num_workers: int | None = None) -> tuple[str, float]:
-    """``(backend, estimated seconds per pool step)`` for ``num_envs`` envs like ``profile``."""
+           num_workers: int | None = None, in_process: bool = True) -> tuple[str, float]:
+    """``(backend, estimated seconds per pool step)`` for ``num_envs`` envs like ``profile``;
+    ``in_process=False``: sequential cannot honour the deadline, pick a parallel backend."""
     per_env = profile.step_wall_s
     sequential = num_envs * per_env
     options = [("sequential", sequential)]
-    if profile.cpu_share < 0.5:
+    if profile.cpu_share < 0.5 or not in_process:
         threads = max(1, min(num_workers or 16, num_envs))
         waits = num_envs * per_env * (1 - profile.cpu_share)
         work = num_envs * per_env * profile.cpu_share  # still serialised by the GIL
@@ -107,7 +114,7 @@ def choose(profile: EnvProfile, num_envs: int, cores: int,
         options.append(("process", sequential / workers + PROCESS_ROUND_TRIP_S
                         + PROCESS_PER_ENV_S * num_envs / workers))
     best = min(options[1:], key=lambda o: o[1], default=None)
-    if best is not None and best[1] * MARGIN < sequential:
+    if best is not None and (best[1] * MARGIN < sequential or not in_process):
         return best
     return options[0]
 
@@ -129,15 +136,21 @@ class AutoBackend(Backend):
         from turnpool.backends import get_backend
 
         try:
+            first = self.builds[0].build()
+        except Exception as exc:  # the env cannot be built anywhere: say so now
+            raise_build_errors({self.builds[0].env_id: short_error(exc)})
+        first.close()
+        in_process = self.step_timeout is None or signal_timer_free()
+        try:
             self.profile = measure_env(self.builds[0])
         except Exception as exc:  # an env that fails in the caller gains nothing from workers
             log.warning("auto: measuring %s failed (%s); running sequentially",
                         self.builds[0].entry_point, short_error(exc))
-            choice, self.estimate_s = "sequential", None
+            choice, self.estimate_s = ("sequential" if in_process else "thread"), None
         else:
             cores = one_per_core(len(self.builds))
             choice, self.estimate_s = choose(self.profile, len(self.builds), cores,
-                                             self._requested_workers)
+                                             self._requested_workers, in_process)
             log.info("auto: %s per step (%.0f%% CPU) x %d envs -> %s", _fmt(
                 self.profile.step_wall_s), 100 * self.profile.cpu_share, len(self.builds),
                 choice)
@@ -154,6 +167,7 @@ class AutoBackend(Backend):
     def _start(self, cls: type[Backend], timeout: float) -> Backend | None:
         backend = cls(self.builds, self._requested_workers, mp_context=self.mp_context,
                       **self.options)
+        backend.step_timeout, backend.reset_timeout = self.step_timeout, self.reset_timeout
         try:
             backend.start(timeout)
         except (BackendUnavailable, OSError) as exc:

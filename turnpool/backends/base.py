@@ -22,6 +22,7 @@ from turnpool.pool.protocol import (
     DEFAULT_MP_CONTEXT,
     BackendUnavailable,
     EnvBuild,
+    EnvBuildError,
     Reply,
     Request,
     WorkerLost,
@@ -59,6 +60,10 @@ class Backend(ABC):
     can_interrupt: ClassVar[bool] = False
     #: the ``mp_context`` values this backend honours (empty: it ignores ``mp_context``).
     start_methods: ClassVar[tuple[str, ...]] = ()
+    #: the pool's deadlines, set before `start` (backends that run envs in the caller's
+    #: process enforce them in-process, see `turnpool.pool.interrupt`)
+    step_timeout: float | None = None
+    reset_timeout: float | None = None
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:
@@ -119,4 +124,12 @@ class Backend(ABC):
         return []
 
 
-__all__ = ["Backend", "BackendUnavailable", "WorkerLost", "one_per_core", "usable_cores"]
+def raise_build_errors(errors: dict[int, str]) -> None:
+    """Raise `EnvBuildError` if a worker reported envs it could not build (every backend
+    calls this from ``start`` with what its workers reported)."""
+    if errors:
+        raise EnvBuildError(errors)
+
+
+__all__ = ["Backend", "BackendUnavailable", "EnvBuildError", "WorkerLost", "one_per_core",
+           "raise_build_errors", "usable_cores"]

@@ -56,7 +56,13 @@ from turnpool.backends._worker import (
     serve,
     watch_parent,
 )
-from turnpool.backends.base import Backend, BackendUnavailable, WorkerLost
+from turnpool.backends.base import (
+    Backend,
+    BackendUnavailable,
+    EnvBuildError,
+    WorkerLost,
+    raise_build_errors,
+)
 from turnpool.pool.host import EnvHost
 from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
 
@@ -114,7 +120,8 @@ def serve_slice(address: str, token: bytes, worker: int, incarnation: int,
         conn = Client(address, family="AF_UNIX")
         conn.send_bytes(token)
         host = EnvHost(builds, progress)
-        conn.send_bytes(pickle.dumps(("hello", worker, incarnation, os.getpid()), PROTOCOL))
+        conn.send_bytes(pickle.dumps(("hello", worker, incarnation, os.getpid(),
+                                      host.build_errors), PROTOCOL))
         serve(conn.recv_bytes, conn.send_bytes, host)
     except (EOFError, OSError, _Interrupted):
         pass
@@ -192,7 +199,7 @@ class JoblibBackend(Backend):
         self._sock: socket.socket | None = None
         self._token = secrets.token_bytes(_TOKEN_BYTES)
         self._address = "\0turnpool-joblib-" + secrets.token_hex(12)
-        self._early: dict[tuple[int, int], tuple[Connection, int]] = {}
+        self._early: dict[tuple[int, int], tuple[Connection, int, dict[int, str]]] = {}
         self._timeout = 60.0
         self._closed = False
         self._owner_pid = os.getpid()
@@ -216,6 +223,11 @@ class JoblibBackend(Backend):
             deadline = time.monotonic() + timeout
             for k in range(self.num_workers):
                 self._await_worker(k, 0, progress[k], deadline, launch)
+        except EnvBuildError:  # the envs are broken, not the backend
+            self.close()
+            for slot in progress:
+                slot.close()
+            raise
         except (OSError, TimeoutError, WorkerLost, ValueError) as exc:
             self.close()
             for slot in progress:  # those of workers that never connected
@@ -267,11 +279,12 @@ class JoblibBackend(Backend):
                 log.warning("rejected a connection on the joblib socket: %s", exc)
                 conn.close()
                 continue
-            _, worker, inc, pid = hello
-            self._early[(int(worker), int(inc))] = (conn, int(pid))
-        conn, pid = self._early.pop((k, incarnation))
+            _, worker, inc, pid, errors = hello
+            self._early[(int(worker), int(inc))] = (conn, int(pid), dict(errors))
+        conn, pid, errors = self._early.pop((k, incarnation))
         progress.unlink()
         self._workers[k] = WorkerHandle(None, progress, conn, pid=pid, incarnation=incarnation)
+        raise_build_errors(errors)
 
     def _handshake(self, conn: Connection, deadline: float) -> tuple[Any, ...]:
         if not conn.poll(max(0.0, deadline - time.monotonic())):
@@ -282,7 +295,7 @@ class JoblibBackend(Backend):
         if not conn.poll(max(0.0, deadline - time.monotonic())):
             raise TimeoutError("no hello")
         hello = pickle.loads(conn.recv_bytes())
-        if not (isinstance(hello, tuple) and len(hello) == 4 and hello[0] == "hello"):
+        if not (isinstance(hello, tuple) and len(hello) == 5 and hello[0] == "hello"):
             raise ValueError("bad hello")
         return hello
 
@@ -292,7 +305,7 @@ class JoblibBackend(Backend):
         self._closed = True
         workers = [w for w in self._workers if w is not None]
         self._workers = [None] * len(self._workers)
-        for conn, _pid in self._early.values():
+        for conn, _pid, _errors in self._early.values():
             conn.close()
         self._early.clear()
         if os.getpid() != self._owner_pid:  # a forked copy of the owner: not ours to stop
@@ -405,7 +418,7 @@ class JoblibBackend(Backend):
             try:
                 self._await_worker(worker, incarnation + attempt, progress, deadline, launch)
                 return
-            except (OSError, TimeoutError) as exc:
+            except (OSError, TimeoutError, EnvBuildError) as exc:
                 error = exc
         raise WorkerLost(f"joblib worker {worker} did not restart: {error}")
 

@@ -46,7 +46,14 @@ from turnpool.backends._worker import (
     serve,
     watch_parent,
 )
-from turnpool.backends.base import Backend, BackendUnavailable, WorkerLost, one_per_core
+from turnpool.backends.base import (
+    Backend,
+    BackendUnavailable,
+    EnvBuildError,
+    WorkerLost,
+    one_per_core,
+    raise_build_errors,
+)
 from turnpool.pool.host import EnvHost
 from turnpool.pool.protocol import EnvBuild, Reply, Request
 
@@ -119,6 +126,9 @@ class ProcessBackend(Backend):
                 self._await_ready(worker, k, deadline)
             if self._use_standby:
                 self._standby = self._spawn()
+        except EnvBuildError:  # the envs are broken, not the backend
+            self.close()
+            raise
         except (OSError, WorkerLost, TimeoutError, pickle.PicklingError, ValueError,
                 EOFError) as exc:
             self.close()
@@ -159,11 +169,7 @@ class ProcessBackend(Backend):
                     raise WorkerLost(f"worker {slot} died while starting "
                                      f"(exit code {worker.runner.exitcode})") from exc
                 if message[0] == "ready":
-                    if message[2]:
-                        env_id, why = sorted(message[2].items())[0]
-                        more = len(message[2]) - 1
-                        raise WorkerLost(f"worker {slot} could not build env {env_id}: {why}"
-                                         + (f" (and {more} more)" if more else ""))
+                    raise_build_errors(message[2])
                     worker.progress.unlink()  # mapped by the worker: the name can go
                     return
             elif ready:
@@ -281,6 +287,9 @@ class ProcessBackend(Backend):
         except WorkerLost:
             self._kill(fresh)
             raise
+        except EnvBuildError as exc:
+            self._kill(fresh)
+            raise WorkerLost(f"replacement worker could not build its envs: {exc}") from exc
         if self._use_standby:
             self._standby = self._spawn()
 

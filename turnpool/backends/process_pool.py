@@ -41,7 +41,13 @@ from turnpool.backends._worker import (
     encode,
     watch_parent,
 )
-from turnpool.backends.base import Backend, BackendUnavailable, WorkerLost
+from turnpool.backends.base import (
+    Backend,
+    BackendUnavailable,
+    EnvBuildError,
+    WorkerLost,
+    raise_build_errors,
+)
 from turnpool.envs.registry import registered
 from turnpool.pool.host import EnvHost
 from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error, split_evenly
@@ -76,14 +82,14 @@ def _init_worker(builds: list[EnvBuild], progress_path: str, parent_pid: int,
     _HOST = EnvHost(builds, ProgressWriter(progress_path))
 
 
-def _handle(request: Request) -> bytes:
+def _handle(request: bytes) -> bytes:
     if _HOST is None:  # the initializer failed; the executor reports that as broken
         raise RuntimeError("worker has no envs")
-    return encode(_HOST.handle(request))
+    return encode(_HOST.handle(pickle.loads(request)))
 
 
-def _hello() -> int:
-    return os.getpid()
+def _hello() -> tuple[int, dict[int, str]]:
+    return os.getpid(), dict(_HOST.build_errors) if _HOST is not None else {}
 
 
 # ------------------------------------------------------------------------- caller side
@@ -140,6 +146,12 @@ class ProcessPoolBackend(Backend):
             deadline = time.monotonic() + timeout
             for k in remote:
                 self._greet(k, hellos[k], max(0.1, deadline - time.monotonic()))
+            if self._local_slot is not None:
+                local = self._workers[self._local_slot].runner
+                raise_build_errors(local.build_errors)
+        except EnvBuildError:  # the envs are broken, not the backend
+            self.close()
+            raise
         except (OSError, RuntimeError, BrokenProcessPool, cf.TimeoutError) as exc:
             self.close()
             raise BackendUnavailable(f"process_pool workers did not start: "
@@ -158,11 +170,13 @@ class ProcessPoolBackend(Backend):
         progress.unlink()  # written in this process only
         return WorkerHandle(EnvHost(self.builds_of(k), progress.write), progress)
 
-    def _greet(self, k: int, hello: cf.Future[int], timeout: float) -> None:
+    def _greet(self, k: int, hello: cf.Future[tuple[int, dict[int, str]]],
+               timeout: float) -> None:
         """Wait until worker ``k`` has built its envs; then its progress file can go."""
         worker = self._workers[k]
-        worker.pid = hello.result(timeout=timeout)
+        worker.pid, errors = hello.result(timeout=timeout)
         worker.progress.unlink()
+        raise_build_errors(errors)
 
     def close(self) -> None:
         if self._closed:
@@ -176,7 +190,7 @@ class ProcessPoolBackend(Backend):
                 w.runner.close()
             elif not w.lost:
                 with contextlib.suppress(RuntimeError, BrokenProcessPool):
-                    closing[i] = w.runner.submit(_handle, (-1, "close", None))
+                    closing[i] = w.runner.submit(_handle, pickle.dumps((-1, "close", None)))
         if closing:
             cf.wait(list(closing.values()), timeout=CLOSE_GRACE_S)
         for i, w in enumerate(workers):
@@ -195,8 +209,11 @@ class ProcessPoolBackend(Backend):
             done.set_result(w.runner.handle(request))
             w.pending.append((request[0], done))
             return
+        # Pickled here, so that an action that cannot be pickled fails in the caller (and only
+        # its env), not later in the executor's feeder thread.
+        blob = pickle.dumps(request, pickle.HIGHEST_PROTOCOL)
         try:
-            w.pending.append((request[0], w.runner.submit(_handle, request)))
+            w.pending.append((request[0], w.runner.submit(_handle, blob)))
         except (RuntimeError, BrokenProcessPool):  # broken (worker died) or shut down
             w.lost = True
 
@@ -248,7 +265,8 @@ class ProcessPoolBackend(Backend):
         self._workers[worker] = new = self._launch(worker)
         try:
             self._greet(worker, new.runner.submit(_hello), self._start_timeout)
-        except (OSError, RuntimeError, BrokenProcessPool, cf.TimeoutError) as exc:
+        except (OSError, RuntimeError, BrokenProcessPool, cf.TimeoutError,
+                EnvBuildError) as exc:
             new.lost = True
             log.warning("process_pool worker %d did not restart: %s", worker, short_error(exc))
 

@@ -42,7 +42,14 @@ from turnpool.backends._worker import (
     WorkerHandle,
     encode,
 )
-from turnpool.backends.base import Backend, BackendUnavailable, WorkerLost, one_per_core
+from turnpool.backends.base import (
+    Backend,
+    BackendUnavailable,
+    EnvBuildError,
+    WorkerLost,
+    one_per_core,
+    raise_build_errors,
+)
 from turnpool.pool.host import EnvHost
 from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
 
@@ -97,9 +104,10 @@ class SliceActor:
     def __init__(self) -> None:
         self.host: EnvHost | None = None
 
-    def load(self, builds: list[EnvBuild], progress_path: str) -> tuple[int, str]:
+    def load(self, builds: list[EnvBuild], progress_path: str
+             ) -> tuple[int, str, dict[int, str]]:
         self.host = EnvHost(builds, ProgressWriter(progress_path))
-        return os.getpid(), socket.gethostname()
+        return os.getpid(), socket.gethostname(), dict(self.host.build_errors)
 
     def ping(self) -> int:
         return os.getpid()
@@ -169,6 +177,9 @@ class RayBackend(Backend):
             standby = [self._standby.ping.remote()] if self._standby is not None else []
             self._greet(list(range(self.num_workers)), hellos, timeout)
             ray.get(standby, timeout=timeout)
+        except EnvBuildError:  # the envs are broken, not the backend
+            self.close()
+            raise
         except Exception as exc:
             self.close()
             raise BackendUnavailable(f"ray actors did not start: {short_error(exc)}") from exc
@@ -193,11 +204,14 @@ class RayBackend(Backend):
     def _greet(self, workers: list[int], hellos: list[Any], timeout: float) -> None:
         import ray
 
-        for k, (pid, host) in zip(workers, ray.get(hellos, timeout=timeout)):
+        errors: dict[int, str] = {}
+        for k, (pid, host, failed) in zip(workers, ray.get(hellos, timeout=timeout)):
             actor = self._actors[k]
             assert actor is not None
             actor.pid, actor.local = int(pid), host == self._hostname
             actor.progress.unlink()
+            errors.update(failed)
+        raise_build_errors(errors)
 
     def close(self) -> None:
         if self._closed:

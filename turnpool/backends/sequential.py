@@ -2,9 +2,11 @@
 
 The floor for microsecond envs (no hand-off at all) and the fallback when a parallel backend
 cannot start. ``num_workers`` only changes how envs are sliced, which keeps group handling
-identical to the parallel backends. It cannot enforce ``step_timeout`` (there is nobody to
-interrupt a hung env) and an env that kills its process kills the caller; exceptions are
-still isolated per env.
+identical to the parallel backends. ``step_timeout`` is enforced in-process
+(`turnpool.pool.interrupt`): an env past its budget gets an exception raised inside its own
+code and is flagged ``"timeout"``; a hang inside C code cannot be stopped this way (use a
+process backend for such envs). An env that kills its process kills the caller; exceptions
+are still isolated per env.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from collections import deque
 from collections.abc import Collection
 from typing import ClassVar
 
-from turnpool.backends.base import Backend
+from turnpool.backends.base import Backend, raise_build_errors
 from turnpool.pool.host import EnvHost
-from turnpool.pool.protocol import Reply, Request
+from turnpool.pool.interrupt import InProcessDeadline, StepInterrupted
+from turnpool.pool.protocol import Reply, Request, op_limit
 
 
 class SequentialBackend(Backend):
@@ -24,11 +27,24 @@ class SequentialBackend(Backend):
     name: ClassVar[str] = "sequential"
 
     def start(self, timeout: float) -> None:
-        self._hosts = [EnvHost(self.builds_of(k)) for k in range(self.num_workers)]
+        self._deadline = InProcessDeadline()
+        self._hosts = [EnvHost(self.builds_of(k), self._deadline.mark)
+                       for k in range(self.num_workers)]
         self._replies: list[deque[Reply]] = [deque() for _ in self._hosts]
+        errors = {i: e for h in self._hosts for i, e in h.build_errors.items()}
+        if errors:
+            self.close()
+        raise_build_errors(errors)
 
     def send(self, worker: int, request: Request) -> None:
-        self._replies[worker].append(self._hosts[worker].handle(request))
+        self._deadline.begin(op_limit(request[1], self.step_timeout, self.reset_timeout))
+        try:
+            reply = self._hosts[worker].handle(request)
+        except StepInterrupted:  # fired between two envs: the request as a whole timed out
+            reply = (request[0], None, "step timeout (interrupted in-process)")
+        finally:
+            self._deadline.end()
+        self._replies[worker].append(reply)
 
     def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
         return [w for w in workers if self._replies[w]]
@@ -38,10 +54,13 @@ class SequentialBackend(Backend):
 
     def restart(self, worker: int) -> None:
         self._hosts[worker].close()
-        self._hosts[worker] = EnvHost(self.builds_of(worker))
+        self._hosts[worker] = EnvHost(self.builds_of(worker), self._deadline.mark)
         self._replies[worker].clear()
 
     def close(self) -> None:
         for host in getattr(self, "_hosts", []):
             host.close()
         self._hosts = []
+        deadline = getattr(self, "_deadline", None)
+        if deadline is not None:
+            deadline.close()

@@ -4,9 +4,11 @@ For I/O-bound envs (web services, tools): a thread blocked on a socket releases 
 waits overlap, while CPU-bound Python envs gain nothing (use ``process``).
 
 A thread cannot be killed. A thread stuck past ``step_timeout`` is abandoned (its replies are
-ignored from then on, and it exits if it ever returns) and a new thread with freshly built envs
-takes over its slice. An env that ends the process (``os._exit``) ends the caller too; use the
-process backend for envs that can crash.
+ignored from then on) and a new thread with freshly built envs takes over its slice; the
+abandoned thread gets `turnpool.pool.interrupt.StepInterrupted` raised inside the env code
+it is stuck in, so a Python-level hang unwinds and the thread exits (a hang inside one C call
+ends only when that call returns). An env that ends the process (``os._exit``) ends the caller
+too; use the process backend for envs that can crash.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
 from turnpool.backends._worker import CLOSE_GRACE_S, ProgressSlot
-from turnpool.backends.base import Backend, WorkerLost
+from turnpool.backends.base import Backend, WorkerLost, raise_build_errors
 from turnpool.pool.host import EnvHost
+from turnpool.pool.interrupt import StepInterrupted, raise_in_thread
 from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
 
 log = logging.getLogger(__name__)
@@ -43,18 +46,24 @@ class _ThreadWorker:
                                        daemon=True)
 
     def _loop(self) -> None:
-        while True:
-            request = self.inbox.get()
-            if request is None:
-                break
-            try:
-                reply: Any = self.host.handle(request)
-            except BaseException as exc:  # SystemExit from env code: the worker is gone
-                log.warning("env thread %d stopped: %s", self.slot, short_error(exc))
-                self.backend._post(self, _DEAD)
-                break
-            self.backend._post(self, reply)
-        self.host.close()
+        try:
+            while True:
+                request = self.inbox.get()
+                if request is None:
+                    break
+                try:
+                    reply: Any = self.host.handle(request)
+                except StepInterrupted:  # abandoned; whatever it answers is ignored
+                    break
+                except BaseException as exc:  # SystemExit from env code: the worker is gone
+                    log.warning("env thread %d stopped: %s", self.slot, short_error(exc))
+                    self.backend._post(self, _DEAD)
+                    break
+                self.backend._post(self, reply)
+        except StepInterrupted:  # interrupted after it had come back by itself
+            pass
+        finally:
+            self.host.close()
 
 
 class ThreadBackend(Backend):
@@ -79,6 +88,10 @@ class ThreadBackend(Backend):
             worker = _ThreadWorker(self, k, self.builds_of(k), 0)
             self._workers.append(worker)
             worker.thread.start()
+        errors = {i: e for w in self._workers for i, e in w.host.build_errors.items()}
+        if errors:
+            self.close()
+        raise_build_errors(errors)
 
     def _post(self, worker: _ThreadWorker, reply: Any) -> None:
         with self._cond:
@@ -109,6 +122,8 @@ class ThreadBackend(Backend):
     def restart(self, worker: int) -> None:
         old = self._workers[worker]
         old.inbox.put(None)  # if it ever comes back, it exits
+        if old.thread.ident is not None and old.thread.is_alive():
+            raise_in_thread(old.thread.ident)  # unwinds a Python-level hang
         new = _ThreadWorker(self, worker, self.builds_of(worker), old.generation + 1)
         with self._cond:
             self._workers[worker] = new

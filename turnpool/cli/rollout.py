@@ -7,6 +7,13 @@
 The rollout summary (stdout) has one row per tag (success, pass@k, valid-action ratio, format
 penalty rate, mean actions, errors) and the time split: env-steps/s, env time vs policy time,
 env time per turn. The progress bar goes to stderr.
+
+Exit codes (each failure is one readable line on stderr): 0 success; 1 the run failed (envs
+that cannot be built, dynamic sampling out of budget); 2 invalid config or arguments; 3 the
+policy endpoint cannot be reached; 4 more than ``--max-failed-fraction`` of the episodes
+failed for good (after retries; the summary is still printed and written); 130 interrupted
+(Ctrl-C: the pool is closed at once and the JSONL holds the batches finished so far, one
+complete trajectory per line).
 """
 
 from __future__ import annotations
@@ -15,16 +22,33 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import IO
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from turnpool.policies.base import PolicyUnreachable
+from turnpool.pool.protocol import FAILURE_CLASSES
 from turnpool.ragen.config import ConfigError, load_config, rollout_plan
-from turnpool.rollout.collector import BudgetExhausted, TrajectoryCollector
+from turnpool.rollout.collector import BudgetExhausted, RolloutBatch, TrajectoryCollector
+from turnpool.rollout.trajectory import write_jsonl
 
 log = logging.getLogger(__name__)
+
+EXIT_FAILED = 1
+EXIT_POLICY_UNREACHABLE = 3
+EXIT_TOO_MANY_FAILURES = 4
+EXIT_INTERRUPTED = 130
+
+
+class RolloutFailed(click.ClickException):
+    """One line on stderr and a specific exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(" ".join(message.split()))
+        setattr(self, "exit_code", exit_code)  # noqa: B010  (a class variable in click)
 
 
 @click.command()
@@ -39,8 +63,14 @@ log = logging.getLogger(__name__)
               help="Which es_manager section to run.")
 @click.option("--seed", type=int, default=None, help="Reset seed (default: seed.<mode>).")
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--batches", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Collect this many batches; each is appended to --out as it completes.")
+@click.option("--max-failed-fraction", type=click.FloatRange(0.0, 1.0), default=0.1,
+              show_default=True,
+              help="Exit with code 4 when more than this share of episodes failed for good.")
 def rollout(config_path: str | None, overrides: tuple[str, ...], json_path: str | None,
-            out_path: str | None, mode: str, seed: int | None, progress: bool) -> None:
+            out_path: str | None, mode: str, seed: int | None, progress: bool,
+            batches: int = 1, max_failed_fraction: float = 0.1) -> None:
     """Collect one batch of trajectories and print a summary.
 
     OVERRIDES are dotted key=value pairs, e.g. es_manager.train.env_groups=4
@@ -57,31 +87,25 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], json_path: str 
     try:
         collector = TrajectoryCollector.from_plan(plan)
     except (ValueError, TypeError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    with collector:
-        bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                       TextColumn("{task.completed}/{task.total} turns"),
-                       TextColumn("{task.fields[active]} envs running"), TimeElapsedColumn(),
-                       console=err_console, disable=not progress, transient=True)
-        with bar:
-            max_turn = plan.collector.max_turn
-            task = bar.add_task("rollout", total=max_turn, active=collector.pool.num_envs)
-
-            def on_turn(gen_batch: int, turn: int, active: int) -> None:
-                if turn == 0 and gen_batch > 0:
-                    bar.reset(task, total=max_turn)
-                bar.update(task, completed=turn + 1, active=active,
-                           description=f"batch {gen_batch + 1}")
-
-            collector.on_turn = on_turn
-            try:
-                batch = collector.collect(seed)
-            except BudgetExhausted as exc:
-                raise click.ClickException(str(exc)) from exc
-        backend, workers = collector.pool.backend_name, collector.pool.num_workers
+        raise RolloutFailed(str(exc)) from exc
+    out_file = open(out_path, "w", encoding="utf-8") if out_path else None  # noqa: SIM115
+    results: list[RolloutBatch] = []
+    try:
+        with collector:
+            batch = _collect(collector, plan.collector.max_turn, seed, batches, progress,
+                             err_console, results, out_file)
+            backend, workers = collector.pool.backend_name, collector.pool.num_workers
+    except KeyboardInterrupt:
+        lines = sum(len(b.trajectories) for b in results)
+        where = f"; {lines} trajectories in {out_path}" if out_path else ""
+        raise RolloutFailed(f"interrupted after {len(results)} batch(es){where}",
+                            EXIT_INTERRUPTED) from None
+    except PolicyUnreachable as exc:
+        raise RolloutFailed(str(exc), EXIT_POLICY_UNREACHABLE) from exc
+    finally:
+        if out_file is not None:
+            out_file.close()
     wall = time.perf_counter() - t0
-    if out_path:
-        batch.to_jsonl(out_path)
     summary = {
         "mode": mode, "backend": backend, "num_workers": workers,
         "policy": plan.policy.get("name"), "group_size": plan.group_size,
@@ -95,7 +119,52 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], json_path: str 
         Path(json_path).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n",
                                    encoding="utf-8")
     if out_path:
-        console.print(f"wrote {len(batch.trajectories)} trajectories to {out_path}")
+        total = sum(len(b.trajectories) for b in results)
+        console.print(f"wrote {total} trajectories to {out_path}")
+    failed = batch.metrics.get("failures/unrecovered_fraction", 0.0)
+    if failed > max_failed_fraction:
+        classes = ", ".join(f"{name} {batch.metrics[f'failures/{name}']:.0f}"
+                            for name in FAILURE_CLASSES
+                            if batch.metrics.get(f"failures/{name}"))
+        raise RolloutFailed(f"{100 * failed:.0f}% of episodes failed after retries (more "
+                            f"than --max-failed-fraction {max_failed_fraction:g}): {classes}",
+                            EXIT_TOO_MANY_FAILURES)
+
+
+def _collect(collector: TrajectoryCollector, max_turn: int, seed: int | None, batches: int,
+             progress: bool, err_console: Console, results: list[RolloutBatch],
+             out_file: IO[str] | None) -> RolloutBatch:
+    """Collect ``batches`` batches (appending each to ``out_file`` as it completes); the last
+    batch, with metrics summed over all of them where a sum means something."""
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                   TextColumn("{task.completed}/{task.total} turns"),
+                   TextColumn("{task.fields[active]} envs running"), TimeElapsedColumn(),
+                   console=err_console, disable=not progress, transient=True)
+    with bar:
+        task = bar.add_task("rollout", total=max_turn, active=collector.pool.num_envs)
+
+        def on_turn(gen_batch: int, turn: int, active: int) -> None:
+            if turn == 0 and gen_batch > 0:
+                bar.reset(task, total=max_turn)
+            bar.update(task, completed=turn + 1, active=active,
+                       description=f"batch {gen_batch + 1}")
+
+        collector.on_turn = on_turn
+        for b in range(batches):
+            try:
+                batch = collector.collect(seed if b == 0 else None)
+            except BudgetExhausted as exc:
+                raise RolloutFailed(str(exc)) from exc
+            if out_file is not None:
+                write_jsonl(batch.trajectories, out_file)
+                out_file.flush()
+            results.append(batch)
+    if len(results) > 1:  # failure counts add up over batches
+        for key in [k for k in batch.metrics if k.startswith("failures/")]:
+            batch.metrics[key] = sum(r.metrics.get(key, 0.0) for r in results)
+        batch.metrics["failures/unrecovered_fraction"] = (
+            batch.metrics["failures/unrecovered"] / max(1.0, batch.metrics["failures/started"]))
+    return batch
 
 
 def summary_table(metrics: dict[str, float], tags: list[str], group_size: int) -> Table:

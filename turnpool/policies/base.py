@@ -48,6 +48,24 @@ class Policy(Protocol):
         ...
 
 
+class FailedReply(str):
+    """The reply for a conversation the policy could not answer (a failed request): empty
+    text, with ``error`` saying why. The collector ends that episode as a ``policy_error``
+    instead of scoring the empty text as a bad answer."""
+
+    error: str
+
+    def __new__(cls, error: str) -> FailedReply:
+        reply = super().__new__(cls, "")
+        reply.error = error
+        return reply
+
+
+class PolicyUnreachable(ConnectionError):
+    """The policy's endpoint cannot be reached at all (nothing listens, DNS fails): no reply
+    can succeed, so the rollout stops instead of failing every episode."""
+
+
 @dataclass
 class PolicyStats:
     """Counters a policy keeps across calls (exposed as ``policy.stats``)."""

@@ -3,9 +3,13 @@
 Requests go out on a bounded thread pool (``concurrency`` in flight at most, shared by every
 thread that calls ``generate``). Nothing waits without a limit: each attempt has ``timeout``
 seconds, retries are bounded (``max_retries``, exponential backoff) and a whole ``generate``
-call has a ``deadline``. A request that still fails yields ``""`` -- an invalid reply, which the
-collector turns into a format penalty -- and is counted in ``policy.stats``; ``on_error="raise"``
-raises instead. Response bodies are read up to ``max_body_bytes`` and replies are cut to
+call has a ``deadline``. A request that still fails yields a `FailedReply` (empty text with
+the reason), which the collector records as a ``policy_error`` (retried or dropped, never
+scored), and is counted in ``policy.stats``; ``on_error="raise"`` raises instead. When every
+request of a call failed because the endpoint cannot be reached (connection refused, unknown
+host) after the bounded retries, ``generate`` raises `PolicyUnreachable` naming the URL: no
+later call could succeed, and a rollout must not spend its time failing every episode.
+Response bodies are read up to ``max_body_bytes`` and replies are cut to
 ``max_response_chars``: the server's text is hostile input like any model output.
 
 Example:
@@ -27,7 +31,13 @@ from typing import Any
 
 import httpx
 
-from turnpool.policies.base import Message, PolicyStats, TurnContext
+from turnpool.policies.base import (
+    FailedReply,
+    Message,
+    PolicyStats,
+    PolicyUnreachable,
+    TurnContext,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +49,16 @@ class PolicyRequestError(RuntimeError):
 
 
 class _Failure(Exception):
-    def __init__(self, reason: str, retryable: bool, timeout: bool = False) -> None:
+    def __init__(self, reason: str, retryable: bool, timeout: bool = False,
+                 unreachable: bool = False) -> None:
         super().__init__(reason)
         self.retryable = retryable
         self.timeout = timeout
+        self.unreachable = unreachable
+
+
+class _Unreachable(PolicyRequestError):
+    """A request that failed only because nothing could be connected to."""
 
 
 class OpenAIPolicy:
@@ -127,10 +143,11 @@ class OpenAIPolicy:
         _, not_done = wait_futures(futures, timeout=budget + self.timeout)
         replies: list[str] = []
         failures: list[str] = []
+        unreachable = 0
         for fut in futures:
             if fut in not_done:
                 fut.cancel()
-                replies.append("")
+                replies.append(FailedReply("deadline exceeded"))
                 failures.append("deadline exceeded")
                 self._count(failures=1, timeouts=1, error="deadline exceeded")
                 continue
@@ -138,11 +155,15 @@ class OpenAIPolicy:
             if exc is None:
                 replies.append(fut.result())
             else:
-                replies.append("")
+                replies.append(FailedReply(str(exc)))
                 failures.append(str(exc))
+                unreachable += isinstance(exc, _Unreachable)
         with self._stats_lock:
             self.stats.calls += 1
             self.stats.generate_seconds += time.monotonic() - start
+        if unreachable == len(batch):
+            raise PolicyUnreachable(f"cannot reach the policy endpoint {self.url} after "
+                                    f"{self.max_retries + 1} attempt(s): {failures[0]}")
         if failures and self.on_error == "raise":
             raise PolicyRequestError(f"{len(failures)}/{len(batch)} requests failed; "
                                      f"first: {failures[0]}")
@@ -199,8 +220,10 @@ class OpenAIPolicy:
                     self._count(timeouts=1)
                 if not exc.retryable or attempt >= self.max_retries:
                     self._count(failures=1, error=str(exc))
-                    logger.warning("request to %s failed after %d attempt(s): %s",
-                                   self.url, attempt + 1, exc)
+                    logger.debug("request to %s failed after %d attempt(s): %s",
+                                 self.url, attempt + 1, exc)
+                    if exc.unreachable:
+                        raise _Unreachable(str(exc)) from None
                     raise PolicyRequestError(str(exc)) from None
             attempt += 1
             self._count(retries=1)
@@ -219,9 +242,15 @@ class OpenAIPolicy:
                         raise _Failure(f"response body over {self.max_body_bytes} bytes",
                                        retryable=False)
                 status = response.status_code
+        except httpx.ConnectTimeout as exc:
+            raise _Failure(f"connect timeout after {timeout:.1f}s ({type(exc).__name__})",
+                           retryable=True, timeout=True, unreachable=True) from None
         except httpx.TimeoutException as exc:
             raise _Failure(f"timeout after {timeout:.1f}s ({type(exc).__name__})",
                            retryable=True, timeout=True) from None
+        except httpx.ConnectError as exc:  # refused, unknown host: nothing to talk to
+            raise _Failure(f"{type(exc).__name__}: {exc}", retryable=True,
+                           unreachable=True) from None
         except httpx.HTTPError as exc:
             raise _Failure(f"{type(exc).__name__}: {exc}", retryable=True) from None
         if status != 200:

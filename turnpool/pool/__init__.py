@@ -16,6 +16,7 @@ _LAZY: dict[str, str] = {
     "EnvPool": "turnpool.pool.api",
     "EnvGroupSpec": "turnpool.pool.api",
     "EnvError": "turnpool.pool.api",
+    "EnvConstructionError": "turnpool.pool.api",
     "TurnResult": "turnpool.pool.protocol",
 }
 

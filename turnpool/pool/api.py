@@ -36,14 +36,17 @@ Example:
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import logging
+import math
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnpool.backends import get_backend
+from turnpool.backends import BACKENDS, get_backend
 from turnpool.backends.base import Backend
 from turnpool.envs.registry import registered, resolve
 from turnpool.pool.dispatch import Pending, Ticket
@@ -51,6 +54,7 @@ from turnpool.pool.protocol import (
     DEFAULT_MP_CONTEXT,
     BackendUnavailable,
     EnvBuild,
+    EnvBuildError,
     ResetResult,
     TurnResult,
 )
@@ -72,6 +76,11 @@ class EnvError(RuntimeError):
         shown = "; ".join(f"env {i}: {e}" for i, e in list(self.errors.items())[:5])
         more = f" (+{len(self.errors) - 5} more)" if len(self.errors) > 5 else ""
         super().__init__(f"{len(self.errors)} env(s) failed: {shown}{more}")
+
+
+class EnvConstructionError(ValueError):
+    """Envs of the pool could not be built (raised by the constructor, on every backend);
+    the message names the env type, tag, kwargs and the cause."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,8 @@ class EnvPool(Replaying):
                  reset_timeout: float | None = None, on_error: str = "flag",
                  fallback: bool = True, tag: str | None = None,
                  ray_address: str | None = None, **backend_options: Any) -> None:
+        if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
+            raise TypeError(f"env_kwargs must be a dict, got {type(env_kwargs).__name__}")
         spec = EnvGroupSpec(tag or env_type, env_type, env_num, dict(env_kwargs or {}))
         self._init([spec], group_n, seed, backend=backend, num_workers=num_workers,
                    mp_context=mp_context, step_timeout=step_timeout,
@@ -140,10 +151,8 @@ class EnvPool(Replaying):
               reset_timeout: float | None = None, on_error: str = "flag",
               fallback: bool = True, ray_address: str | None = None,
               **backend_options: Any) -> None:
-        if group_n < 1:
-            raise ValueError("group_n must be >= 1")
-        if on_error not in ("flag", "raise"):
-            raise ValueError("on_error must be 'flag' or 'raise'")
+        _check_arguments(specs, group_n, seed, backend, num_workers, mp_context, step_timeout,
+                         reset_timeout, on_error, backend_options)
         self._closed = True  # until a backend is running
         self.group_n = int(group_n)
         self.seed = int(seed)
@@ -176,8 +185,17 @@ class EnvPool(Replaying):
         options = dict(backend_options)
         if ray_address is not None:
             options["ray_address"] = ray_address
-        self._backend = _start_backend(backend, builds, num_workers, mp_context, options,
-                                       fallback)
+        try:
+            self._backend = _start_backend(backend, builds, num_workers, mp_context, options,
+                                           fallback, (self.step_timeout, self.reset_timeout))
+        except EnvBuildError as exc:
+            env_id, cause = sorted(exc.errors.items())[0]
+            kwargs = next(b.kwargs for b in builds if b.env_id == env_id)
+            more = len(exc.errors) - 1
+            raise EnvConstructionError(
+                f"cannot build env {env_id} (tag {self.tags[env_id]!r}, type "
+                f"{self.env_types[env_id]!r}, kwargs {kwargs!r}): {cause}"
+                + (f" ({more} more env(s) failed too)" if more else "")) from None
         self._closed = False
         self._finalizer = weakref.finalize(self, self._backend.close)
         self.attach(self._backend, len(builds))
@@ -219,6 +237,8 @@ class EnvPool(Replaying):
         self._check_open()
         ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
         self._check_ids(ids)
+        if seed is not None:
+            _check_int("seed", seed, 0)
         if seed is None:
             base = self.seed + self._episode * self.n_groups
             self._episode += 1
@@ -386,11 +406,13 @@ def _entry_point(env_type: str, env_kwargs: dict[str, Any]) -> tuple[str, dict[s
 
 
 def _start_backend(name: str, builds: list[EnvBuild], num_workers: int | None,
-                   mp_context: str | None, options: dict[str, Any], fallback: bool) -> Backend:
+                   mp_context: str | None, options: dict[str, Any], fallback: bool,
+                   timeouts: tuple[float | None, float | None] = (None, None)) -> Backend:
     backend: Backend | None = None
     try:
         cls = get_backend(name)
         backend = cls(builds, num_workers, mp_context=mp_context, **options)
+        backend.step_timeout, backend.reset_timeout = timeouts
         backend.start(START_TIMEOUT)
         return backend
     except (BackendUnavailable, OSError, ImportError) as exc:
@@ -400,6 +422,90 @@ def _start_backend(name: str, builds: list[EnvBuild], num_workers: int | None,
             raise
         log.warning("backend %r cannot start (%s); falling back to sequential", name, exc)
     seq = get_backend("sequential")(builds, 1)
+    seq.step_timeout, seq.reset_timeout = timeouts
     seq.start(START_TIMEOUT)
     return seq
+
+
+# ---------------------------------------------------------------------- argument checks
+def _check_int(name: str, value: Any, minimum: int | None = None, none_ok: bool = False
+               ) -> None:
+    if value is None and none_ok:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int{' or None' if none_ok else ''}, "
+                        f"got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_seconds(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds or None, "
+                        f"got {type(value).__name__} {value!r}")
+    if not value > 0 or math.isnan(value):
+        raise ValueError(f"{name} must be > 0 seconds (or None for no deadline), got {value}")
+
+
+def _option_names(backend: str) -> set[str]:
+    """Keyword options a backend's constructor takes (auto: those of every backend, since
+    it hands them to the one it picks)."""
+    names: set[str] = set()
+    for key in (BACKENDS if backend == "auto" else [backend]):
+        try:
+            cls = get_backend(key)
+        except (BackendUnavailable, ValueError):
+            continue
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None:
+                continue
+            for p in inspect.signature(init).parameters.values():
+                if p.kind == p.KEYWORD_ONLY:
+                    names.add(p.name)
+    return names - {"mp_context"}
+
+
+def _check_arguments(specs: list[EnvGroupSpec], group_n: Any, seed: Any, backend: Any,
+                     num_workers: Any, mp_context: Any, step_timeout: Any,
+                     reset_timeout: Any, on_error: Any, options: dict[str, Any]) -> None:
+    """Strict arguments: a typo or a bad value fails here, naming the parameter."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__} {backend!r}")
+    if backend not in BACKENDS:
+        close = difflib.get_close_matches(backend, list(BACKENDS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown backend {backend!r} (one of {', '.join(BACKENDS)}){hint}")
+    known = _option_names(backend)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        params = set(inspect.signature(EnvPool.__init__).parameters) - {"self",
+                                                                          "backend_options"}
+        candidates = sorted(params | _option_names("auto"))
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+            if not close:
+                close = [c for c in candidates if c.replace("_", "") == key.lower()]
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise TypeError(f"EnvPool() got unexpected keyword argument(s) {', '.join(hints)} "
+                        f"for backend {backend!r}")
+    _check_int("group_n", group_n, 1)
+    _check_int("seed", seed, 0)
+    _check_int("num_workers", num_workers, 1, none_ok=True)
+    _check_seconds("step_timeout", step_timeout)
+    _check_seconds("reset_timeout", reset_timeout)
+    if mp_context is not None and not isinstance(mp_context, str):
+        raise TypeError(f"mp_context must be a str or None, got {type(mp_context).__name__}")
+    if on_error not in ("flag", "raise"):
+        raise ValueError(f"on_error must be 'flag' or 'raise', got {on_error!r}")
+    for spec in specs:
+        if not isinstance(spec.env_type, str):
+            raise TypeError(f"env_type must be a str (a registered name or "
+                            f"'module:Class'), got {type(spec.env_type).__name__}")
+        if not isinstance(spec.env_kwargs, Mapping):
+            raise TypeError(f"env_kwargs must be a dict, got {type(spec.env_kwargs).__name__}")
+        _check_int(f"env_num (n_groups of tag {spec.tag!r})", spec.n_groups, 0)
 

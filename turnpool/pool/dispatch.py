@@ -15,6 +15,7 @@ two hooks `Dispatcher._step_done` / `Dispatcher._reset_done`, which ``replay.py`
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -22,13 +23,15 @@ from typing import Any
 
 from turnpool.backends.base import Backend
 from turnpool.pool.protocol import (
-    MAX_ERROR_CHARS,
     ResetResult,
     TurnResult,
     WorkerLost,
     as_turn_results,
+    bounded,
     error_reset,
     error_step,
+    failure_of,
+    op_limit,
 )
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,8 @@ class Ticket:
 class Pending:
     """One request to one worker: its envs, where their results go, and its clock."""
 
-    __slots__ = ("seq", "op", "env_ids", "items", "ticket", "positions", "seeds", "clock")
+    __slots__ = ("seq", "op", "env_ids", "items", "ticket", "positions", "seeds", "clock",
+                 "retried")
 
     def __init__(self, op: str, env_ids: Sequence[int], items: Any, ticket: Ticket | None,
                  positions: Sequence[int], seeds: list[int] | None = None) -> None:
@@ -61,6 +65,8 @@ class Pending:
         self.positions = positions
         self.seeds = seeds
         self.clock = 0.0
+        #: sent again after its worker was lost with no env to blame (only once)
+        self.retried = False
 
 
 class Dispatcher:
@@ -80,8 +86,9 @@ class Dispatcher:
         self._seq = 0
         #: each env's current episode seed (None before its first reset or after a failure)
         self._seeds: list[int | None] = [None] * num_envs
-        #: failed envs (until their next reset) -> why
+        #: failed envs (until their next reset) -> why, and their failure class
         self._broken: dict[int, str] = {}
+        self._failure: dict[int, str] = {}
         self._in_flight: set[int] = set()
         #: finished async turns, waiting for `poll`
         self._ready: list[tuple[int, TurnResult]] = []
@@ -101,8 +108,9 @@ class Dispatcher:
                 pos += len(ids)
 
     # ------------------------------------------------------------------ hooks (replay.py)
-    def _recover(self, worker: int, reason: str) -> None:
-        """Replace a dead or stuck worker and deal with its queue."""
+    def _recover(self, worker: int, reason: str, failure: str) -> None:
+        """Replace a dead or stuck worker and deal with its queue (``failure``: the class of
+        what happened, ``"timeout"`` or ``"worker_lost"``)."""
         raise NotImplementedError
 
     def _step_done(self, worker: int, head: Pending) -> None:
@@ -141,7 +149,8 @@ class Dispatcher:
             self._in_flight.update(ids)
         for pos, i in failed:
             self._deliver(ticket, pos, i,
-                          error_step(f"env failed earlier ({broken[i]}); reset it"))
+                          error_step(f"env failed earlier ({broken[i]}); reset it",
+                                     failure=self._failure.get(i, "env_error")))
 
     def _finish(self, ticket: Ticket) -> None:
         self._pump(lambda: ticket.remaining == 0, None)
@@ -167,14 +176,35 @@ class Dispatcher:
                 log.debug("sending to worker %d failed: %s", worker, exc)
                 return
             except Exception as exc:  # e.g. an action that cannot be pickled
-                reason = f"request could not be sent: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+                reason = bounded(f"request could not be sent: {type(exc).__name__}: {exc}")
                 log.warning("worker %d: %s", worker, reason)
+                rest = self._without_unpicklable(pending, reason)
+                if rest is not None:  # only the envs whose actions cannot be pickled failed
+                    queue[0] = pending = rest
+                    continue
                 queue.popleft()
                 for k, i in enumerate(pending.env_ids):
-                    self._fail(pending, k, i, reason)
+                    self._fail(pending, k, i, reason, "unpicklable")
                 if not queue:
                     return
                 pending = queue[0]
+
+    def _without_unpicklable(self, pending: Pending, reason: str) -> Pending | None:
+        """Fail the envs of a turn request whose actions cannot be pickled and return the
+        request for the others; None if no single action is to blame (fail them all)."""
+        if pending.op not in ("step", "step1"):
+            return None
+        env_ids, actions = pending.items
+        bad = [k for k, a in enumerate(actions) if not _picklable(a)]
+        if not bad or len(bad) == len(env_ids):
+            return None
+        for k in bad:
+            self._fail(pending, k, env_ids[k], reason, "unpicklable")
+        keep = [k for k in range(len(env_ids)) if k not in set(bad)]
+        ids = [env_ids[k] for k in keep]
+        positions = [pending.positions[k] for k in keep]
+        return Pending(pending.op, ids, (ids, [actions[k] for k in keep]), pending.ticket,
+                       positions)
 
     def _pump(self, done: Callable[[], bool], timeout: float | None) -> None:
         """Process replies and faults until ``done()`` or ``timeout`` (None: until done or
@@ -209,13 +239,7 @@ class Dispatcher:
                 return
 
     def _limit(self, op: str) -> float | None:
-        if op == "step" or op == "step1":
-            return self.step_timeout
-        if op == "reset":
-            return self.reset_timeout
-        if self.reset_timeout is None or self.step_timeout is None:
-            return None
-        return self.reset_timeout + self.step_timeout
+        return op_limit(op, self.step_timeout, self.reset_timeout)
 
     def _recheck_deadline(self, worker: int, limit: float, now: float) -> float | None:
         """The head request looks late; an env that started later gets its own full budget."""
@@ -230,7 +254,7 @@ class Dispatcher:
                 if since + limit > now:
                     return since + limit
         what = "reset timeout" if head.op == "reset" else "step timeout"
-        self._recover(worker, f"{what} ({limit:g} s)")
+        self._recover(worker, f"{what} ({limit:g} s)", "timeout")
         return None
 
     def _receive(self, worker: int) -> None:
@@ -238,7 +262,7 @@ class Dispatcher:
         try:
             seq, payload, error = self._backend.recv(worker)
         except WorkerLost as exc:
-            self._recover(worker, str(exc) or "worker died")
+            self._recover(worker, str(exc) or "worker died", "worker_lost")
             return
         if not queue or seq != queue[0].seq:
             log.debug("discarding a stale reply (seq %d) from worker %d", seq, worker)
@@ -253,7 +277,8 @@ class Dispatcher:
         ticket = head.ticket
         if error is not None:  # the worker's host failed as a whole
             for k, i in enumerate(ids):
-                self._fail(head, k, i, f"worker error: {error}")
+                self._fail(head, k, i, f"worker error: {error}",
+                           "timeout" if "timeout" in error else "worker_lost")
             return
         if head.op == "step" or head.op == "step1":
             assert ticket is not None
@@ -261,6 +286,7 @@ class Dispatcher:
             results = as_turn_results(wire)
             for k in failed:
                 self._broken[ids[k]] = results[k].error
+                self._failure[ids[k]] = failure_of(results[k].info)
             self._step_done(self._owner[ids[0]], head)
             positions = head.positions
             if not ticket.is_async and isinstance(positions, range) and positions.step == 1:
@@ -279,6 +305,7 @@ class Dispatcher:
                     self._broken.pop(i, None)
                 else:
                     self._broken[i] = r.error
+                    self._failure[i] = failure_of(r.info)
                     self._seeds[i] = None
                 self._deliver(ticket, pos, i, r)
             self._reset_done(self._owner[ids[0]], started)
@@ -286,6 +313,7 @@ class Dispatcher:
             for i, err in zip(ids, payload):
                 if err is not None:
                     self._broken[i] = f"restore failed: {err}"
+                    self._failure[i] = "worker_lost"
 
     def _deliver(self, ticket: Ticket, pos: int, env_id: int,
                  result: TurnResult | ResetResult) -> None:
@@ -295,14 +323,27 @@ class Dispatcher:
             assert isinstance(result, TurnResult)
             self._ready.append((env_id, result))
 
-    def _fail(self, pending: Pending, k: int, env_id: int, reason: str) -> None:
-        """Env ``env_id`` (index ``k`` of ``pending``) failed: flag it and deliver the error."""
+    def _fail(self, pending: Pending, k: int, env_id: int, reason: str,
+              failure: str = "env_error") -> None:
+        """Env ``env_id`` (index ``k`` of ``pending``) failed: flag it and deliver the error
+        (``failure``: its class, see `turnpool.pool.protocol.FAILURE_CLASSES`)."""
         self._broken[env_id] = reason
+        self._failure[env_id] = failure
         if pending.op == "restore" or pending.ticket is None:
             return
         if pending.op == "reset":
             self._seeds[env_id] = None
-            self._deliver(pending.ticket, pending.positions[k], env_id, error_reset(reason))
+            self._deliver(pending.ticket, pending.positions[k], env_id,
+                          error_reset(reason, failure))
         else:
-            self._deliver(pending.ticket, pending.positions[k], env_id, error_step(reason))
+            self._deliver(pending.ticket, pending.positions[k], env_id,
+                          error_step(reason, failure=failure))
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return False
+    return True
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnpool.envs.base import TextEnv
+from turnpool.pool.interrupt import StepInterrupted
 from turnpool.pool.protocol import (
     EnvBuild,
     Reply,
@@ -55,7 +56,7 @@ class EnvHost:
             try:
                 self.envs[env_id] = b.build()
             except Exception as exc:  # a broken env must not take its worker down
-                log.warning("building env %d (%s) failed: %s", env_id, b.entry_point, exc)
+                log.debug("building env %d (%s) failed: %s", env_id, b.entry_point, exc)
                 self.envs[env_id] = None
                 self.broken.add(env_id)
                 self.build_errors[env_id] = short_error(exc)
@@ -101,7 +102,8 @@ class EnvHost:
             env = envs.get(env_id)
             if env is None or env_id in broken:
                 failed.append(len(results))
-                append(error_step("env failed earlier; reset it"))
+                append(error_step("env failed earlier; reset it",
+                                  failure="construct_error" if env is None else "env_error"))
                 continue
             n = 0
             try:
@@ -114,6 +116,11 @@ class EnvHost:
                 broken.add(env_id)
                 failed.append(len(results))
                 append(error_step(short_error(exc), n))
+                continue
+            except StepInterrupted:  # ran past its deadline in the caller's process
+                broken.add(env_id)
+                failed.append(len(results))
+                append(error_step(_TIMED_OUT, n, failure="timeout"))
                 continue
             info["terminated"] = terminated
             info["truncated"] = truncated
@@ -140,9 +147,16 @@ class EnvHost:
                     else:
                         obs, info = env.reset(seed=seed)
                         results.append(ResetResult(obs, info, None))
+                except _BuildFailed as exc:
+                    self.broken.add(env_id)
+                    results.append(error_reset(str(exc), failure="construct_error"))
                 except Exception as exc:
                     self.broken.add(env_id)
                     results.append(error_reset(short_error(exc)))
+                except StepInterrupted:
+                    self.broken.add(env_id)
+                    results.append(error_reset(_TIMED_OUT.replace("step", "reset"),
+                                               failure="timeout"))
         return results
 
     def restore(self, items: Sequence[tuple[int, int, Sequence[Sequence[Any]]]]
@@ -160,6 +174,9 @@ class EnvHost:
             except Exception as exc:
                 self.broken.add(env_id)
                 errors.append(short_error(exc))
+            except StepInterrupted:
+                self.broken.add(env_id)
+                errors.append(_TIMED_OUT)
         return errors
 
     def close(self) -> None:
@@ -181,10 +198,20 @@ class EnvHost:
                 except Exception as exc:
                     log.debug("closing a broken env failed: %s", exc)
             self.envs[env_id] = None
-            env = self.builds[env_id].build()
+            try:
+                env = self.builds[env_id].build()
+            except Exception as exc:
+                raise _BuildFailed(short_error(exc)) from exc
             self.envs[env_id] = env
             self.broken.discard(env_id)
         return env
+
+
+_TIMED_OUT = "step timeout (interrupted in-process)"
+
+
+class _BuildFailed(Exception):
+    """Rebuilding a failed env raised (its reset reports ``construct_error``)."""
 
 
 def _no_progress(env_id: int) -> None:

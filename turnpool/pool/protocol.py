@@ -43,6 +43,7 @@ reset + replay (deterministic envs make this exact).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -63,12 +64,41 @@ MAX_ERROR_CHARS = 300
 DEFAULT_MP_CONTEXT = "spawn"
 
 
+#: Why an env failed, as carried in ``info["failure"]`` of every failed env (with
+#: ``info["retryable"]``): the one list of failure classes, and whether running the episode
+#: again from the same seed can succeed (the env itself is not to blame).
+FAILURE_CLASSES: dict[str, bool] = {
+    "env_error": False,        # env code raised
+    "timeout": True,           # a step or reset ran past its deadline
+    "worker_lost": True,       # the worker holding the env died (or was killed)
+    "unpicklable": False,      # an action or result could not cross a process boundary
+    "policy_error": True,      # the policy could not produce a reply for the env
+    "construct_error": False,  # the env could not be built
+}
+
+
 class BackendUnavailable(RuntimeError):
     """A backend could not start (missing package, start-method failure, worker import error)."""
 
 
 class WorkerLost(RuntimeError):
     """A worker died (or was declared dead) before replying."""
+
+
+class EnvBuildError(RuntimeError):
+    """A backend's workers could not build some envs; ``errors`` maps env id -> cause.
+
+    Raised by ``Backend.start`` (never turned into `BackendUnavailable`: the envs, not the
+    backend, are broken, so no other backend would do better); the pool names the env type,
+    tag and kwargs of the first one.
+    """
+
+    def __init__(self, errors: dict[int, str]) -> None:
+        self.errors = dict(errors)
+        env_id, why = sorted(self.errors.items())[0]
+        more = len(self.errors) - 1
+        super().__init__(f"env {env_id} could not be built: {why}"
+                         + (f" (and {more} more)" if more else ""))
 
 
 class TurnResult(NamedTuple):
@@ -132,25 +162,65 @@ def short_error(exc: BaseException) -> str:
     return bounded(f"{type(exc).__name__}: {exc}")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
 def bounded(text: str) -> str:
-    """``text`` cut to `MAX_ERROR_CHARS`."""
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+    """``text`` without terminal colour codes, cut to `MAX_ERROR_CHARS`.
+
+    A long text (a remote traceback) keeps its head and its last line: the last line of a
+    traceback names the exception that was finally raised, which is the cause a user needs.
+    """
+    text = _ANSI.sub("", text)
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    tail = lines[-1][-(MAX_ERROR_CHARS // 2):] if len(lines) > 1 else ""
+    head = MAX_ERROR_CHARS - len(tail) - 5
+    return text[:head].rstrip() + " ... " + tail if tail else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
-def error_info(reason: str) -> dict[str, Any]:
-    """The info dict of a failed env: the standard keys (so readers never KeyError) + error."""
+def failure_info(failure: str) -> dict[str, Any]:
+    """``{"failure": failure, "retryable": ...}`` for a class of `FAILURE_CLASSES`."""
+    if failure not in FAILURE_CLASSES:
+        raise ValueError(f"unknown failure class {failure!r}; one of {list(FAILURE_CLASSES)}")
+    return {"failure": failure, "retryable": FAILURE_CLASSES[failure]}
+
+
+def failure_of(info: dict[str, Any]) -> str:
+    """The failure class of a failed env's info (``"env_error"`` when it names none)."""
+    failure = info.get("failure")
+    return failure if failure in FAILURE_CLASSES else "env_error"
+
+
+def error_info(reason: str, failure: str = "env_error") -> dict[str, Any]:
+    """The info dict of a failed env: the standard keys (so readers never KeyError), the
+    error and its failure class."""
     return {"success": False, "action_is_valid": False, "action_is_effective": False,
-            "anchor_obs": "", "terminated": False, "truncated": True, "error": reason}
+            "anchor_obs": "", "terminated": False, "truncated": True, "error": reason,
+            **failure_info(failure)}
 
 
-def error_step(reason: str, n_executed: int = 0) -> TurnResult:
+def error_step(reason: str, n_executed: int = 0, failure: str = "env_error") -> TurnResult:
     """A failed env's step result: done (truncated: the episode was cut, not finished), 0 reward."""
-    return TurnResult("", 0.0, False, True, error_info(reason), n_executed, reason)
+    return TurnResult("", 0.0, False, True, error_info(reason, failure), n_executed, reason)
 
 
-def error_reset(reason: str) -> ResetResult:
+def error_reset(reason: str, failure: str = "env_error") -> ResetResult:
     """A failed env's reset result."""
-    return ResetResult("", error_info(reason), reason)
+    return ResetResult("", error_info(reason, failure), reason)
+
+
+def op_limit(op: str, step_timeout: float | None, reset_timeout: float | None
+             ) -> float | None:
+    """The deadline of one env's share of a request (``restore`` = reset + replayed steps)."""
+    if op == "step" or op == "step1":
+        return step_timeout
+    if op == "reset":
+        return reset_timeout
+    if reset_timeout is None or step_timeout is None:
+        return None
+    return reset_timeout + step_timeout
 
 
 def split_evenly(env_ids: Sequence[int], num_workers: int) -> list[list[int]]:

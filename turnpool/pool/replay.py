@@ -38,7 +38,7 @@ class Replaying(Dispatcher):
             self._mark[i] = start
         self._compact_log(worker)
 
-    def _recover(self, worker: int, reason: str) -> None:
+    def _recover(self, worker: int, reason: str, failure: str) -> None:
         """Replace a dead or stuck worker; flag the env it was running, bring back the rest.
 
         The env running when the worker died is known from the backend's progress marker;
@@ -59,15 +59,24 @@ class Replaying(Dispatcher):
             log.error("restarting worker %d failed: %s", worker, exc)
             for pending in [head, *queue]:
                 for k, i in enumerate(pending.env_ids):
-                    self._fail(pending, k, i, f"{reason}; restart failed: {exc}")
+                    self._fail(pending, k, i, f"{reason}; restart failed: {exc}", failure)
             queue.clear()
             for i in self._backend.slices[worker]:
-                self._broken.setdefault(i, f"worker lost: {exc}")
+                if i not in self._broken:
+                    self._broken[i] = f"worker lost: {exc}"
+                    self._failure[i] = "worker_lost"
             return
-        # Unknown culprit (died between envs): flag the whole request rather than risk a loop.
-        guilty = [culprit] if culprit in head.env_ids else list(head.env_ids)
+        if culprit in head.env_ids:
+            guilty = [culprit]
+        elif (progress is not None and failure == "worker_lost" and not head.retried
+              and head.op != "restore"):
+            # It died between envs (killed from outside, e.g. with a sibling worker): no env
+            # is to blame; the request is sent again once.
+            guilty = []
+        else:  # unknown culprit: flag the whole request rather than risk a loop
+            guilty = list(head.env_ids)
         for i in guilty:
-            self._fail(head, head.env_ids.index(i), i, reason)
+            self._fail(head, head.env_ids.index(i), i, reason, failure)
         rest: list[Pending] = []
         if head.op != "restore":
             keep = [k for k, i in enumerate(head.env_ids) if i not in guilty]
@@ -84,8 +93,10 @@ class Replaying(Dispatcher):
                 if head.seeds is not None:
                     seed_of = dict(zip(head.env_ids, head.seeds))
                     seeds = [seed_of[i] for i in env_ids]
-                rest.append(Pending(head.op, env_ids, items, head.ticket,
-                                     [pos_of[i] for i in env_ids], seeds))
+                retry = Pending(head.op, env_ids, items, head.ticket,
+                                [pos_of[i] for i in env_ids], seeds)
+                retry.retried = True
+                rest.append(retry)
         waiting = list(queue)
         queue.clear()
         resetting = {i for p in (*rest, *waiting) if p.op == "reset" for i in p.env_ids}

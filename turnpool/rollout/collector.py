@@ -19,6 +19,15 @@ Sampling:
   ``on_budget_exhausted`` decides: ``raise`` (`BudgetExhausted`), ``keep_all`` (fill the batch
   with dropped groups, oldest first) or ``return_short``. Counts are in the metrics.
 
+Failures: an episode that failed (its env raised, timed out or lost its worker, or the policy
+gave no reply for it; the class is in ``info["failure"]``) is never scored, since a reward-0
+sample would bias its group's baseline. A retryable failure is played again from the same
+seed, at most ``episode_retries`` times; a group that still holds a failed episode is dropped
+whole. The metrics count ``failures/<class>`` (every failed attempt), ``failures/retried``,
+``failures/dropped_groups`` and ``failures/unrecovered_fraction`` (episodes that failed for
+good over episodes started); a policy whose endpoint cannot be reached at all raises
+`turnpool.policies.base.PolicyUnreachable` instead.
+
 Scores follow RAGEN (see `turnpool.rollout.scoring`); the group filter reads the unpenalized,
 unnormalized sums. GiGPO step groups: every turn gets ``step_group_uid``, equal for turns of
 one group whose ``anchor_obs`` are equal.
@@ -45,6 +54,7 @@ import dataclasses
 import hashlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,11 +63,13 @@ from typing import IO, Any
 from turnpool.policies import make_policy
 from turnpool.policies.base import Policy
 from turnpool.pool import EnvGroupSpec, EnvPool
+from turnpool.pool.protocol import FAILURE_CLASSES
 from turnpool.rollout.async_driver import play_async
 from turnpool.rollout.episode import (
     EpisodeState,
     SeedSchedule,
     TurnRunner,
+    start_episode,
     start_episodes,
     step_plans,
 )
@@ -128,6 +140,7 @@ class TrajectoryCollector:
         self.seeds = SeedSchedule(s.seed_base, self.n_groups, s.mode)
         self.turns = TurnRunner(policy, s.turn)
         self._clock = _Clock()
+        self._failures: Counter[str] = Counter()
         self.on_turn: Callable[[int, int, int], None] | None = None
 
     # ------------------------------------------------------------------ construction
@@ -149,6 +162,7 @@ class TrajectoryCollector:
     def collect(self, seed: int | None = None) -> RolloutBatch:
         """One rollout batch: vanilla, or dynamic sampling when ``filter_groups`` is on."""
         self._clock = _Clock()
+        self._failures = Counter()
         s = self.settings
         if s.filter_groups:
             groups, dyn = self._dynamic(seed)
@@ -158,6 +172,7 @@ class TrajectoryCollector:
         self._score(trajectories)
         metrics = self._metrics(trajectories)
         metrics.update(dyn)
+        metrics.update(self._failure_metrics())
         return RolloutBatch(trajectories, metrics)
 
     def close(self) -> None:
@@ -188,6 +203,12 @@ class TrajectoryCollector:
         eps = start_episodes(self.pool, self._prompt_of, obs, infos)
         for ep in eps:
             ep.gen_batch = gen_batch
+        self._play(eps, gen_batch)
+        self._failures["started"] += len(eps)
+        return self._retry_failed(eps, seed, gen_batch)
+
+    def _play(self, eps: list[EpisodeState], gen_batch: int) -> None:
+        """Play freshly reset episodes to their end (or ``max_turn``)."""
         if self.settings.collector_mode == "async":
             self._play_async(eps, gen_batch)
         else:
@@ -199,7 +220,46 @@ class TrajectoryCollector:
                 if self.on_turn is not None:
                     self.on_turn(gen_batch, turn, len(active))
         self._clock.env_steps += sum(ep.num_actions for ep in eps)
+
+    def _retry_failed(self, eps: list[EpisodeState], seed: int, gen_batch: int
+                      ) -> list[EpisodeState]:
+        """Play retryable failed episodes again from the same seed (bounded); count every
+        failed attempt by class."""
+        self._count_failures(eps)
+        for _ in range(self.settings.episode_retries):
+            again = [k for k, ep in enumerate(eps) if ep.error is not None and ep.retryable]
+            if not again:
+                break
+            ids = [eps[k].env_id for k in again]
+            obs, infos = self.pool.reset(seed=seed, env_ids=ids)
+            seeds, gids = self.pool.env_seeds, self.pool.group_ids
+            fresh = [start_episode(self._prompt_of[i], i, gids[i], seeds[i], o, info)
+                     for i, o, info in zip(ids, obs, infos)]
+            for ep in fresh:
+                ep.gen_batch = gen_batch
+            log.info("retrying %d failed episode(s) from their seeds", len(fresh))
+            self._play(fresh, gen_batch)
+            self._failures["retried"] += len(fresh)
+            self._count_failures(fresh)
+            for k, ep in zip(again, fresh):
+                eps[k] = ep
         return eps
+
+    def _count_failures(self, eps: Sequence[EpisodeState]) -> None:
+        for ep in eps:
+            if ep.error is not None:
+                self._failures[ep.failure or "env_error"] += 1
+
+    def _failure_metrics(self) -> dict[str, float]:
+        f = self._failures
+        m = {f"failures/{name}": float(f[name]) for name in FAILURE_CLASSES}
+        m["failures/retried"] = float(f["retried"])
+        m["failures/dropped_groups"] = float(f["dropped_groups"])
+        m["failures/unrecovered"] = float(f["unrecovered"])
+        m["failures/started"] = float(f["started"])
+        m["failures/unrecovered_fraction"] = (f["unrecovered"] / f["started"]
+                                              if f["started"] else 0.0)
+        return m
 
     def play_turn(self, active: Sequence[EpisodeState]) -> None:
         """One turn for ``active`` envs: generate, plan, step, record."""
@@ -233,10 +293,21 @@ class TrajectoryCollector:
 
     # ------------------------------------------------------------------ sampling
     def _groups_of(self, eps: list[EpisodeState]) -> list[list[Trajectory]]:
-        groups: dict[int, list[Trajectory]] = {}
+        """The batch's groups, without those that hold a failed episode (dropped whole)."""
+        members: dict[int, list[EpisodeState]] = {}
         for ep in eps:
-            groups.setdefault(ep.group_id, []).append(self._trajectory(ep))
-        return list(groups.values())
+            members.setdefault(ep.group_id, []).append(ep)
+        groups: list[list[Trajectory]] = []
+        for group_id, group in members.items():
+            failed = [ep for ep in group if ep.error is not None]
+            if failed:
+                self._failures["dropped_groups"] += 1
+                self._failures["unrecovered"] += len(failed)
+                log.warning("dropping group %d: %d episode(s) failed (%s: %s)", group_id,
+                            len(failed), failed[0].failure, failed[0].error)
+                continue
+            groups.append([self._trajectory(ep) for ep in group])
+        return groups
 
     def _dynamic(self, seed: int | None) -> tuple[list[list[Trajectory]], dict[str, float]]:
         s = self.settings

@@ -21,8 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnpool.policies.base import Message, Policy, TurnContext
+from turnpool.policies.base import FailedReply, Message, Policy, TurnContext
 from turnpool.pool import EnvPool, TurnResult
+from turnpool.pool.protocol import FAILURE_CLASSES, failure_of
 from turnpool.rollout.projection import parse_response
 from turnpool.rollout.prompts import EnvPrompt, build_messages
 from turnpool.rollout.settings import TurnSettings
@@ -51,7 +52,16 @@ class EpisodeState:
     truncated: bool = False
     end_reason: str = "running"
     error: str | None = None
+    #: the failure class of ``error`` (`turnpool.pool.protocol.FAILURE_CLASSES`) and whether
+    #: playing the episode again from its seed may succeed
+    failure: str | None = None
+    retryable: bool = False
     gen_batch: int = 0
+
+    def fail(self, error: str, failure: str) -> None:
+        """End the episode as failed (never scored: the collector retries or drops it)."""
+        self.done, self.end_reason, self.error = True, "error", error
+        self.failure, self.retryable = failure, FAILURE_CLASSES[failure]
 
     @property
     def tag(self) -> str:
@@ -73,6 +83,8 @@ class TurnPlan:
     valid: tuple[str, ...]
     to_execute: tuple[str, ...]
     penalize: bool
+    #: the policy produced no reply for this env (why); nothing runs and the episode fails
+    policy_error: str | None = None
 
 
 def start_episode(
@@ -84,12 +96,16 @@ def start_episode(
                       state=str(obs), anchor_obs=str(info.get("anchor_obs", obs)))
     err = info.get("error")
     if err:
-        ep.done, ep.end_reason, ep.error = True, "error", str(err)
+        ep.fail(str(err), failure_of(dict(info)))
     return ep
 
 
 def plan_turn(ep: EpisodeState, reply: str, settings: TurnSettings) -> TurnPlan:
     """Parse a reply and decide what runs. Never raises on any text."""
+    if isinstance(reply, FailedReply):
+        return TurnPlan(raw="", llm_response="", format_valid=False, actions=(), valid=(),
+                        to_execute=(), penalize=False,
+                        policy_error=str(reply.error)[:MAX_RESPONSE_CHARS] or "policy failed")
     raw = reply[:MAX_RESPONSE_CHARS] if isinstance(reply, str) else ""
     parsed = parse_response(raw, settings.action_sep, settings.max_actions_per_turn,
                             settings.enable_think)
@@ -149,8 +165,11 @@ def apply_turn(
     if outcome is not None:
         ep.state = str(outcome.obs)
         ep.anchor_obs = str(outcome.info.get("anchor_obs", outcome.obs))
-    if error:
-        ep.done, ep.end_reason, ep.error = True, "error", str(error)
+    if plan.policy_error is not None:
+        turn.error = plan.policy_error
+        ep.fail(plan.policy_error, "policy_error")
+    elif error:
+        ep.fail(str(error), failure_of(outcome.info) if outcome is not None else "env_error")
     elif env_done:
         ep.done, ep.success = True, bool(info.get("success", False))
         ep.terminated, ep.truncated = bool(outcome and outcome.terminated), bool(

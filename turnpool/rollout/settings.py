@@ -95,6 +95,18 @@ class CollectorSettings:
     #: "lockstep" (one batched policy call per turn) or "async" (`turnpool.rollout.async_driver`)
     collector_mode: str = "lockstep"
     async_settings: AsyncSettings = field(default_factory=AsyncSettings)
+    #: a failed episode whose failure is retryable is played again from the same seed at
+    #: most this many times; a group that still holds a failed episode is dropped (a failure
+    #: is never scored as reward 0 in a group)
+    episode_retries: int = 2
+
+    def __post_init__(self) -> None:
+        if isinstance(self.episode_retries, bool) or not isinstance(self.episode_retries, int):
+            raise TypeError(f"episode_retries must be an int, got {self.episode_retries!r}")
+        if self.episode_retries < 0:
+            raise ValueError(f"episode_retries must be >= 0, got {self.episode_retries}")
+        if self.max_turn < 1:
+            raise ValueError(f"max_turn must be >= 1, got {self.max_turn}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,197 @@
+"""Deadlines for envs that run in the caller's own process (sequential backend, threads).
+
+A worker process that hangs can be killed; an env running in the caller cannot. To keep
+``step_timeout`` on every backend, an env that runs past its budget in this process gets
+`StepInterrupted` raised inside its own code:
+
+* on the main thread, by an interval timer (``SIGALRM``): the handler raises in the env's
+  frame, and it also cuts blocking calls that Python restarts after a signal (``time.sleep``,
+  socket waits). A timer the program itself had set (a test runner's timeout, say) is kept:
+  its handler is chained and it fires when it was due;
+* on any other thread (or when ``SIGALRM`` is handled outside Python), by a watchdog thread that
+  asks the interpreter to raise in the env's thread (``PyThreadState_SetAsyncExc``); that
+  exception only fires when the thread runs Python code again, so a thread blocked in one
+  long C call (``time.sleep(3600)``, a socket read without timeout) stays stuck until the
+  call returns.
+
+Neither stops a hang inside C code that never returns to the interpreter (a C extension loop):
+only a backend whose workers are processes (``process``, ``process_pool``, ``joblib``,
+``ray``) can stop that, by killing the worker. `StepInterrupted` derives from
+``BaseException`` so that an env's own ``except Exception`` cannot swallow it.
+
+Usage by a backend (one `InProcessDeadline` per thread that runs envs)::
+
+    deadline = InProcessDeadline()
+    host = EnvHost(builds, deadline.mark)   # the host marks each env as it starts
+    deadline.begin(2.0)                     # each env of the request gets 2 s
+    try:
+        reply = host.handle(request)
+    finally:
+        deadline.end()
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+#: A timer firing this early relative to the deadline re-arms instead of raising.
+_SLACK_S = 1e-3
+
+
+class StepInterrupted(BaseException):
+    """Raised inside env code that ran past its deadline in the caller's process."""
+
+
+def raise_in_thread(thread_id: int, exc_type: type[BaseException] = StepInterrupted) -> bool:
+    """Ask the interpreter to raise ``exc_type`` in thread ``thread_id`` the next time it runs
+    Python code; False if no such thread exists."""
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
+                                                      ctypes.py_object(exc_type))
+    return int(done) == 1
+
+
+def signal_timer_free() -> bool:
+    """Can this thread use ``SIGALRM`` for deadlines (the main thread, on a platform with
+    interval timers, with the signal's handler, if any, set from Python)?"""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if not hasattr(signal, "setitimer"):
+        return False
+    return signal.getsignal(signal.SIGALRM) is not None
+
+
+class InProcessDeadline:
+    """Per-env deadlines for the envs one thread runs (see the module docstring).
+
+    `begin` starts a request with a per-env budget (None: no deadline), `mark` is the host's
+    progress callback (called with each env id before its work, ``-1`` when the request is
+    done), `end` disarms. Which mechanism is used is decided at each `begin`, by the thread
+    that calls it.
+    """
+
+    def __init__(self) -> None:
+        self.limit: float | None = None
+        self.env = -1
+        self.since = 0.0
+        self.fired = 0  # how many envs were interrupted (diagnostics, tests)
+        self._use_signal = False
+        self._previous: Any = None
+        self._their_due: float | None = None  # when the program's own timer is due
+        self._their_interval = 0.0
+        self._target = 0
+        self._cond = threading.Condition()
+        self._watchdog: threading.Thread | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ request bracket
+    def begin(self, limit: float | None) -> None:
+        self.env, self.since = -1, time.monotonic()
+        if limit is None:
+            self.limit = None
+            return
+        self.limit = float(limit)
+        self._use_signal = signal_timer_free()
+        if self._use_signal:
+            left, self._their_interval = signal.getitimer(signal.ITIMER_REAL)
+            self._their_due = self.since + left if left > 0 else None
+            self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
+            signal.setitimer(signal.ITIMER_REAL, min(self.limit, left or self.limit))
+            return
+        with self._cond:
+            self._target = threading.get_ident()
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(target=self._watch, daemon=True,
+                                                  name="turnpool-deadline")
+                self._watchdog.start()
+            self._cond.notify_all()
+
+    def mark(self, env_id: int) -> None:
+        self.env = env_id
+        self.since = time.monotonic()
+
+    def end(self) -> None:
+        if self.limit is None:
+            return
+        if self._use_signal:
+            signal.setitimer(signal.ITIMER_REAL, 0.0)
+            self._use_signal = False
+            self._give_back_timer()
+        else:
+            with self._cond:
+                self._target = 0
+                self._cond.notify_all()
+        self.limit = None
+        self.env = -1
+
+    def close(self) -> None:
+        """Stop the watchdog thread (if one was started)."""
+        with self._cond:
+            self._closed = True
+            self._target = 0
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ mechanisms
+    def _overdue(self) -> float:
+        """Seconds left for the running env (<= 0: overdue); inf when none is running."""
+        limit = self.limit
+        if limit is None or self.env < 0:
+            return float("inf")
+        return self.since + limit - time.monotonic()
+
+    def _give_back_timer(self) -> None:
+        """Restore the program's handler and its timer (due now at the latest)."""
+        signal.signal(signal.SIGALRM, self._previous if self._previous is not None
+                      else signal.SIG_DFL)
+        if self._their_due is not None:
+            left = max(1e-6, self._their_due - time.monotonic())
+            signal.setitimer(signal.ITIMER_REAL, left, self._their_interval)
+            self._their_due = None
+
+    def _on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self._their_due is not None and now >= self._their_due - _SLACK_S:
+            # The program's own timer is due: hand the signal over (its handler runs next).
+            self._use_signal = False
+            self._give_back_timer()
+            return
+        left = self._overdue()
+        overdue = left <= _SLACK_S
+        if overdue:
+            self.fired += 1
+            self.env = -1
+            left = float("inf")
+        if self.limit is not None:  # re-armed for the envs after this one
+            wait = left if left != float("inf") else self.limit
+            if self._their_due is not None:
+                wait = min(wait, self._their_due - now)
+            signal.setitimer(signal.ITIMER_REAL, max(wait, 1e-6))
+        if overdue:
+            raise StepInterrupted("step timeout (interrupted in-process)")
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._closed:
+                if not self._target or self.limit is None:
+                    self._cond.wait()
+                    continue
+                left = self._overdue()
+                if left > _SLACK_S:
+                    self._cond.wait(min(left, self.limit) if left != float("inf")
+                                    else self.limit)
+                    continue
+                # Still holding the lock: `end` cannot pass, so the target is still inside
+                # the request (and, unless between two envs, inside the overdue env).
+                target, env = self._target, self.env
+                if target and env >= 0:
+                    self.fired += 1
+                    self.env = -1
+                    raise_in_thread(target)
+                self._cond.wait(self.limit)
+
+
+__all__ = ["InProcessDeadline", "StepInterrupted", "raise_in_thread", "signal_timer_free"]
