@@ -10,7 +10,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip wheel setuptools
 
-# Core install: numpy, click, rich, omegaconf, cloudpickle.
+# Core install: numpy, click, rich, omegaconf, cloudpickle, gymnasium.
 $(VENV)/.core: pyproject.toml | $(PY)
 	$(PIP) install -e .
 	touch $@

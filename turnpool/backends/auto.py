@@ -58,8 +58,20 @@ class EnvProfile:
 
 
 def _probe_action(env: Any) -> Any:
-    lookup = env.action_lookup_for_episode()
-    return next(iter(lookup)) if lookup else "noop"
+    """An action to time steps with: the env's first named action, else a seeded sample of
+    its ``action_space`` (any gymnasium-style env), else a word it will reject cheaply."""
+    lookup_for = getattr(env, "action_lookup_for_episode", None)
+    lookup = lookup_for() if callable(lookup_for) else None
+    if lookup:
+        return next(iter(lookup))
+    space = getattr(env, "action_space", None)
+    if space is not None and hasattr(space, "sample"):
+        try:
+            space.seed(0)
+            return space.sample()
+        except Exception as exc:  # a space that cannot sample: fall back to a plain word
+            log.debug("auto: sampling %r failed (%s)", space, exc)
+    return "noop"
 
 
 def measure_env(build: EnvBuild, budget_s: float = MEASURE_BUDGET_S,

@@ -45,7 +45,7 @@ from typing import Any
 
 from turnpool.backends import get_backend
 from turnpool.backends.base import Backend
-from turnpool.envs.registry import registered, resolve
+from turnpool.envs.registry import EnvTarget, build_target, target_name
 from turnpool.pool.dispatch import Pending, Ticket
 from turnpool.pool.protocol import (
     DEFAULT_MP_CONTEXT,
@@ -80,7 +80,7 @@ class EnvGroupSpec:
     ``env_type``, laid out after the blocks before it."""
 
     tag: str
-    env_type: str
+    env_type: EnvTarget
     n_groups: int
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -89,7 +89,9 @@ class EnvPool(Replaying):
     """A pool of ``env_num * group_n`` text envs (or a multi-type pool, see `from_specs`).
 
     Args:
-        env_type: a registered env name or ``"module.path:ClassName"``.
+        env_type: a registered env name, a gymnasium id (``"FrozenLake-v1"``: observations
+            become text, see `turnpool.envs.gym_adapter`), ``"module.path:ClassName"`` or a
+            picklable factory callable returning a `TextEnv` or a gymnasium env.
         env_num: number of groups; group_n: envs per group (same seed within a group).
         seed: base seed; group ``g`` of the first seedless reset uses ``seed + g``.
         env_kwargs: constructor arguments for every env.
@@ -109,7 +111,7 @@ class EnvPool(Replaying):
     Not thread-safe: drive one pool from one thread.
     """
 
-    def __init__(self, env_type: str = "sokoban", env_num: int = 1, group_n: int = 1,
+    def __init__(self, env_type: EnvTarget = "sokoban", env_num: int = 1, group_n: int = 1,
                  seed: int = 0, env_kwargs: dict[str, Any] | None = None, *,
                  backend: str = "process", num_workers: int | None = None,
                  mp_context: str | None = DEFAULT_MP_CONTEXT,
@@ -117,7 +119,8 @@ class EnvPool(Replaying):
                  reset_timeout: float | None = None, on_error: str = "flag",
                  fallback: bool = True, tag: str | None = None,
                  ray_address: str | None = None, **backend_options: Any) -> None:
-        spec = EnvGroupSpec(tag or env_type, env_type, env_num, dict(env_kwargs or {}))
+        spec = EnvGroupSpec(tag or target_name(env_type), env_type, env_num,
+                            dict(env_kwargs or {}))
         self._init([spec], group_n, seed, backend=backend, num_workers=num_workers,
                    mp_context=mp_context, step_timeout=step_timeout,
                    reset_timeout=reset_timeout, on_error=on_error, fallback=fallback,
@@ -165,7 +168,7 @@ class EnvPool(Replaying):
                     builds.append(EnvBuild(len(builds), entry, kwargs))
                     self.group_ids.append(group)
                     self.tags.append(spec.tag)
-                    self.env_types.append(spec.env_type)
+                    self.env_types.append(target_name(spec.env_type))
                 group += 1
         if not builds:
             raise ValueError("the pool has no envs")
@@ -375,14 +378,11 @@ class EnvPool(Replaying):
             raise EnvError(failed)
 
 
-def _entry_point(env_type: str, env_kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Resolve a registered name to its entry point + merged kwargs, so envs registered only
-    in this process still build in spawned workers. Fails here, not in a worker, on typos."""
-    spec = registered().get(env_type)
-    resolve(env_type)  # imports the class: an unknown env or a broken module fails early
-    if spec is None:
-        return env_type, dict(env_kwargs)
-    return spec.entry_point, {**spec.kwargs, **env_kwargs}
+def _entry_point(env_type: EnvTarget, env_kwargs: dict[str, Any]
+                 ) -> tuple[str, dict[str, Any]]:
+    """What workers rebuild the env from (`turnpool.envs.registry.build_target`); fails
+    here, not in a worker, on typos."""
+    return build_target(env_type, env_kwargs)
 
 
 def _start_backend(name: str, builds: list[EnvBuild], num_workers: int | None,
