@@ -12,7 +12,11 @@ constants below):
 * otherwise (microsecond envs, one core, few envs): ``sequential``, the floor.
 
 A parallel choice must beat sequential by 20% on these estimates, so a close call stays
-in-process. ``pool.backend_name`` reports the choice, e.g. ``"auto->sequential"``, and
+in-process. Called from a script's unguarded top-level code (no ``if __name__ ==
+"__main__":``), auto never picks processes, which would re-run that code in every worker (see
+`turnpool.backends.process.unguarded_main_call`); this keeps pasted snippets working.
+Any env can be measured: the probe action is a named action, else a seeded sample of the
+env's ``action_space``. ``pool.backend_name`` reports the choice, e.g. ``"auto->sequential"``, and
 `AutoBackend.profile` holds the measurement. If the chosen backend cannot start, auto runs
 sequentially.
 """
@@ -104,8 +108,9 @@ def measure_env(build: EnvBuild, budget_s: float = MEASURE_BUDGET_S,
 
 
 def choose(profile: EnvProfile, num_envs: int, cores: int,
-           num_workers: int | None = None) -> tuple[str, float]:
-    """``(backend, estimated seconds per pool step)`` for ``num_envs`` envs like ``profile``."""
+           num_workers: int | None = None, allow_process: bool = True) -> tuple[str, float]:
+    """``(backend, estimated seconds per pool step)`` for ``num_envs`` envs like ``profile``;
+    ``allow_process=False`` leaves processes out."""
     per_env = profile.step_wall_s
     sequential = num_envs * per_env
     options = [("sequential", sequential)]
@@ -115,7 +120,7 @@ def choose(profile: EnvProfile, num_envs: int, cores: int,
         work = num_envs * per_env * profile.cpu_share  # still serialised by the GIL
         options.append(("thread", work + waits / threads + THREAD_HANDOFF_S))
     workers = max(1, min(num_workers or cores, num_envs))
-    if workers >= 2:
+    if workers >= 2 and allow_process:
         options.append(("process", sequential / workers + PROCESS_ROUND_TRIP_S
                         + PROCESS_PER_ENV_S * num_envs / workers))
     best = min(options[1:], key=lambda o: o[1], default=None)
@@ -139,7 +144,12 @@ class AutoBackend(Backend):
 
     def start(self, timeout: float) -> None:
         from turnpool.backends import get_backend
+        from turnpool.backends.process import unguarded_main_call
 
+        allow_process = not unguarded_main_call()
+        if not allow_process:
+            log.info("auto: called from the main script's unguarded top level; "
+                     "no worker processes")
         try:
             self.profile = measure_env(self.builds[0])
         except Exception as exc:  # an env that fails in the caller gains nothing from workers
@@ -149,7 +159,7 @@ class AutoBackend(Backend):
         else:
             cores = one_per_core(len(self.builds))
             choice, self.estimate_s = choose(self.profile, len(self.builds), cores,
-                                             self._requested_workers)
+                                             self._requested_workers, allow_process)
             log.info("auto: %s per step (%.0f%% CPU) x %d envs -> %s", _fmt(
                 self.profile.step_wall_s), 100 * self.profile.cpu_share, len(self.builds),
                 choice)

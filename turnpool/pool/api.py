@@ -95,7 +95,8 @@ class EnvPool(Replaying):
         env_num: number of groups; group_n: envs per group (same seed within a group).
         seed: base seed; group ``g`` of the first seedless reset uses ``seed + g``.
         env_kwargs: constructor arguments for every env.
-        backend: ``"sequential"``, ``"thread"``, ``"process"`` or any other name in
+        backend: ``"auto"`` (default: measures the env and picks sequential, thread or
+            process), ``"sequential"``, ``"thread"``, ``"process"`` or any other name in
             `turnpool.backends.BACKENDS`.
         num_workers: worker count (default: the backend's, e.g. one process per core).
         mp_context: ``"spawn"`` (default), ``"forkserver"`` or ``"fork"`` for process backends.
@@ -113,7 +114,7 @@ class EnvPool(Replaying):
 
     def __init__(self, env_type: EnvTarget = "sokoban", env_num: int = 1, group_n: int = 1,
                  seed: int = 0, env_kwargs: dict[str, Any] | None = None, *,
-                 backend: str = "process", num_workers: int | None = None,
+                 backend: str = "auto", num_workers: int | None = None,
                  mp_context: str | None = DEFAULT_MP_CONTEXT,
                  step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
                  reset_timeout: float | None = None, on_error: str = "flag",
@@ -137,7 +138,7 @@ class EnvPool(Replaying):
 
     # ------------------------------------------------------------------ construction
     def _init(self, specs: list[EnvGroupSpec], group_n: int, seed: int, *,
-              backend: str = "process", num_workers: int | None = None,
+              backend: str = "auto", num_workers: int | None = None,
               mp_context: str | None = DEFAULT_MP_CONTEXT,
               step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
               reset_timeout: float | None = None, on_error: str = "flag",
