@@ -18,9 +18,10 @@ Every row records how much CPU other processes used while it was timed (``other_
 row disturbed beyond ``--max-other-load`` is measured again (``--retries``) and the least
 disturbed attempt is kept, and ``--wait-quiet`` waits for a quiet machine before each row.
 
-The default run is the quick one (under a minute): every backend at N = 8, each timed right
-after its pool has started (one warm-up step), which is what a short rollout sees. ``--full``
-runs the whole grid (N = 8, 64, 256, longer blocks, retries; several minutes).
+The default run is the quick one (under a minute): every backend but Ray at N = 8 (the
+AsyncVectorEnv column on the trivial and cpu envs only), each timed right after its pool has
+started (one warm-up step), which is what a short rollout sees; ``--backends ray`` adds Ray.
+``--full`` runs the whole grid (N = 8, 64, 256, longer blocks, retries; several minutes).
 
     turnpool bench pool                                    # quick, <= 60 s
     turnpool bench pool --full --json pool.json --plot pool.png
@@ -413,7 +414,8 @@ def _plan(settings: Settings, cases: Sequence[EnvCase]) -> list[Step]:
                         plan.append(Step(case, backend, backend, n))
                 if ray_pass:
                     continue
-                if settings.gym and n <= settings.gym_max_n:
+                if (settings.gym and n <= settings.gym_max_n
+                        and (not settings.quick or case.name in ("trivial", "cpu"))):
                     plan.append(Step(case, GYM, GYM, n))
                 if settings.thread16 and case.name == "sleep":
                     plan.append(Step(case, THREAD16, "thread", n, 16))
@@ -742,6 +744,8 @@ def command(json_path: Path | None, plot_path: Path | None, mode: str,
         settings.sizes, settings.min_time_s, settings.repeats, settings.warmup = (8,), 0.1, 3, 1
         settings.thread16, settings.retries, settings.sokoban_turn = False, 0, False
     settings.retries = retries if retries is not None else settings.retries
+    if quick and not backends:  # Ray's start-up alone is a large part of a minute
+        settings.backends = tuple(b for b in ALL_BACKENDS if b != "ray")
     settings.backends = backends or settings.backends
     settings.envs = envs or settings.envs
     settings.sizes = sizes or settings.sizes
