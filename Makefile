@@ -10,7 +10,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip wheel setuptools
 
-# Core install: numpy, click, rich, omegaconf, cloudpickle.
+# Core install: numpy, click, rich, omegaconf, cloudpickle, gymnasium.
 $(VENV)/.core: pyproject.toml | $(PY)
 	$(PIP) install -e .
 	touch $@
@@ -26,11 +26,16 @@ run: $(VENV)/.core
 
 # The browser test drives Debian's headless Chromium through chromedriver; install them when
 # missing (needs apt-get and root, as on a fresh CI machine).
+# Without root or apt-get it stops at once with the one command to run.
 browser:
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
-	  if command -v apt-get >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "make test needs Chromium and chromedriver for the browser test; run:"; \
+	    echo "  sudo apt-get install -y chromium chromium-driver"; \
+	    exit 1; \
 	  fi; \
 	fi
 

@@ -3,12 +3,18 @@ sequential."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.traces import short_trace
 from turnpool.backends.auto import EnvProfile, choose
+from turnpool.backends.process import STANDBY_NICE
 from turnpool.pool import EnvPool
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,3 +45,74 @@ def test_auto_reports_its_choice_and_matches_sequential(env_type: str, kwargs: d
                  backend="auto") as pool:
         assert pool.backend_name == picked
         assert short_trace(pool, turns=2) == want
+
+
+# ------------------------------------------------------------ scripts without a main guard
+_UNGUARDED = """
+import logging, sys, turnpool
+logging.basicConfig(level=logging.WARNING)
+pool = turnpool.EnvPool("cpu", env_num=4, env_kwargs={"work_iters": 20000},
+                        num_workers=2, {backend})
+pool.reset()
+print("BACKEND", pool.backend_name)
+pool.close()
+"""
+_GUARDED = """
+import turnpool
+
+def main():
+    with turnpool.EnvPool("cpu", env_num=4, env_kwargs={"work_iters": 20000},
+                          num_workers=2, {backend}) as pool:
+        pool.reset()
+        print("BACKEND", pool.backend_name)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _run_script(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=env)
+
+
+@pytest.mark.parametrize(("template", "backend", "picked", "warns"), [
+    (_UNGUARDED, "", "auto->sequential", False),  # the default never spawns here
+    (_UNGUARDED, 'backend="process"', "sequential", True),  # one warning, no traceback
+    (_GUARDED, "", "auto->process", False),  # the same env under a guard gets processes
+    (_GUARDED, 'backend="process"', "process", False),
+])
+def test_scripts_without_a_main_guard_never_spawn(tmp_path: Path, template: str,
+                                                  backend: str, picked: str,
+                                                  warns: bool) -> None:
+    proc = _run_script(tmp_path, template.replace("{backend}", backend))
+    assert proc.returncode == 0, proc.stderr
+    assert f"BACKEND {picked}\n" in proc.stdout
+    assert "Traceback" not in proc.stderr and "RuntimeError" not in proc.stderr
+    assert ("re-run the main script" in proc.stderr) == warns
+
+
+def test_auto_leaves_processes_out_when_told() -> None:
+    heavy = EnvProfile(step_wall_s=1e-3, step_cpu_s=1e-3, reset_wall_s=1e-5, steps=20)
+    assert choose(heavy, 8, cores=2, allow_process=False)[0] == "sequential"
+
+
+# ------------------------------------------------------------------- the standby worker
+def test_standby_waits_at_the_lowest_priority_and_is_promoted_at_ours() -> None:
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    with EnvPool("trivial", env_num=2, seed=1, backend="process", num_workers=2,
+                 mp_context="spawn") as pool:
+        pool.reset()
+        live, standby = pool.worker_pids()[:2], pool.worker_pids()[2]
+        assert os.getpriority(os.PRIO_PROCESS, standby) == STANDBY_NICE
+        assert {os.getpriority(os.PRIO_PROCESS, p) for p in live} == {mine}
+        os.kill(live[0], signal.SIGKILL)
+        _, _, dones, infos = pool.step(["a", "b"])
+        assert dones[0] and "worker died" in infos[0]["error"]
+        pids = pool.worker_pids()
+        assert pids[0] == standby  # the standby took the dead worker's place ...
+        assert os.getpriority(os.PRIO_PROCESS, standby) == mine  # ... at our priority
+        assert os.getpriority(os.PRIO_PROCESS, pids[2]) == STANDBY_NICE  # a new standby

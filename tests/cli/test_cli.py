@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -69,3 +70,86 @@ def test_envs_lists_registered_envs_and_tags(tmp_path: Path) -> None:
     assert rows["bandit"]["actions"] == ["phoenix", "dragon"]
     assert "SimpleSokoban" in {t["tag"] for t in data["tags"]}
     assert "frozen_lake" in res.output
+
+
+# ------------------------------------------------------------------- output for people
+def _lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.splitlines()]
+
+
+def _invoke(args: list[str], columns: int) -> Any:
+    res = CliRunner(env={"COLUMNS": str(columns)}).invoke(main, args)
+    assert res.exit_code == 0, res.output
+    return res
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_rollout_summary_fits_without_cut_headers(tmp_path: Path, columns: int) -> None:
+    summary = tmp_path / "s.json"
+    res = _invoke(["rollout", "--no-progress", *SMALL, "--json", str(summary)], columns)
+    lines = _lines(res.stdout)
+    assert max(len(line) for line in lines) <= columns
+    assert "…" not in res.stdout
+    for header in ("success", "pass@4", "valid", "penalty", "actions", "errors",
+                   "env-steps/s", "policy time per turn"):
+        assert header in res.stdout
+    # the numbers are whole: the success rate printed is the one in the JSON
+    success = json.loads(summary.read_text())["metrics"]["FrozenLake/success"]
+    assert f"{success:.3f}" in res.stdout
+
+
+def test_rollout_summary_is_one_row_per_tag_at_80_columns() -> None:
+    res = _invoke(["rollout", "--no-progress", *SMALL], 80)
+    header = next(line for line in _lines(res.stdout) if line.startswith("tag"))
+    assert header.split() == ["tag", "n", "success", "pass@4", "valid", "penalty", "actions",
+                              "score", "errors"]
+
+
+def test_envs_fits_80_columns_without_broken_words() -> None:
+    res = _invoke(["envs"], 80)
+    lines = _lines(res.stdout)
+    assert max(len(line) for line in lines) <= 80 and "…" not in res.stdout
+    words = " ".join(lines).split()
+    for token in ("search_depth=300,", "hi_arm_hiscore_prob=0.25,", "max_search_chars=500,",
+                  "is_slippery=True"):
+        assert token in words, token  # a whole word on one line, never split
+
+
+def test_bench_pool_fits_80_columns_and_reports_progress(tmp_path: Path) -> None:
+    res = _invoke(["bench", "pool", "--backends", "sequential,process", "--envs", "trivial",
+                   "--no-gym", "--min-time", "0.01", "--repeats", "1"], 80)
+    lines = _lines(res.stdout)
+    assert max(len(line) for line in lines) <= 80 and "…" not in res.stdout
+    assert "measured" in res.stdout and "process trivial overhead N=8" in res.stdout
+    # not a terminal: one progress line per configuration on stderr
+    assert "[0/2] measuring trivial sequential N=8" in res.stderr
+    assert "[1/2] measuring trivial process N=8" in res.stderr
+
+
+# --------------------------------------------------------------------------- CLI sugar
+def test_version_and_examples_in_help() -> None:
+    from turnpool import __version__
+
+    assert _invoke(["--version"], 80).stdout.strip() == f"turnpool, version {__version__}"
+    top = _invoke(["--help"], 80).stdout
+    assert "Examples:" in top and "turnpool rollout --backend process" in top
+    sub = _invoke(["rollout", "--help"], 80).stdout
+    for option in ("--backend", "--workers", "--policy", "--seed", "Examples:"):
+        assert option in sub
+    assert "--full" in _invoke(["bench", "pool", "--help"], 80).stdout
+
+
+def test_shorthand_options_set_the_dotlist_keys(tmp_path: Path) -> None:
+    summary = tmp_path / "s.json"
+    base = [a for a in SMALL if not a.startswith("turnpool.backend")]
+    _invoke(["rollout", "--no-progress", *base, "--backend", "thread", "--workers", "2",
+             "--policy", "random", "--seed", "11", "--json", str(summary)], 80)
+    data = json.loads(summary.read_text())
+    assert (data["backend"], data["num_workers"], data["policy"]) == ("thread", 2, "random")
+
+
+def test_invalid_backend_lists_each_choice_once() -> None:
+    for args in (["rollout", "--backend", "nope"], ["rollout", "turnpool.backend=nope"]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code in (1, 2), res.output  # a usage error or a config error
+        assert res.output.count("auto") == 1 and "sequential" in res.output

@@ -62,6 +62,13 @@ class _ShuffledEnv(TextEnv):
         return {1: "Blue", 2: "Red"}
 
 
+class _NoNamesEnv(TextEnv):
+    """Names that change per episode, none known before a reset."""
+
+    action_kind: ClassVar[str | None] = "names"
+
+
+register("projection_test_nonames", f"{__name__}:_NoNamesEnv")
 register("projection_test_grid", f"{__name__}:_GridEnv")
 register("projection_test_free", f"{__name__}:_FreeTextEnv")
 register("projection_test_shuffled", f"{__name__}:_ShuffledEnv")
@@ -117,7 +124,7 @@ def test_discrete_projection_agrees_with_env_parse_action(env_type: str) -> None
 
 
 @pytest.mark.parametrize("text", [
-    "upper-left", "up-left", "upward", "up.", "go up", "u p", "Up Down", "Up || Down",
+    "upper-left", "up-left", "upward", "up.", "go up", "u p", "Up Down", "Up || Dance",
     "<answer>upper</answer>", "<action>stay up</action>", "1", "0", "",
     "<answer></answer>", "   ", "Üp", "up\u200b",
     "<answer>Left<answer>Right</answer>",  # the inner tag is removed: "LeftRight"
@@ -191,12 +198,93 @@ def test_unknown_env_type_raises_at_creation_only() -> None:
 
 
 # ------------------------------------------------------------------------------ text envs
-def test_bandit_without_arm_names_accepts_one_word_lowercased() -> None:
+def test_bandit_names_are_checked_against_the_env_arms() -> None:
     f = create_projection_function("bandit")
+    assert f.kind == "names"
     actions, valids = f(["<answer>Dragon</answer>", "phoenix", "two words", "", "dragon!",
                          "<think>x</think><answer>Trader</answer>", "a" * 65])
-    assert actions == ["dragon", "phoenix", "", "", "", "trader", ""]
-    assert valids == [True, True, False, False, False, True, False]
+    assert actions == ["dragon", "phoenix", "", "", "", "", ""]
+    assert valids == [True, True, False, False, False, False, False]
+
+
+def test_bandit_arms_come_from_env_kwargs() -> None:
+    f = create_projection_function("bandit", env_kwargs={"lo_arm_name": "Goat",
+                                                         "hi_arm_name": "Tiger"})
+    assert f(["tiger", "<answer>GOAT</answer>", "dragon"]) == (
+        ["Tiger", "Goat", ""], [True, True, False])
+
+
+def test_names_unknown_fall_back_to_one_word() -> None:
+    f = create_projection_function("projection_test_nonames")
+    assert f.kind == "word"
+    assert f(["Anything", "two words"]) == (["anything", ""], [True, False])
+
+
+# ------------------------------------------------------------------------ RAGEN's formats
+@pytest.mark.parametrize(("env_type", "text", "expected"), [
+    ("sokoban", "<answer>Up || Left</answer>", [1, 3]),
+    ("sokoban", "<think>two moves</think><answer>Up||Left||Down</answer>", [1, 3, 2]),
+    ("sokoban", "<answer>Up || </answer>", 1),  # empty parts are dropped
+    ("frozen_lake", "<answer>left || UP</answer>", [1, 4]),
+    ("sokoban", "Right || Right || Right || Right || Right || Right || Right",
+     [4, 4, 4, 4, 4]),  # cut to MAX_ACTIONS_PER_ANSWER, as RAGEN cuts to max_actions
+    ("bandit", "<answer>dragon || phoenix</answer>", ["dragon", "phoenix"]),
+])
+def test_multi_action_answers(env_type: str, text: str, expected: Any) -> None:
+    f = create_projection_function(env_type)
+    assert f([text]) == ([expected], [True])
+
+
+@pytest.mark.parametrize("text", ["<answer>Up || Dance</answer>", "<answer> || </answer>",
+                                  "Up || up-left"])
+def test_multi_action_with_one_bad_part_is_invalid(text: str) -> None:
+    assert create_projection_function("sokoban")([text]) == ([0], [False])
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("<answer>(3 + 5) * 2 = 16</answer>", "(3 + 5) * 2"),
+    ("(3 + 5) * 2 = 16", "(3 + 5) * 2"),
+    ("<answer>16</answer>", "16"),
+    ("1 + 2 = 3.0", "1 + 2"),
+    ("1 + 2 = -3", "1 + 2"),
+])
+def test_countdown_trailing_result(text: str, expected: str) -> None:
+    assert create_projection_function("countdown")([text]) == ([expected], [True])
+
+
+@pytest.mark.parametrize("text", ["1 + 2 = x", "1 + 2 = 3 = 3", "= 3", "1 + 2 =",
+                                  "1 + 2 = 3 + 0"])
+def test_countdown_bad_result_is_invalid(text: str) -> None:
+    assert create_projection_function("countdown")([text]) == ([""], [False])
+
+
+def test_countdown_projection_is_scored_by_the_env() -> None:
+    env = turnpool.make("countdown")
+    obs, _ = env.reset(seed=0)
+    answer = env.oracle(obs, {})[0]
+    (action,), (ok,) = create_projection_function("countdown")([f"{answer} = 0"])
+    assert ok and env.step(action)[4]["success"]
+
+
+@pytest.mark.parametrize("text", [
+    "<think>unclosed <answer>Down</answer>",
+    "<think>a</think><think>b <answer>Down</answer>",
+    "</think><answer>Down</answer><think>",
+    "<answer>Down</answer></answer>",
+    "<action>Down</action><action>",
+])
+def test_malformed_tags_are_invalid(text: str) -> None:
+    assert create_projection_function("sokoban")([text]) == ([0], [False])
+
+
+@pytest.mark.parametrize(("alias", "name"), [
+    ("frozenlake", "frozen_lake"), ("FrozenLake", "frozen_lake"), ("Frozen-Lake", "frozen_lake"),
+    ("SOKOBAN", "sokoban"), ("meta_math_qa", "metamathqa"), ("Bandit", "bandit"),
+])
+def test_env_name_aliases(alias: str, name: str) -> None:
+    f, g = create_projection_function(alias), create_projection_function(name)
+    assert (f.kind, dict(f.names)) == (g.kind, dict(g.names))
+    assert turnpool.make(alias).__class__ is turnpool.make(name).__class__
 
 
 def test_bandit_with_arm_names_is_exact() -> None:
@@ -226,7 +314,7 @@ def test_bandit_projection_is_accepted_by_env() -> None:
     ("(1 + 2", False),
     ("1 + 2)", False),
     (")1 + 2(", False),
-    ("1 + 2 = 3", False),
+    ("1 + 2 = 3", True),  # RAGEN's "expression = result" form; the action is "1 + 2"
     ("__import__('os')", False),
     ("1e9", False),
     ("2 ** 8", True),  # syntactically plausible here; the env's parser rejects powers
@@ -243,7 +331,8 @@ def test_countdown_expression_check(text: str, ok: bool) -> None:
     f = create_projection_function("countdown")
     (action,), (valid,) = f([text])
     assert valid == ok
-    assert action == (extract_action_text(text) if ok else "")
+    expected = (extract_action_text(text) or "").partition("=")[0].strip()
+    assert action == (expected if ok else "")
 
 
 def test_countdown_never_evaluates(tmp_path: Any) -> None:
@@ -429,6 +518,9 @@ def _projection(name: str) -> Projection:
 
 
 def _is_legal(projection: Projection, action: Any) -> bool:
+    if isinstance(action, list):  # a multi-action answer
+        return 1 < len(action) <= projection.max_actions and all(
+            _is_legal(projection, a) for a in action)
     if projection.kind in ("discrete", "names"):
         return action in projection.legal_actions
     if projection.env_type == "countdown":

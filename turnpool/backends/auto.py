@@ -17,7 +17,11 @@ see `turnpool.pool.interrupt`); elsewhere auto picks the better of ``thread`` an
 which return within the deadline whatever the env does.
 
 A parallel choice must beat sequential by 20% on these estimates, so a close call stays
-in-process. ``pool.backend_name`` reports the choice, e.g. ``"auto->sequential"``, and
+in-process. Called from a script's unguarded top-level code (no ``if __name__ ==
+"__main__":``), auto never picks processes, which would re-run that code in every worker (see
+`turnpool.backends.process.unguarded_main_call`); this keeps pasted snippets working.
+Any env can be measured: the probe action is a named action, else a seeded sample of the
+env's ``action_space``. ``pool.backend_name`` reports the choice, e.g. ``"auto->sequential"``, and
 `AutoBackend.profile` holds the measurement. If the chosen backend cannot start, auto runs
 sequentially.
 """
@@ -64,8 +68,20 @@ class EnvProfile:
 
 
 def _probe_action(env: Any) -> Any:
-    lookup = env.action_lookup_for_episode()
-    return next(iter(lookup)) if lookup else "noop"
+    """An action to time steps with: the env's first named action, else a seeded sample of
+    its ``action_space`` (any gymnasium-style env), else a word it will reject cheaply."""
+    lookup_for = getattr(env, "action_lookup_for_episode", None)
+    lookup = lookup_for() if callable(lookup_for) else None
+    if lookup:
+        return next(iter(lookup))
+    space = getattr(env, "action_space", None)
+    if space is not None and hasattr(space, "sample"):
+        try:
+            space.seed(0)
+            return space.sample()
+        except Exception as exc:  # a space that cannot sample: fall back to a plain word
+            log.debug("auto: sampling %r failed (%s)", space, exc)
+    return "noop"
 
 
 def measure_env(build: EnvBuild, budget_s: float = MEASURE_BUDGET_S,
@@ -98,9 +114,11 @@ def measure_env(build: EnvBuild, budget_s: float = MEASURE_BUDGET_S,
 
 
 def choose(profile: EnvProfile, num_envs: int, cores: int,
-           num_workers: int | None = None, in_process: bool = True) -> tuple[str, float]:
+           num_workers: int | None = None, in_process: bool = True,
+           allow_process: bool = True) -> tuple[str, float]:
     """``(backend, estimated seconds per pool step)`` for ``num_envs`` envs like ``profile``;
-    ``in_process=False``: sequential cannot honour the deadline, pick a parallel backend."""
+    ``in_process=False``: sequential cannot honour the deadline, pick a parallel backend;
+    ``allow_process=False`` leaves processes out."""
     per_env = profile.step_wall_s
     sequential = num_envs * per_env
     options = [("sequential", sequential)]
@@ -110,7 +128,7 @@ def choose(profile: EnvProfile, num_envs: int, cores: int,
         work = num_envs * per_env * profile.cpu_share  # still serialised by the GIL
         options.append(("thread", work + waits / threads + THREAD_HANDOFF_S))
     workers = max(1, min(num_workers or cores, num_envs))
-    if workers >= 2:
+    if workers >= 2 and allow_process:
         options.append(("process", sequential / workers + PROCESS_ROUND_TRIP_S
                         + PROCESS_PER_ENV_S * num_envs / workers))
     best = min(options[1:], key=lambda o: o[1], default=None)
@@ -134,7 +152,12 @@ class AutoBackend(Backend):
 
     def start(self, timeout: float) -> None:
         from turnpool.backends import get_backend
+        from turnpool.backends.process import unguarded_main_call
 
+        allow_process = not unguarded_main_call()
+        if not allow_process:
+            log.info("auto: called from the main script's unguarded top level; "
+                     "no worker processes")
         try:
             first = self.builds[0].build()
         except Exception as exc:  # the env cannot be built anywhere: say so now
@@ -150,7 +173,8 @@ class AutoBackend(Backend):
         else:
             cores = one_per_core(len(self.builds))
             choice, self.estimate_s = choose(self.profile, len(self.builds), cores,
-                                             self._requested_workers, in_process)
+                                             self._requested_workers, in_process,
+                                             allow_process)
             log.info("auto: %s per step (%.0f%% CPU) x %d envs -> %s", _fmt(
                 self.profile.step_wall_s), 100 * self.profile.cpu_share, len(self.builds),
                 choice)

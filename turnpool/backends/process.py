@@ -17,12 +17,22 @@ multiprocessing's parent sentinel closes (the only signal that works under forks
 Start methods: ``spawn`` (default; safe when the caller has threads, e.g. CUDA or tokenizers),
 ``forkserver`` (env modules preloaded into the server) and ``fork`` (fastest start, unsafe with
 threads). With spawn/forkserver a replacement worker costs an interpreter start, so one idle
-standby process is kept ready by default (``standby=False`` turns that off).
+standby process is kept ready by default (``standby=False`` turns that off). The standby
+starts after the live workers are ready and at the lowest CPU priority (nice 19), so its
+interpreter start never takes CPU from the first steps; it gets its priority back when it
+replaces a worker (where the OS refuses that, a fresh worker is started instead).
+
+Spawn and forkserver workers re-run the main script's top-level code. A pool created by
+unguarded top-level code (no ``if __name__ == "__main__":``) would make every worker create
+a pool in turn, so the backend refuses to start there (`unguarded_main_call`) and the pool
+falls back with one warning; ``auto`` never picks processes there.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -30,6 +40,7 @@ import os
 import pickle
 import select
 import signal
+import sys
 import threading
 import time
 from collections.abc import Collection, Sequence
@@ -60,6 +71,66 @@ from turnpool.pool.protocol import EnvBuild, Reply, Request
 log = logging.getLogger(__name__)
 
 _RESTART_TIMEOUT_S = 120.0
+#: The standby's nice value while it waits (lowest priority: it must not slow live steps).
+STANDBY_NICE = 19
+
+
+# ====================================================================== unguarded __main__
+def unguarded_main_call() -> bool:
+    """Is this call made by top-level code of the ``__main__`` script that is not under
+    ``if __name__ == "__main__":``? Spawn/forkserver children re-run exactly that code."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path:
+        return False  # -c, an interactive session, a notebook: nothing is re-run
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None and (name == "__main__" or name.endswith(".__main__")):
+        return False  # `python -m package`: multiprocessing does not re-run a package main
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is main.__dict__:
+            return not _guarded_line(str(path), frame.f_lineno)
+        frame = frame.f_back  # type: ignore[assignment]
+    return False  # main's top level has finished (or is not on the stack)
+
+
+@functools.lru_cache(maxsize=8)
+def _guard_ranges(path: str) -> tuple[tuple[int, int], ...] | None:
+    """Line ranges of the ``if __name__ == "__main__":`` blocks of a script (None: unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    ranges = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            ranges.append((node.body[0].lineno, node.end_lineno or node.body[-1].lineno))
+    return tuple(ranges)
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    consts = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and consts == ["__main__"]
+
+
+def _guarded_line(path: str, line: int) -> bool:
+    ranges = _guard_ranges(path)
+    return ranges is not None and any(lo <= line <= hi for lo, hi in ranges)
+
+
+def _set_nice(pid: int, nice: int) -> bool:
+    """Set a process's nice value; False where the OS refuses (raising needs privileges)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 # ====================================================================== worker side
@@ -115,6 +186,10 @@ class ProcessBackend(Backend):
     # ------------------------------------------------------------------ lifecycle
     def start(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        if self.method != "fork" and unguarded_main_call():
+            raise BackendUnavailable(
+                f"process workers ({self.method}) re-run the main script's top-level code; "
+                "create the pool under `if __name__ == \"__main__\":`")
         try:
             if self.method == "forkserver":
                 modules = {__name__} | {b.entry_point.partition(":")[0] for b in self.builds}
@@ -125,7 +200,7 @@ class ProcessBackend(Backend):
             for k, worker in enumerate(self._workers):
                 self._await_ready(worker, k, deadline)
             if self._use_standby:
-                self._standby = self._spawn()
+                self._standby = self._spawn_standby()
         except EnvBuildError:  # the envs are broken, not the backend
             self.close()
             raise
@@ -147,6 +222,24 @@ class ProcessBackend(Backend):
         req_r.close()
         rep_w.close()
         return WorkerHandle(proc, ProgressSlot(), conn=rep_r, out=req_w, pid=proc.pid)
+
+    def _spawn_standby(self) -> WorkerHandle:
+        """An idle worker at the lowest priority: its start-up only uses idle CPU."""
+        worker = self._spawn()
+        _set_nice(worker.pid, STANDBY_NICE)
+        return worker
+
+    def _promote_standby(self) -> WorkerHandle | None:
+        """The standby at the pool's own priority, or None (then it is discarded)."""
+        standby, self._standby = self._standby, None
+        if standby is None:
+            return None
+        if _set_nice(standby.pid, os.getpriority(os.PRIO_PROCESS, 0)):
+            return standby
+        log.info("cannot restore the standby worker's priority; starting a fresh worker")
+        self._kill(standby)
+        self._use_standby = False  # it could never be promoted here
+        return None
 
     def _send_init(self, worker: WorkerHandle, slot: int) -> None:
         blob = cloudpickle.dumps(self.builds_of(slot))
@@ -275,8 +368,7 @@ class ProcessBackend(Backend):
         old = self._workers[worker]
         self._kill(old)
         self._exited.discard(worker)
-        fresh = self._standby if self._standby is not None else self._spawn()
-        self._standby = None
+        fresh = self._promote_standby() or self._spawn()
         self._workers[worker] = fresh
         try:
             self._send_init(fresh, worker)
@@ -291,7 +383,7 @@ class ProcessBackend(Backend):
             self._kill(fresh)
             raise WorkerLost(f"replacement worker could not build its envs: {exc}") from exc
         if self._use_standby:
-            self._standby = self._spawn()
+            self._standby = self._spawn_standby()
 
     def worker_pids(self) -> list[int]:
         pids = [w.pid for w in self._workers]

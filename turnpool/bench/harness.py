@@ -1,5 +1,9 @@
 """What every ``turnpool bench`` command shares: machine info, the ``--json``/``--plot``
-options, and the tail that measures under a status line, prints the tables and writes files.
+options, and the tail that measures under a progress bar, prints the tables and writes files.
+
+Progress goes to stderr: a bar on a terminal, one line per step otherwise (a log or a pipe
+shows that a long benchmark is alive). Tables are printed with `turnpool.cli.layout.fit`, so
+they never cut their headers at 80 columns.
 
 A benchmark module only says what it measures (``run_benchmark``) and how it reads
 (``render``); its report lands in JSON the same way everywhere, so reports of different
@@ -12,16 +16,27 @@ import json
 import logging
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from turnpool.cli.layout import fit
 
 F = TypeVar("F", bound=Callable[..., Any])
 Report = dict[str, Any]
-Progress = Callable[[str], None]
+
+
+class ProgressFn(Protocol):
+    """``progress(what)``, or ``progress(what, done, total)`` when the count is known."""
+
+    def __call__(self, what: str, done: int | None = None, total: int | None = None) -> None:
+        ...
 
 
 def machine_info(**extra: Any) -> dict[str, Any]:
@@ -51,13 +66,34 @@ def start(width: int | None = None) -> Console:
     return console
 
 
-def measure_and_print(console: Console, measure: Callable[[Progress], Report],
+@contextmanager
+def progress_reporter(err: Console | None = None) -> Iterator[ProgressFn]:
+    """A `ProgressFn` that draws a bar on a terminal and prints lines elsewhere (stderr)."""
+    err = err or Console(stderr=True)
+    if not err.is_terminal:
+        def line(what: str, done: int | None = None, total: int | None = None) -> None:
+            count = f"[{done}/{total}] " if done is not None and total else ""
+            err.print(f"{count}measuring {what}", highlight=False, soft_wrap=True)
+        yield line
+        return
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=err, transient=True)
+    with bar:
+        task = bar.add_task("measuring", total=None)
+
+        def update(what: str, done: int | None = None, total: int | None = None) -> None:
+            bar.update(task, description=f"measuring {what}", completed=done or 0, total=total)
+        yield update
+
+
+def measure_and_print(console: Console, measure: Callable[[ProgressFn], Report],
                       render: Callable[[Report], list[Any]]) -> Report:
-    """Run ``measure`` under a status line, then print what ``render`` makes of its report."""
-    with console.status("measuring...") as status:
-        report = measure(lambda what: status.update(f"measuring {what}"))
+    """Run ``measure`` under a progress bar, then print what ``render`` makes of its report
+    (tables fitted to the console's width)."""
+    with progress_reporter() as progress:
+        report = measure(progress)
     for item in render(report):
-        console.print(item)
+        console.print(fit(console, item) if isinstance(item, Table) else item)
     return report
 
 

@@ -18,9 +18,15 @@ Every row records how much CPU other processes used while it was timed (``other_
 row disturbed beyond ``--max-other-load`` is measured again (``--retries``) and the least
 disturbed attempt is kept, and ``--wait-quiet`` waits for a quiet machine before each row.
 
-    turnpool bench pool --json pool.json --plot pool.png
-    turnpool bench pool --retries 3 --wait-quiet 10       # on a machine shared with others
-    turnpool bench pool --quick --backends sequential,thread     # smoke run, seconds
+The default run is the quick one (under a minute): every backend but Ray at N = 8 (the
+AsyncVectorEnv column on the trivial and cpu envs only), each timed right after its pool has
+started (one warm-up step), which is what a short rollout sees; ``--backends ray`` adds Ray.
+``--full`` runs the whole grid (N = 8, 64, 256, longer blocks, retries; several minutes).
+
+    turnpool bench pool                                    # quick, <= 60 s
+    turnpool bench pool --full --json pool.json --plot pool.png
+    turnpool bench pool --full --retries 3 --wait-quiet 10    # on a shared machine
+    turnpool bench pool --backends sequential,process --envs cpu
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from turnpool.bench.harness import (
     start,
     write_outputs,
 )
+from turnpool.cli.layout import make_table
 
 log = logging.getLogger(__name__)
 
@@ -407,17 +414,19 @@ def _plan(settings: Settings, cases: Sequence[EnvCase]) -> list[Step]:
                         plan.append(Step(case, backend, backend, n))
                 if ray_pass:
                     continue
-                if settings.gym and n <= settings.gym_max_n:
+                if (settings.gym and n <= settings.gym_max_n
+                        and (not settings.quick or case.name in ("trivial", "cpu"))):
                     plan.append(Step(case, GYM, GYM, n))
                 if settings.thread16 and case.name == "sleep":
                     plan.append(Step(case, THREAD16, "thread", n, 16))
-        if ray_pass and "ray" in settings.backends and any(c.name == "trivial" for c in cases):
+        if (ray_pass and not settings.quick and "ray" in settings.backends
+                and any(c.name == "trivial" for c in cases)):
             trivial = next(c for c in cases if c.name == "trivial")
             plan.append(Step(trivial, RAY2, "ray", 64, 2))
     return plan
 
 
-def run_benchmark(settings: Settings, progress: Callable[[str], None] | None = None) -> dict:
+def run_benchmark(settings: Settings, progress: Callable[..., None] | None = None) -> dict:
     """Run every configuration and return the report (what ``--json`` writes)."""
     started = time.time()
     cases = env_cases(settings)
@@ -426,10 +435,11 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] | None = N
     if settings.gym and importlib.util.find_spec("gymnasium") is None:
         log.warning("gymnasium is not installed; no AsyncVectorEnv reference column")
         settings.gym = False
-    for step in _plan(settings, cases):
-        text = f"{step.case.name:8s} {step.label:13s} N={step.n}"
+    plan = _plan(settings, cases)
+    for k, step in enumerate(plan):
+        text = f"{step.case.name} {step.label} N={step.n}"
         if progress:
-            progress(text)
+            progress(text, k, len(plan))
         if step.backend == "ray" and not ray_started_here:
             ray_started_here = _ray_was_down()
         rows.append(_measure_step(step, settings, text))
@@ -606,15 +616,11 @@ def render(report: dict) -> list[Any]:
                           *(_cell(report, idx, env, backend, n) for n in sizes))
         out.append(table)
 
-    goals = Table(title="issue goals (measured on a shared machine: noisy)",
-                  title_justify="left")
-    for col in ("goal", "target", "measured", "met"):
-        goals.add_column(col)
-    for g in report["summary"]["goals"]:
-        value = "-" if g["measured"] is None else f"{g['measured']:.2f}"
-        met = {True: "yes", False: "no", None: "-"}[g["met"]]
-        goals.add_row(g["goal"], g["target"], value, met)
-    out.append(goals)
+    measured = [g for g in report["summary"]["goals"] if g["measured"] is not None]
+    out.append(make_table(
+        "goals (measured on a shared machine: noisy)", ["goal", "target", "measured", "met"],
+        [[g["goal"], g["target"], f"{g['measured']:.2f}", "yes" if g["met"] else "no"]
+         for g in measured], right=["measured"]))
     ratio = report["summary"]["auto_ratio"]
     if ratio:
         out.append("auto / best backend: " + "; ".join(
@@ -690,8 +696,10 @@ def _csv(kind: type, choices: Sequence[Any] | None = None) -> Callable[..., Any]
 @click.command(name="pool")
 @json_option("Write the full report (rows, summary, goals) as JSON.")
 @plot_option("Save a PNG of throughput vs N per backend.")
-@click.option("--quick", is_flag=True,
-              help="Smoke run: N=8 only, a few ms per configuration.")
+@click.option("--quick", "mode", flag_value="quick", default=True,
+              help="N=8 only, timed right after pool start (the default; <= 60 s).")
+@click.option("--full", "mode", flag_value="full",
+              help="The whole grid: N=8,64,256, longer blocks, retries (minutes).")
 @click.option("--backends", callback=_csv(str, ALL_BACKENDS),
               help=f"Comma list (default all: {','.join(ALL_BACKENDS)}).")
 @click.option("--envs", callback=_csv(str, ALL_ENVS),
@@ -702,11 +710,11 @@ def _csv(kind: type, choices: Sequence[Any] | None = None) -> Callable[..., Any]
 @click.option("--mp-context", type=click.Choice(["spawn", "forkserver", "fork"]),
               default=None, help="Start method for process backends (default: the pool's).")
 @click.option("--min-time", type=float, default=None,
-              help="Seconds of stepping per timed block (default 0.3; quick 0.02).")
+              help="Seconds of stepping per timed block (default 0.1; full 0.3).")
 @click.option("--repeats", type=int, default=None, help="Timed blocks per row (median).")
 @click.option("--retries", type=int, default=None,
               help="Re-measure a row this often while other processes disturb it "
-                   "(default 1; quick 0).")
+                   "(default 0; full 1).")
 @click.option("--max-other-load", type=float, default=0.15, show_default=True,
               help="Share of the machine other processes may use during a clean row.")
 @click.option("--wait-quiet", type=float, default=0.0, show_default=True,
@@ -714,20 +722,30 @@ def _csv(kind: type, choices: Sequence[Any] | None = None) -> Callable[..., Any]
 @click.option("--no-gym", is_flag=True, help="Skip the gymnasium AsyncVectorEnv column.")
 @click.option("--gym-max-n", type=int, default=256,
               help="Largest N for AsyncVectorEnv (it starts one process per env).")
-def command(json_path: Path | None, plot_path: Path | None, quick: bool,
+def command(json_path: Path | None, plot_path: Path | None, mode: str,
             backends: tuple[str, ...] | None, envs: tuple[str, ...] | None,
             sizes: tuple[int, ...] | None, workers: int | None, mp_context: str | None,
             min_time: float | None, repeats: int | None, retries: int | None,
             max_other_load: float, wait_quiet: float, no_gym: bool, gym_max_n: int) -> None:
-    """Every pool backend at N = 8, 64, 256 on trivial / cpu / sleep / sokoban envs."""
+    """Every pool backend on trivial / cpu / sleep / sokoban envs (quick: N=8).
+
+    \b
+    Examples:
+      turnpool bench pool
+      turnpool bench pool --full --json pool.json --plot pool.png
+      turnpool bench pool --backends sequential,process --envs cpu
+    """
+    quick = mode == "quick"
     console = start()
     settings = Settings(workers=workers, mp_context=mp_context, gym=not no_gym,
                         gym_max_n=gym_max_n, quick=quick, max_other_load=max_other_load,
                         wait_quiet_s=wait_quiet)
     if quick:
-        settings.sizes, settings.min_time_s, settings.repeats, settings.warmup = (8,), 0.02, 1, 1
-        settings.thread16, settings.retries = False, 0
+        settings.sizes, settings.min_time_s, settings.repeats, settings.warmup = (8,), 0.1, 3, 1
+        settings.thread16, settings.retries, settings.sokoban_turn = False, 0, False
     settings.retries = retries if retries is not None else settings.retries
+    if quick and not backends:  # Ray's start-up alone is a large part of a minute
+        settings.backends = tuple(b for b in ALL_BACKENDS if b != "ray")
     settings.backends = backends or settings.backends
     settings.envs = envs or settings.envs
     settings.sizes = sizes or settings.sizes

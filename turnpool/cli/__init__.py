@@ -44,6 +44,23 @@ class LazyGroup(click.Group):
         return cmd
 
 
-@click.group(cls=LazyGroup, lazy=_COMMANDS)
+_EPILOG = """\b
+Examples:
+  turnpool rollout                            # Sokoban, oracle policy, auto backend
+  turnpool rollout --backend process --workers 4 --policy random --seed 7
+  turnpool rollout turnpool.collector.mode=async --json summary.json
+  turnpool envs                               # registered envs and RAGEN tags
+  turnpool bench pool                         # quick (<= 1 min); --full for the grid
+"""
+
+
+def _version() -> str:
+    from turnpool import __version__
+
+    return __version__
+
+
+@click.group(cls=LazyGroup, lazy=_COMMANDS, epilog=_EPILOG)
+@click.version_option(_version(), "--version", "-V", prog_name="turnpool")
 def main() -> None:
     """turnpool: parallel text environments for multi-turn LLM-agent RL."""

@@ -15,8 +15,8 @@ from typing import Any
 import click
 from omegaconf import OmegaConf
 from rich.console import Console
-from rich.table import Table
 
+from turnpool.cli.layout import fit, make_table, vertical
 from turnpool.envs.registry import registered, resolve
 from turnpool.ragen.config import PACKAGED_DIR
 from turnpool.rollout.prompts import describe_env
@@ -75,27 +75,26 @@ def _plain(v: Any) -> Any:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the tables as JSON.")
 def envs(json_path: str | None) -> None:
-    """List registered envs (with their defaults) and the packaged RAGEN task tags."""
+    """Registered envs (with their defaults) and the packaged RAGEN task tags."""
     rows, tags = env_rows(), tag_rows()
     console = Console()
-    table = Table(title="registered envs")
-    for col in ("name", "actions", "defaults", "about"):
-        table.add_column(col, overflow="fold")
+    listed = []
     for r in rows:
         if "error" in r:
-            table.add_row(r["name"], "-", f"unavailable: {r['error']}", r["entry_point"])
+            listed.append([r["name"], r["entry_point"], "-", f"unavailable: {r['error']}"])
             continue
         defaults = ", ".join(f"{k}={v!r}" for k, v in r["defaults"].items())
         actions = ", ".join(r["actions"]) if r["actions"] else "free text"
-        table.add_row(r["name"], actions, defaults, r["doc"])
-    console.print(table)
-    ttable = Table(title="config tags (custom_envs in the packaged envs.yaml)")
-    for col in ("tag", "env_type", "max_actions_per_traj", "env_config"):
-        ttable.add_column(col, overflow="fold")
-    for t in tags:
-        ttable.add_row(t["tag"], str(t["env_type"]), str(t["max_actions_per_traj"]),
-                       json.dumps(t["env_config"], ensure_ascii=False))
-    console.print(ttable)
+        listed.append([r["name"], r["doc"], actions, defaults or "-"])
+    # one block per env: long defaults wrap at spaces instead of breaking words in a cell
+    console.print(vertical(make_table("registered envs", ["name", "about", "actions",
+                                                          "defaults"], listed)))
+    ttable = make_table("config tags (custom_envs in the packaged envs.yaml)",
+                        ["tag", "env_type", "max actions", "env_config"],
+                        [[t["tag"], str(t["env_type"]), str(t["max_actions_per_traj"]),
+                          json.dumps(t["env_config"], ensure_ascii=False)] for t in tags],
+                        right=["max actions"])
+    console.print(fit(console, ttable))
     if json_path:
         Path(json_path).write_text(json.dumps({"envs": rows, "tags": tags}, indent=2,
                                               ensure_ascii=False) + "\n", encoding="utf-8")

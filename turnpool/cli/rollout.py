@@ -3,6 +3,10 @@
     turnpool rollout                                   # Sokoban 8 groups x 16, oracle policy
     turnpool rollout --config configs/frozen_lake.yaml agent_proxy.max_turn=8 \\
         --json summary.json --out trajectories.jsonl
+    turnpool rollout --backend process --workers 4 --policy random --seed 7
+
+``--backend``, ``--workers`` and ``--policy`` are shorthands for the dotlist keys
+``turnpool.backend``, ``turnpool.num_workers`` and ``turnpool.policy.name``.
 
 The rollout summary (stdout) has one row per tag (success, pass@k, valid-action ratio, format
 penalty rate, mean actions, errors) and the time split: env-steps/s, env time vs policy time,
@@ -29,6 +33,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from turnpool.backends import BACKENDS
+from turnpool.cli.layout import fit, make_table
+from turnpool.policies import policy_names
 from turnpool.policies.base import PolicyUnreachable
 from turnpool.pool.protocol import FAILURE_CLASSES
 from turnpool.ragen.config import ConfigError, load_config, rollout_plan
@@ -51,10 +58,25 @@ class RolloutFailed(click.ClickException):
         setattr(self, "exit_code", exit_code)  # noqa: B010  (a class variable in click)
 
 
-@click.command()
+_EPILOG = """\b
+Examples:
+  turnpool rollout
+  turnpool rollout --backend process --workers 4 --seed 7
+  turnpool rollout --policy random es_manager.train.env_groups=4
+  turnpool rollout --config configs/multi.yaml --json s.json --out t.jsonl
+"""
+
+
+@click.command(epilog=_EPILOG)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="YAML config (RAGEN keys + turnpool keys); default: the packaged one.")
 @click.argument("overrides", nargs=-1)
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default=None,
+              help="Shorthand for turnpool.backend=...")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Shorthand for turnpool.num_workers=...")
+@click.option("--policy", type=click.Choice(policy_names()), default=None,
+              help="Shorthand for turnpool.policy.name=...")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the summary (metrics, backend, config) as JSON.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
@@ -68,7 +90,8 @@ class RolloutFailed(click.ClickException):
 @click.option("--max-failed-fraction", type=click.FloatRange(0.0, 1.0), default=0.1,
               show_default=True,
               help="Exit with code 4 when more than this share of episodes failed for good.")
-def rollout(config_path: str | None, overrides: tuple[str, ...], json_path: str | None,
+def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | None,
+            workers: int | None, policy: str | None, json_path: str | None,
             out_path: str | None, mode: str, seed: int | None, progress: bool,
             batches: int = 1, max_failed_fraction: float = 0.1) -> None:
     """Collect one batch of trajectories and print a summary.
@@ -76,6 +99,7 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], json_path: str 
     OVERRIDES are dotted key=value pairs, e.g. es_manager.train.env_groups=4
     turnpool.policy.name=random turnpool.backend=process.
     """
+    overrides = overrides + sugar_overrides(backend, workers, policy)
     try:
         cfg = load_config(config_path, overrides)
         plan = rollout_plan(cfg, mode)
@@ -113,8 +137,9 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], json_path: str 
         "tags": [t.tag for t in plan.tags], "wall_s": wall,
         "metrics": batch.metrics, "trajectories_out": out_path,
     }
-    console.print(summary_table(batch.metrics, [t.tag for t in plan.tags], plan.group_size))
-    console.print(timing_table(batch.metrics, backend, workers, wall))
+    console.print(fit(console, summary_table(batch.metrics, [t.tag for t in plan.tags],
+                                             plan.group_size)))
+    console.print(fit(console, timing_table(batch.metrics, backend, workers, wall)))
     if json_path:
         Path(json_path).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n",
                                    encoding="utf-8")
@@ -167,30 +192,39 @@ def _collect(collector: TrajectoryCollector, max_turn: int, seed: int | None, ba
     return batch
 
 
+def sugar_overrides(backend: str | None, workers: int | None, policy: str | None
+                    ) -> tuple[str, ...]:
+    """The dotlist entries the shorthand options stand for (they win over earlier ones)."""
+    out = []
+    if backend is not None:
+        out.append(f"turnpool.backend={backend}")
+    if workers is not None:
+        out.append(f"turnpool.num_workers={workers}")
+    if policy is not None:
+        out.append(f"turnpool.policy.name={policy}")
+    return tuple(out)
+
+
 def summary_table(metrics: dict[str, float], tags: list[str], group_size: int) -> Table:
-    """Per-tag outcome table."""
-    table = Table(title="rollout (valid: accepted actions; penalty: penalized turns)")
-    table.add_column("tag", no_wrap=True, min_width=max(len(t) for t in tags) if tags else 3)
-    for col in ("n", "success", f"pass@{group_size}", "valid", "penalty", "actions", "score",
-                "errors"):
-        table.add_column(col, justify="right")
+    """Per-tag outcome table (valid: accepted actions; penalty: penalized turns)."""
+    headers = ["tag", "n", "success", f"pass@{group_size}", "valid", "penalty", "actions",
+               "score", "errors"]
+    rows = []
     for tag in dict.fromkeys(tags):
         def g(key: str, tag: str = tag) -> float:
             return metrics.get(f"{tag}/{key}", 0.0)
-        table.add_row(tag, f"{g('trajectories'):.0f}", f"{g('success'):.3f}",
-                      f"{g(f'pass@{group_size}'):.3f}", f"{g('valid_action_ratio'):.3f}",
-                      f"{g('penalty_rate'):.3f}", f"{g('num_actions'):.2f}",
-                      f"{g('score'):.3f}", f"{g('errors'):.0f}")
-    return table
+        rows.append([tag, f"{g('trajectories'):.0f}", f"{g('success'):.3f}",
+                     f"{g(f'pass@{group_size}'):.3f}", f"{g('valid_action_ratio'):.3f}",
+                     f"{g('penalty_rate'):.3f}", f"{g('num_actions'):.2f}",
+                     f"{g('score'):.3f}", f"{g('errors'):.0f}"])
+    return make_table("rollout (valid: accepted actions; penalty: penalized turns)", headers,
+                      rows, right=headers[1:])
 
 
 def timing_table(metrics: dict[str, float], backend: str, workers: int, wall: float) -> Table:
     """Where the time went: env (pool) vs policy, per turn and per env step."""
     env_s, pol_s = metrics.get("timing/env_s", 0.0), metrics.get("timing/policy_s", 0.0)
     total = env_s + pol_s
-    table = Table(title="time")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
     rows = [
         ("backend", f"{backend} ({workers} worker{'s' if workers != 1 else ''})"),
         ("env steps", f"{metrics.get('env_steps', 0.0):.0f}"),
@@ -210,6 +244,4 @@ def timing_table(metrics: dict[str, float], backend: str, workers: int, wall: fl
         if f"dynamic/{key}" in metrics:
             rows.append((f"dynamic: {key.replace('_', ' ')}",
                          f"{metrics[f'dynamic/{key}']:.0f}"))
-    for name, value in rows:
-        table.add_row(name, value)
-    return table
+    return make_table("time", ["quantity", "value"], rows, right=["value"])

@@ -36,7 +36,8 @@ PROMPT = (
 class BanditEnv(TextEnv):
     """One-pull, two-armed bandit; see the module docstring for the rules."""
 
-    action_kind = "word"
+    action_kind = "names"  # arm names; their ids change per episode
+
     def __init__(
         self, lo_arm_name: str = "phoenix", lo_arm_score: float = 0.1,
         hi_arm_name: str = "dragon", hi_arm_loscore: float = 0.0,

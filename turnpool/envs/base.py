@@ -11,6 +11,12 @@ LLM RL:
 * ``get_state`` / ``set_state`` let the pool build a group's initial state once and copy it to
   the other members (the expensive part of Sokoban is room generation).
 
+A `TextEnv` is a ``gymnasium.Env``: it has an ``observation_space`` (`TextSpace`, a
+``gymnasium.spaces.Text``), an ``action_space`` (``Discrete`` over the ids of its
+``action_lookup``, else `TextSpace`) and, when built by `turnpool.make`, a ``spec``, so
+``gymnasium.utils.env_checker.check_env`` and gymnasium wrappers accept it. As in gymnasium,
+``reset()`` without a seed continues from the env's generator once it has been seeded.
+
 Example:
     >>> import turnpool
     >>> env = turnpool.make("bandit")
@@ -25,7 +31,9 @@ import copy
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import gymnasium
 import numpy as np
+from gymnasium import spaces
 
 #: ``oracle(obs, env_config) -> action names`` that solve (or answer) the current state.
 OracleFn = Callable[..., list[str]]
@@ -38,8 +46,47 @@ ACTION_KINDS = ("discrete", "names", "word", "expression", "free_text", "webshop
 
 INFO_KEYS = ("success", "action_is_valid", "action_is_effective", "anchor_obs")
 
+#: Longest observation / free-text action the default spaces admit.
+MAX_OBS_CHARS = 1 << 20
+MAX_ACTION_CHARS = 4_096
+#: The alphabet `TextSpace` samples from (printable ASCII, blanks and newlines).
+SAMPLE_CHARSET = "".join(chr(c) for c in range(32, 127)) + "\n"
+#: Instance attributes that are not episode state (never copied between group members).
+_NOT_STATE = frozenset({"np_random", "_np_random", "_np_random_seed", "_action_space",
+                        "observation_space", "spec", "render_mode"})
 
-class TextEnv:
+
+class TextSpace(spaces.Text):
+    """``gymnasium.spaces.Text`` for natural-language text: it contains any ``str`` of at most
+    ``max_length`` characters (LLM text and env texts are Unicode), and samples printable ASCII.
+
+    Example:
+        >>> space = TextSpace(max_length=8)
+        >>> "héllo" in space, "x" * 9 in space, 3 in space
+        (True, False, False)
+    """
+
+    def __init__(self, max_length: int, *, min_length: int = 0, seed: Any = None) -> None:
+        super().__init__(max_length, min_length=min_length, charset=SAMPLE_CHARSET, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+
+#: Shared by every env (spaces are immutable once built).
+OBSERVATION_SPACE = TextSpace(MAX_OBS_CHARS)
+
+
+def action_space_for(lookup: dict[int, str] | None) -> spaces.Space[Any]:
+    """``Discrete`` over a lookup's ids when they are contiguous, else free text."""
+    if lookup:
+        ids = sorted(int(i) for i in lookup)
+        if ids == list(range(ids[0], ids[0] + len(ids))):
+            return spaces.Discrete(len(ids), start=ids[0])
+    return TextSpace(MAX_ACTION_CHARS)
+
+
+class TextEnv(gymnasium.Env[str, Any]):
     """Base class: a text environment with a per-env RNG and RAGEN-compatible info keys.
 
     Subclasses implement ``_reset(seed) -> obs`` and ``_step(action) -> (obs, reward,
@@ -59,20 +106,43 @@ class TextEnv:
     grid_vocab: ClassVar[dict[str, str] | None] = None
     #: Free text shown to the model before the first observation.
     instruction: ClassVar[str] = ""
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["text"]}
+    metadata: dict[str, Any] = {"render_modes": ["text"], "render_fps": 1}  # noqa: RUF012
 
     def __init__(self, **config: Any) -> None:
+        render_mode = config.get("render_mode")
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(f"render_mode {render_mode!r} is not one of "
+                             f"{self.metadata['render_modes']}")
+        self.render_mode = render_mode
         self.config: dict[str, Any] = dict(config)
-        self.np_random: np.random.Generator = np.random.default_rng(0)
+        self.np_random = np.random.default_rng(0)
         self.seed: int | None = None
+        self.observation_space = OBSERVATION_SPACE
+        self._action_space: spaces.Space[Any] | None = None
+
+    @property  # type: ignore[override]
+    def action_space(self) -> spaces.Space[Any]:
+        """``Discrete`` over the action ids (Bandit: its arm ids), else `TextSpace`; built on
+        first use, after the subclass has set up its lookup."""
+        if self._action_space is None:
+            self._action_space = action_space_for(self.action_lookup_for_episode())
+        return self._action_space
+
+    @action_space.setter
+    def action_space(self, space: spaces.Space[Any]) -> None:
+        self._action_space = space
 
     # ----------------------------------------------------------------- public API
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """Start an episode. ``seed=None`` draws a fresh seed from OS entropy."""
+        """Start an episode. ``seed=None`` continues from the env's generator (OS entropy
+        before the first seed), as gymnasium does."""
         if seed is None:
-            seed = int(np.random.SeedSequence().entropy % (2**63))  # type: ignore[operator]
+            if self.seed is None:
+                seed = int(np.random.SeedSequence().entropy % (2**63))  # type: ignore[operator]
+            else:
+                seed = int(self.np_random.integers(2**63))
         self.seed = int(seed)
         self.np_random = np.random.default_rng(self.seed)
         obs = self._reset(self.seed, options or {})
@@ -84,7 +154,7 @@ class TextEnv:
         obs, reward, terminated, truncated, info = self._step(self.parse_action(action))
         return obs, float(reward), bool(terminated), bool(truncated), self._info(info)
 
-    def render(self, mode: str | None = None) -> Any:
+    def render(self, mode: str | None = None) -> Any:  # type: ignore[override]
         """The current observation text (``mode="text"``); envs may offer ``rgb_array``."""
         return self._render_text()
 
@@ -119,7 +189,7 @@ class TextEnv:
     # ------------------------------------------------------------ group copying
     def get_state(self) -> Any:
         """A picklable snapshot of the full episode state, RNG included."""
-        state = {k: copy.deepcopy(v) for k, v in self.__dict__.items() if k != "np_random"}
+        state = {k: copy.deepcopy(v) for k, v in self.__dict__.items() if k not in _NOT_STATE}
         state["__rng__"] = self.np_random.bit_generator.state
         return state
 

@@ -2,13 +2,23 @@
 
 Workers in other processes rebuild envs from ``(name_or_entry_point, kwargs)``, so a user env
 registered by entry point works on every backend, including spawn and Ray.
+
+What names an env (`make`, ``EnvPool(env_type=...)``), tried in this order: a registered name,
+a gymnasium id (``"FrozenLake-v1"``, wrapped in `turnpool.envs.gym_adapter.GymTextEnv`), an
+entry point ``"module.path:Name"``, or a callable factory returning a `TextEnv` or a
+gymnasium env. `build_target` reduces each to an entry point string + kwargs, the form workers
+rebuild from.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from gymnasium.envs.registration import EnvSpec as GymEnvSpec
 
 from turnpool.envs.base import ACTION_KINDS, OracleFn, TextEnv
 
@@ -37,9 +47,26 @@ def registered() -> dict[str, EnvSpec]:
     return dict(_REGISTRY)
 
 
+def _squash(name: str) -> str:
+    return re.sub(r"[\s_-]", "", name).lower()
+
+
+def _spec_of(name: str) -> EnvSpec | None:
+    """The registered spec for ``name`` or for an alias of it: the same name without ``_``,
+    ``-`` or blanks, in any case (RAGEN writes ``frozenlake``, ``FrozenLake``); ``None`` when
+    nothing, or more than one name, matches."""
+    spec = _REGISTRY.get(name)
+    if spec is not None or ":" in name:
+        return spec
+    wanted = _squash(name)
+    matches = [s for key, s in _REGISTRY.items() if _squash(key) == wanted]
+    return matches[0] if len(matches) == 1 else None
+
+
 def resolve(name_or_entry_point: str) -> tuple[type[TextEnv], dict[str, Any]]:
-    """The env class and default kwargs for a registered name or an entry point string."""
-    spec = _REGISTRY.get(name_or_entry_point)
+    """The env class and default kwargs for a registered name (or alias) or an entry point
+    string."""
+    spec = _spec_of(name_or_entry_point)
     entry = spec.entry_point if spec else name_or_entry_point
     if ":" not in entry:
         known = ", ".join(sorted(_REGISTRY))
@@ -72,10 +99,65 @@ def oracle_for(name_or_entry_point: str) -> OracleFn:
     return cls.oracle
 
 
-def make(name_or_entry_point: str, **kwargs: Any) -> TextEnv:
-    """Build an env from a registered name or ``"module.path:ClassName"``."""
-    cls, defaults = resolve(name_or_entry_point)
-    return cls(**{**defaults, **kwargs})
+#: The entry points `build_target` gives gymnasium ids and factories.
+GYM_ENTRY_POINT = "turnpool.envs.gym_adapter:GymTextEnv"
+FACTORY_ENTRY_POINT = "turnpool.envs.gym_adapter:from_factory"
+
+EnvTarget = str | Callable[..., Any]
+
+
+def is_gym_id(name: str) -> bool:
+    """Is ``name`` a gymnasium id (and not a turnpool name)?"""
+    if name in _REGISTRY:
+        return False
+    from gymnasium.envs.registration import registry as gym_registry
+
+    return name in gym_registry
+
+
+def build_target(env: EnvTarget, kwargs: dict[str, Any] | None = None
+                 ) -> tuple[str, dict[str, Any]]:
+    """``(entry point, kwargs)`` that build ``env`` in any process (see the module doc).
+
+    Registered names resolve to their entry point with their default kwargs merged in, so
+    envs registered only in this process still build in spawned workers. The target is
+    imported here, so a typo fails in the caller, not in a worker.
+    """
+    kwargs = dict(kwargs or {})
+    if callable(env):
+        return FACTORY_ENTRY_POINT, {"factory": env, **kwargs}
+    if not isinstance(env, str):
+        raise TypeError(f"an env is a name, an entry point, a gymnasium id or a callable, "
+                        f"got {type(env).__name__}")
+    spec = _REGISTRY.get(env)
+    if spec is None and is_gym_id(env):
+        return GYM_ENTRY_POINT, {"gym_id": env, **kwargs}
+    spec = spec or _spec_of(env)
+    if spec is not None:
+        resolve(spec.entry_point)
+        return spec.entry_point, {**spec.kwargs, **kwargs}
+    resolve(env)
+    return env, kwargs
+
+
+def target_name(env: EnvTarget) -> str:
+    """A short readable name for an env target (a factory's ``__name__``)."""
+    if isinstance(env, str):
+        return env
+    return str(getattr(env, "__qualname__", None) or getattr(env, "__name__", None)
+               or type(env).__name__)
+
+
+def make(name_or_entry_point: EnvTarget, **kwargs: Any) -> TextEnv:
+    """Build an env from a registered name, a gymnasium id, ``"module.path:ClassName"`` or a
+    factory callable; the env's ``spec`` says how to build it again (gymnasium's `EnvSpec`)."""
+    entry, merged = build_target(name_or_entry_point, kwargs)
+    cls, _ = resolve(entry)
+    env = cls(**merged)
+    if isinstance(env, TextEnv) and env.spec is None and not callable(name_or_entry_point):
+        label = re.sub(r"[^\w.-]", ".", target_name(name_or_entry_point))
+        env.spec = GymEnvSpec(id=f"turnpool/{label}", entry_point=entry, kwargs=merged)
+    return env
 
 
 for _name, _entry in {

@@ -220,7 +220,7 @@ class SokobanEnv(TextEnv):
         "pushes it one cell if the cell behind it is free; boxes cannot be pulled or pushed "
         "into walls or other boxes. Answer with a sequence of moves, for example "
         "<answer>Right || Right || Up</answer>")
-    metadata = {"render_modes": ["text", "rgb_array"]}
+    metadata = {"render_modes": ["text", "rgb_array"], "render_fps": 1}
 
     def __init__(self, dim_room: Sequence[int] = (6, 6), num_boxes: int = 1,
                  max_steps: int = 100, search_depth: int = 300, render_mode: str = "text",

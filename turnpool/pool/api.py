@@ -48,7 +48,7 @@ from typing import Any
 
 from turnpool.backends import BACKENDS, get_backend
 from turnpool.backends.base import Backend
-from turnpool.envs.registry import registered, resolve
+from turnpool.envs.registry import EnvTarget, build_target, target_name
 from turnpool.pool.dispatch import Pending, Ticket
 from turnpool.pool.protocol import (
     DEFAULT_MP_CONTEXT,
@@ -89,7 +89,7 @@ class EnvGroupSpec:
     ``env_type``, laid out after the blocks before it."""
 
     tag: str
-    env_type: str
+    env_type: EnvTarget
     n_groups: int
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -98,11 +98,14 @@ class EnvPool(Replaying):
     """A pool of ``env_num * group_n`` text envs (or a multi-type pool, see `from_specs`).
 
     Args:
-        env_type: a registered env name or ``"module.path:ClassName"``.
+        env_type: a registered env name, a gymnasium id (``"FrozenLake-v1"``: observations
+            become text, see `turnpool.envs.gym_adapter`), ``"module.path:ClassName"`` or a
+            picklable factory callable returning a `TextEnv` or a gymnasium env.
         env_num: number of groups; group_n: envs per group (same seed within a group).
         seed: base seed; group ``g`` of the first seedless reset uses ``seed + g``.
         env_kwargs: constructor arguments for every env.
-        backend: ``"sequential"``, ``"thread"``, ``"process"`` or any other name in
+        backend: ``"auto"`` (default: measures the env and picks sequential, thread or
+            process), ``"sequential"``, ``"thread"``, ``"process"`` or any other name in
             `turnpool.backends.BACKENDS`.
         num_workers: worker count (default: the backend's, e.g. one process per core).
         mp_context: ``"spawn"`` (default), ``"forkserver"`` or ``"fork"`` for process backends.
@@ -118,9 +121,9 @@ class EnvPool(Replaying):
     Not thread-safe: drive one pool from one thread.
     """
 
-    def __init__(self, env_type: str = "sokoban", env_num: int = 1, group_n: int = 1,
+    def __init__(self, env_type: EnvTarget = "sokoban", env_num: int = 1, group_n: int = 1,
                  seed: int = 0, env_kwargs: dict[str, Any] | None = None, *,
-                 backend: str = "process", num_workers: int | None = None,
+                 backend: str = "auto", num_workers: int | None = None,
                  mp_context: str | None = DEFAULT_MP_CONTEXT,
                  step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
                  reset_timeout: float | None = None, on_error: str = "flag",
@@ -128,7 +131,8 @@ class EnvPool(Replaying):
                  ray_address: str | None = None, **backend_options: Any) -> None:
         if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
             raise TypeError(f"env_kwargs must be a dict, got {type(env_kwargs).__name__}")
-        spec = EnvGroupSpec(tag or env_type, env_type, env_num, dict(env_kwargs or {}))
+        spec = EnvGroupSpec(tag or target_name(env_type), env_type, env_num,
+                            dict(env_kwargs or {}))
         self._init([spec], group_n, seed, backend=backend, num_workers=num_workers,
                    mp_context=mp_context, step_timeout=step_timeout,
                    reset_timeout=reset_timeout, on_error=on_error, fallback=fallback,
@@ -145,7 +149,7 @@ class EnvPool(Replaying):
 
     # ------------------------------------------------------------------ construction
     def _init(self, specs: list[EnvGroupSpec], group_n: int, seed: int, *,
-              backend: str = "process", num_workers: int | None = None,
+              backend: str = "auto", num_workers: int | None = None,
               mp_context: str | None = DEFAULT_MP_CONTEXT,
               step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
               reset_timeout: float | None = None, on_error: str = "flag",
@@ -174,7 +178,7 @@ class EnvPool(Replaying):
                     builds.append(EnvBuild(len(builds), entry, kwargs))
                     self.group_ids.append(group)
                     self.tags.append(spec.tag)
-                    self.env_types.append(spec.env_type)
+                    self.env_types.append(target_name(spec.env_type))
                 group += 1
         if not builds:
             raise ValueError("the pool has no envs")
@@ -395,14 +399,11 @@ class EnvPool(Replaying):
             raise EnvError(failed)
 
 
-def _entry_point(env_type: str, env_kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Resolve a registered name to its entry point + merged kwargs, so envs registered only
-    in this process still build in spawned workers. Fails here, not in a worker, on typos."""
-    spec = registered().get(env_type)
-    resolve(env_type)  # imports the class: an unknown env or a broken module fails early
-    if spec is None:
-        return env_type, dict(env_kwargs)
-    return spec.entry_point, {**spec.kwargs, **env_kwargs}
+def _entry_point(env_type: EnvTarget, env_kwargs: dict[str, Any]
+                 ) -> tuple[str, dict[str, Any]]:
+    """What workers rebuild the env from (`turnpool.envs.registry.build_target`); fails
+    here, not in a worker, on typos."""
+    return build_target(env_type, env_kwargs)
 
 
 def _start_backend(name: str, builds: list[EnvBuild], num_workers: int | None,
@@ -502,9 +503,10 @@ def _check_arguments(specs: list[EnvGroupSpec], group_n: Any, seed: Any, backend
     if on_error not in ("flag", "raise"):
         raise ValueError(f"on_error must be 'flag' or 'raise', got {on_error!r}")
     for spec in specs:
-        if not isinstance(spec.env_type, str):
-            raise TypeError(f"env_type must be a str (a registered name or "
-                            f"'module:Class'), got {type(spec.env_type).__name__}")
+        if not (isinstance(spec.env_type, str) or callable(spec.env_type)):
+            raise TypeError(f"env_type must be a str (a registered name, 'module:Class' or a "
+                            f"gymnasium id) or an env factory, got "
+                            f"{type(spec.env_type).__name__}")
         if not isinstance(spec.env_kwargs, Mapping):
             raise TypeError(f"env_kwargs must be a dict, got {type(spec.env_kwargs).__name__}")
         _check_int(f"env_num (n_groups of tag {spec.tag!r})", spec.n_groups, 0)

@@ -31,6 +31,7 @@ class MultiProcessEnvironmentContainer:
         self.group_n = group_n
         self.seed = seed
         self.env_kwargs = dict(env_kwargs or {})
+        pool_options.setdefault("backend", "process")  # the seed's name promises processes
         self.pool = EnvPool(env_type, env_num=env_num, group_n=group_n, seed=seed,
                             env_kwargs=self.env_kwargs, **pool_options)
 

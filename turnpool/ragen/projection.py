@@ -7,6 +7,8 @@ Example:
     >>> f = create_projection_function("countdown")
     >>> f(["<answer>(1 + 2) * 3</answer>", "print(1)"])
     (['(1 + 2) * 3', ''], [True, False])
+    >>> create_projection_function("frozenlake")(["<answer>Up || Left</answer>", "dance"])
+    ([[4, 1], 0], [True, False])
 """
 
 from __future__ import annotations

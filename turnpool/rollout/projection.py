@@ -14,7 +14,12 @@ Two layers:
 * ``projection_for(env_type)`` maps each action string to an env action plus a
   valid flag. It accepts ``<think>…</think><answer>X</answer>``, ``<answer>X</answer>``,
   ``<action>X</action>`` and a bare ``X``. Names match case-insensitively and exactly:
-  ``"upper-left"`` is invalid, never ``"up"``.
+  ``"upper-left"`` is invalid, never ``"up"``. RAGEN's formats: several actions joined by
+  ``||`` (``<answer>Up || Left</answer>``) project to a list of actions for envs with named
+  actions (valid when every one is); Countdown answers may end in ``= result``
+  (``(3 + 5) * 2 = 16`` projects to ``(3 + 5) * 2``); Bandit names are checked against the
+  env's arms. Malformed tags (a ``<think>`` never closed, a closing tag before its opening
+  one) make a text invalid.
 
 Invalid placeholder (one rule): envs with integer action ids get ``0`` (RAGEN's ids start at 1;
 an env that uses 0 as a real id gets ``min(ids) - 1`` instead); every other env gets ``""``.
@@ -60,6 +65,11 @@ _TAG_MARKERS = ("<think>", "</think>", "<answer>", "</answer>", "<action>", "</a
 #: The characters Countdown's expression reader accepts (it reads × ÷ − as * / -).
 _EXPRESSION_CHARS = re.compile(r"[0-9+\-*/() \t×÷−]+")
 _WORD = re.compile(r"\w[\w\-]*")
+_NUMBER = re.compile(r"-?\d{1,15}(?:\.\d{1,15})?")
+#: RAGEN's separator between the actions of one answer.
+ACTION_SEP = "||"
+#: Actions kept from one multi-action answer (RAGEN's per-turn default); the rest is dropped.
+MAX_ACTIONS_PER_ANSWER = 5
 _WEBSHOP_VERBS = ("search", "click")
 
 
@@ -150,6 +160,8 @@ def extract_action_text(text: Any) -> str | None:
     if not isinstance(text, str):
         return None
     text = text[:MAX_TEXT_CHARS]
+    if not _tags_well_formed(text):
+        return None
     pair = _find_think_answer(text, "answer")
     content = pair[1] if pair is not None else _find_tagged(text, "answer")
     if content is None:
@@ -159,6 +171,19 @@ def extract_action_text(text: Any) -> str | None:
             return None
         content = text
     return _strip_special(content)
+
+
+def _tags_well_formed(text: str) -> bool:
+    """Every think/answer/action tag is closed as often as it is opened, and the first
+    closing tag comes after the first opening one (linear: ``str.count`` and ``str.find``)."""
+    for tag in ("think", "answer", "action"):
+        opening, closing = f"<{tag}>", f"</{tag}>"
+        n_open = text.count(opening)
+        if n_open != text.count(closing):
+            return False
+        if n_open and text.find(closing) < text.find(opening):
+            return False
+    return True
 
 
 # ------------------------------------------------------------------------- parse_response
@@ -219,6 +244,11 @@ def _check_word(candidate: str) -> tuple[str, bool]:
 
 
 def _check_expression(candidate: str) -> tuple[str, bool]:
+    if "=" in candidate:  # "(3 + 5) * 2 = 16": the expression is what the env scores
+        candidate, _, result = candidate.partition("=")
+        if _NUMBER.fullmatch(result.strip()) is None:
+            return INVALID_TEXT_ACTION, False
+        candidate = candidate.strip()
     if not candidate or len(candidate) > MAX_EXPRESSION_CHARS:
         return INVALID_TEXT_ACTION, False
     if _EXPRESSION_CHARS.fullmatch(candidate) is None or not any(c.isdigit() for c in candidate):
@@ -269,13 +299,25 @@ class Projection:
     kind: str
     names: Mapping[str, Any] = field(default_factory=dict)
     invalid_action: Any = INVALID_TEXT_ACTION
+    max_actions: int = MAX_ACTIONS_PER_ANSWER
 
     def project_one(self, text: Any) -> tuple[Any, bool]:
-        """``(action, valid)`` for one response; ``(invalid_action, False)`` when invalid."""
+        """``(action, valid)`` for one response; ``(invalid_action, False)`` when invalid.
+
+        For named actions, ``"Up || Left"`` gives the list ``[1, 3]`` (at most
+        ``max_actions``, empty parts dropped), valid when every part is a name."""
         candidate = extract_action_text(text)
         if candidate is None:
             return self.invalid_action, False
         if self.kind in ("discrete", "names"):
+            if ACTION_SEP in candidate:
+                parts = [p.strip() for p in candidate.split(ACTION_SEP)]
+                parts = [p for p in parts if p][: self.max_actions]
+                checked = [_check_discrete(p, self.names) for p in parts]
+                if checked and all(ok for _, ok in checked):
+                    actions = [a for a, _ in checked]
+                    return (actions if len(actions) > 1 else actions[0]), True
+                return self.invalid_action, False
             action, ok = _check_discrete(candidate, self.names)
         else:
             action, ok = _TEXT_CHECKS[self.kind](candidate)
@@ -305,16 +347,19 @@ def projection_for(
     *,
     arm_names: Sequence[str] | None = None,
     action_lookup: Mapping[int, str] | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> Projection:
-    """The projection for ``env_type`` (a registered name or ``"module:Class"``).
+    """The projection for ``env_type`` (a registered name, an alias such as ``"frozenlake"``,
+    or ``"module:Class"``).
 
     * discrete envs (a class-level ``action_lookup``, e.g. sokoban, frozen_lake): the action
       name -> its id; ``action_lookup`` overrides the class's table;
-    * ``bandit``: with ``arm_names`` the matching configured name, else any single word,
-      lowercased (the env maps names itself: its arm order changes per episode);
-    * ``countdown``: the expression when it uses only digits, ``+ - * / ( )`` (or ``× ÷ −``)
-      and blanks, with balanced parentheses nested at most ``MAX_EXPRESSION_DEPTH`` deep and at
-      most ``MAX_EXPRESSION_CHARS`` long -- the env's own bounds; never evaluated here;
+    * envs whose names change ids per episode (``bandit``): the matching name, from
+      ``arm_names`` or else from an env built with ``env_kwargs`` (its configured arms);
+    * ``countdown``: the expression (a trailing ``= number`` is dropped) when it uses only
+      digits, ``+ - * / ( )`` (or ``× ÷ −``) and blanks, with balanced parentheses nested at
+      most ``MAX_EXPRESSION_DEPTH`` deep and at most ``MAX_EXPRESSION_CHARS`` long -- the
+      env's own bounds; never evaluated here;
     * ``metamathqa`` and envs without an ``action_lookup``: any non-empty stripped text up to
       ``MAX_FREE_TEXT_CHARS``;
     * ``webshop``: ``search[...]`` or ``click[...]`` with non-empty content (the env checks it
@@ -331,14 +376,32 @@ def projection_for(
         kind = action_kind(env_type)
         if kind not in ("discrete", "names"):
             return Projection(env_type, kind)
-        lookup = resolve(env_type)[0].action_lookup or {}
+        lookup: Mapping[int, str] = resolve(env_type)[0].action_lookup or {}
         if kind == "names":
+            lookup = _episode_lookup(env_type, env_kwargs) or lookup
+            if not lookup:  # names unknown: any single word, as the env decides
+                return Projection(env_type, "word")
             names = {str(n).strip().lower(): str(n).strip() for n in lookup.values()}
             return Projection(env_type, "names", names, INVALID_TEXT_ACTION)
         action_lookup = lookup
     ids = [int(aid) for aid in action_lookup]
     invalid = INVALID_DISCRETE_ACTION if INVALID_DISCRETE_ACTION not in ids else min(ids) - 1
     return Projection(env_type, "discrete", _names_of(action_lookup), invalid)
+
+
+def _episode_lookup(env_type: str, env_kwargs: Mapping[str, Any] | None
+                    ) -> Mapping[int, str] | None:
+    """The names an env built with ``env_kwargs`` offers (Bandit: its two arms)."""
+    from turnpool.envs.registry import make
+
+    try:
+        env = make(env_type, **dict(env_kwargs or {}))
+    except Exception:  # an env that cannot be built here (needs a server): names unknown
+        return None
+    try:
+        return env.action_lookup_for_episode()
+    finally:
+        env.close()
 
 
 def project_actions(
