@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -91,10 +92,20 @@ class TurnpoolServer:
         self.stop()
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
 def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
           token: str | None = None, on_ready: Callable[[str], None] | None = None) -> None:
-    """Run the server in the foreground until interrupted (Ctrl-C / SIGTERM)."""
+    """Run the server in the foreground until interrupted (Ctrl-C / SIGTERM); the pool's
+    workers are stopped on the way out either way."""
     engine = PoolEngine(settings)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn shuts down gracefully on SIGTERM and then re-raises it; this handler turns
+        # that into SystemExit so the ``finally`` below still closes the pool.
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         sock = bind_socket(host, port)
         try:
@@ -107,3 +118,5 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
             sock.close()
     finally:
         engine.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -141,7 +141,8 @@ class PoolEngine:
         return self._free.popleft() if self._free else None
 
     def release(self, slot: int) -> None:
-        self._free.append(slot)
+        """Give a slot back; it is the next one leased (the most recently used env first)."""
+        self._free.appendleft(slot)
 
     # ------------------------------------------------------------------ calls (loop side)
     async def reset(self, slot: int, seed: int | None) -> ResetOutcome:

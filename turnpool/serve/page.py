@@ -20,7 +20,8 @@ td,th{border-bottom:1px solid #ddd;padding:.2rem .6rem;text-align:left}
 <h1>turnpool serve: <span id="env">?</span></h1>
 <div id="error"></div>
 <div class="cards">
- <div class="card">sessions<b><span id="sessions-count">0</span> / <span id="capacity">?</span></b></div>
+ <div class="card">sessions<b><span id="sessions-count">0</span> /
+  <span id="capacity">?</span></b></div>
  <div class="card">steps / s<b id="step-rate">0</b></div>
  <div class="card">steps<b id="steps-total">0</b></div>
  <div class="card">failures<b id="failures-total">0</b></div>
