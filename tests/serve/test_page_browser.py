@@ -16,6 +16,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_the_page_shows_live_sessions_and_failures(browser: Any) -> None:  # noqa: F811
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -31,7 +32,10 @@ def test_the_page_shows_live_sessions_and_failures(browser: Any) -> None:  # noq
         return None
 
     def until(check: Any) -> Any:
-        return WebDriverWait(browser, 30, poll_frequency=0.2).until(lambda _: check())
+        # the page redraws its tables every second, so an element may go stale mid-check
+        return WebDriverWait(browser, 30, poll_frequency=0.2,
+                             ignored_exceptions=(StaleElementReferenceException,)
+                             ).until(lambda _: check())
 
     settings = ServeSettings(env="faulty", max_sessions=4, backend="process", num_workers=1)
     with TurnpoolServer(settings) as server:
