@@ -293,7 +293,8 @@ async def _load(url: str, sessions: int, warmup: float, seconds: float,
                     counts["errors"] += 1
                     await ws.ask(reset)
                     continue
-                counts["all_steps"] += 1
+                if not stop.is_set():
+                    counts["all_steps"] += 1
                 if window[0] <= t0 and t1 <= window[1]:
                     counts["steps"] += 1
                     lat.append(t1 - t0)
@@ -311,8 +312,10 @@ async def _load(url: str, sessions: int, warmup: float, seconds: float,
     now = time.perf_counter()
     window[0], window[1] = now + warmup, now + warmup + seconds
     started.set()
+    print("started", flush=True)  # the parent starts counting server CPU time here
     await asyncio.sleep(warmup + seconds)
     stop.set()
+    print("stopped", flush=True)  # ... and stops here (closing sessions is not counted)
     await asyncio.wait(tasks, timeout=60)
     lat.sort()
 
@@ -366,11 +369,17 @@ def _client_main(argv: list[str]) -> None:
         asyncio.run(_hold(url, int(argv[2])))
 
 
-def _client(args: list[str], timeout: float) -> dict[str, Any]:
+def _client(args: list[str], timeout: float, on_mark: Any = None) -> dict[str, Any]:
+    """Run a load client; ``on_mark("started" | "stopped")`` is called when its sessions
+    start and stop stepping."""
     proc = subprocess.Popen([sys.executable, "-m", "turnpool.bench.serve", "client", *args],
                             stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
     try:
         line = _read_line(proc, timeout)
+        while line.strip() in ("started", "stopped"):
+            if on_mark is not None:
+                on_mark(line.strip())
+            line = _read_line(proc, timeout)
         if not line.strip():
             raise RuntimeError(f"the load client gave no result within {timeout:.0f} s")
         result: dict[str, Any] = json.loads(line)
@@ -420,10 +429,15 @@ def run(levels: list[int], hold: int, warmup: float, seconds: float,
             for n in levels:
                 if progress:
                     progress(f"{kind}: {n} sessions")
-                cpu0 = server.cpu_s()
+                marks: dict[str, float] = {}
+
+                def mark(name: str, marks: dict[str, float] = marks,
+                         server: ServerProcess = server) -> None:
+                    marks[name] = server.cpu_s()
+
                 row = _client(["load", server.url, str(n), str(warmup), str(seconds)],
-                              timeout=warmup + seconds + 600)
-                cpu = server.cpu_s() - cpu0
+                              timeout=warmup + seconds + 600, on_mark=mark)
+                cpu = marks.get("stopped", 0.0) - marks.get("started", 0.0)
                 row.update(server=kind, rss_mb=server.rss_mb(), server_cpu_s=cpu,
                            cpu_us_per_step=cpu / row["all_steps"] * 1e6
                            if row["all_steps"] else None)
