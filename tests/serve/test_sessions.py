@@ -219,3 +219,22 @@ def test_the_cli_serves_and_leaves_no_worker_behind(tmp_path: Any) -> None:
             proc.kill()
             proc.wait(timeout=30)
     assert wait_gone(workers, within=30) == []
+
+
+def test_a_pool_that_does_not_answer_is_bounded_by_call_timeout() -> None:
+    # no step deadline in the pool: only the server's own call_timeout bounds the wait
+    settings = ServeSettings(env="sleep", env_kwargs={"sleep_ms": 4000.0}, max_sessions=2,
+                             backend="thread", num_workers=2, step_timeout=None,
+                             call_timeout=0.5)
+    with TurnpoolServer(settings) as srv:
+        with _raw(srv.url) as ws:
+            assert _ask(ws, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
+            t0 = time.monotonic()
+            reply = _ask(ws, {"type": "step", "data": {"action": "a"}})
+            assert time.monotonic() - t0 < 3.5
+            assert reply["type"] == "error" and reply["data"]["failure"] == "timeout"
+        # the slot whose env may still be running is not leased again
+        with _raw(srv.url) as one, _raw(srv.url) as two:
+            assert _ask(one, {"type": "state"})["type"] == "state"
+            refusal = json.loads(two.recv(timeout=30))  # sent unasked, then the server closes
+            assert refusal["data"]["code"] == "CAPACITY_REACHED"

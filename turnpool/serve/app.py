@@ -37,7 +37,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.websockets import WebSocketDisconnect
 
-from turnpool.serve.engine import PoolEngine, ResetOutcome, StepOutcome
+from turnpool.serve.engine import PoolEngine, PoolTimeout, ResetOutcome, StepOutcome
 from turnpool.serve.page import STATUS_PAGE
 
 #: Largest client message (bytes of JSON) the server reads; longer ones are refused.
@@ -229,6 +229,12 @@ class Server:
         session.busy = True
         try:
             return await call
+        except PoolTimeout as exc:
+            session.done, session.started = True, False
+            raise ProtocolError("EXECUTION_ERROR", str(exc), status=504, failure="timeout",
+                                retryable=True, session_id=session.id) from exc
+        except RuntimeError as exc:  # the server is shutting down / the pool is closed
+            raise ProtocolError("EXECUTION_ERROR", str(exc), status=503) from exc
         finally:
             session.busy = False
             session.last_active = time.monotonic()

@@ -61,6 +61,9 @@ class ServeSettings:
     session_timeout: float = 300.0
     #: the pool's base seed, used for seedless resets
     seed: int = 0
+    #: seconds a session waits for the pool at most (None: 10 x step_timeout + 60); the pool
+    #: answers within its own deadlines, so this only bounds a pool that stopped answering
+    call_timeout: float | None = None
     #: bounds on what a client may send in one step
     max_action_chars: int = 16_384
     max_actions_per_step: int = 64
@@ -84,6 +87,10 @@ class ResetOutcome:
     error: str | None
     failure: str | None
     retryable: bool
+
+
+class PoolTimeout(RuntimeError):
+    """The pool did not answer a session within ``call_timeout``."""
 
 
 def failure_of(info: dict[str, Any]) -> tuple[str, bool]:
@@ -113,6 +120,8 @@ class PoolEngine:
                             reset_timeout=settings.reset_timeout, on_error="flag",
                             **settings.backend_options)
         self._free: deque[int] = deque(range(self.pool.num_envs))
+        #: slots whose call outlived ``call_timeout`` (kept out of the free list)
+        self.lost_slots: set[int] = set()
         self._inbox: queue.SimpleQueue[tuple[str, int, Any, asyncio.Future[Any]] | None] = (
             queue.SimpleQueue())
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -142,7 +151,8 @@ class PoolEngine:
 
     def release(self, slot: int) -> None:
         """Give a slot back; it is the next one leased (the most recently used env first)."""
-        self._free.appendleft(slot)
+        if slot not in self.lost_slots:
+            self._free.appendleft(slot)
 
     # ------------------------------------------------------------------ calls (loop side)
     async def reset(self, slot: int, seed: int | None) -> ResetOutcome:
@@ -153,14 +163,28 @@ class PoolEngine:
         out: StepOutcome = await self._call("step", slot, list(actions))
         return out
 
+    @property
+    def call_timeout(self) -> float:
+        given = self.settings.call_timeout
+        if given is not None:
+            return given
+        return 10 * max(self.settings.step_timeout or 0.0,
+                        self.settings.reset_timeout or 0.0) + 60.0
+
     async def _call(self, op: str, slot: int, arg: Any) -> Any:
-        if self._closed:
+        if self._closed or not self._thread.is_alive():
             raise RuntimeError("the server is shutting down")
         loop = asyncio.get_running_loop()
         self._loop = loop
         fut: asyncio.Future[Any] = loop.create_future()
         self._inbox.put((op, slot, arg, fut))
-        return await fut
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.call_timeout)
+        except asyncio.TimeoutError:
+            # The env may still be in flight: its slot is never leased again.
+            self.lost_slots.add(slot)
+            raise PoolTimeout(f"the pool did not answer within {self.call_timeout:g} s") \
+                from None
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the pool thread and the pool (every worker). Idempotent."""
@@ -180,33 +204,38 @@ class PoolEngine:
             items = self._drain(block=not in_flight)
             if items is None:
                 break
-            out: _Deliver = []
-            steps = [(slot, arg, fut) for op, slot, arg, fut in items if op == "step"]
-            resets = [(slot, arg, fut) for op, slot, arg, fut in items if op == "reset"]
-            if steps:
-                try:
-                    self.pool.step_async([s for s, _, _ in steps], [a for _, a, _ in steps])
-                    self.batches_total += 1
-                    in_flight.update((s, f) for s, _, f in steps)
-                except Exception as exc:  # a bug or a closed pool: every caller hears it
-                    out.extend((f, None, exc) for _, _, f in steps)
-            if resets:
-                out.extend(self._resets(resets))
-            if in_flight:
-                try:
-                    done = self.pool.poll(timeout=POLL_INTERVAL, min_ready=1)
-                except Exception as exc:
-                    out.extend((f, None, exc) for f in in_flight.values())
-                    in_flight.clear()
-                    done = []
-                for slot, result in done:
-                    fut = in_flight.pop(slot, None)
-                    if fut is not None:
-                        out.append((fut, self._outcome(result), None))
-            if out:
-                self._deliver(out)
+            try:
+                self._turn(items, in_flight)
+            except Exception as exc:  # a bug here must not leave sessions waiting forever
+                log.exception("turnpool serve: the pool loop failed")
+                failed = [f for *_, f in items] + list(in_flight.values())
+                in_flight.clear()
+                self._deliver([(f, None, exc) for f in failed])
         for fut in in_flight.values():
             self._deliver([(fut, None, RuntimeError("the server is shutting down"))])
+
+    def _turn(self, items: list[tuple[str, int, Any, asyncio.Future[Any]]],
+              in_flight: dict[int, asyncio.Future[Any]]) -> None:
+        """One round: send the new steps as one pool call, run the resets, collect results."""
+        out: _Deliver = []
+        steps = [(slot, arg, fut) for op, slot, arg, fut in items if op == "step"]
+        resets = [(slot, arg, fut) for op, slot, arg, fut in items if op == "reset"]
+        if steps:
+            try:
+                self.pool.step_async([s for s, _, _ in steps], [a for _, a, _ in steps])
+                self.batches_total += 1
+                in_flight.update((s, f) for s, _, f in steps)
+            except Exception as exc:  # a closed pool: every caller hears it
+                out.extend((f, None, exc) for _, _, f in steps)
+        if resets:
+            out.extend(self._resets(resets))
+        if in_flight:
+            for slot, result in self.pool.poll(timeout=POLL_INTERVAL, min_ready=1):
+                fut = in_flight.pop(slot, None)
+                if fut is not None:
+                    out.append((fut, self._outcome(result), None))
+        if out:
+            self._deliver(out)
 
     def _drain(self, block: bool) -> list[tuple[str, int, Any, asyncio.Future[Any]]] | None:
         """Every request waiting in the inbox (None: stop)."""
