@@ -70,16 +70,15 @@ def serve(env: str | None, config_path: Path | None, backend: str | None,
           session_timeout: float | None, seed: int | None, host: str, port: int,
           allow_remote: bool, token: str | None) -> None:
     """Serve envs over OpenEnv's protocol (WebSocket /ws and HTTP); Ctrl-C stops it."""
-    from turnpool.serve import is_loopback
+    from turnpool.serve import check_bind
     from turnpool.serve import serve as run
 
     token = token or os.environ.get(TOKEN_ENV) or None
-    if not is_loopback(host):
-        if not allow_remote:
-            raise click.UsageError(f"--host {host} listens beyond this machine; pass "
-                                   "--allow-remote (and a token) to mean it")
-        if not token:
-            raise click.UsageError(f"binding {host} needs a token (--token or ${TOKEN_ENV})")
+    try:
+        check_bind(host, token, allow_remote)
+    except PermissionError as exc:
+        raise click.UsageError(f"{exc} (--host {host}: --allow-remote, --token or "
+                               f"${TOKEN_ENV})") from exc
     settings = load_settings(config_path, {
         "env": env, "backend": backend, "num_workers": num_workers,
         "max_sessions": max_sessions, "step_timeout": step_timeout,
@@ -91,7 +90,7 @@ def serve(env: str | None, config_path: Path | None, backend: str | None,
                    f"{url}/)", nl=True)
 
     try:
-        run(settings, host, port, token, on_ready=ready)
+        run(settings, host, port, token, on_ready=ready, allow_remote=allow_remote)
     except KeyboardInterrupt:  # Ctrl-C: the pool is already closed
         click.echo("turnpool serve: stopped")
     except OSError as exc:

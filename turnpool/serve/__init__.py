@@ -31,8 +31,8 @@ from turnpool.webshop.server import bind_socket
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PoolEngine", "ServeSettings", "TurnpoolServer", "create_app", "is_loopback",
-           "serve"]
+__all__ = ["PoolEngine", "ServeSettings", "TurnpoolServer", "check_bind", "create_app",
+           "is_loopback", "serve"]
 
 
 def is_loopback(host: str) -> bool:
@@ -43,6 +43,17 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def check_bind(host: str, token: str | None, allow_remote: bool) -> None:
+    """Refuse to listen beyond this machine unless asked to, and never without a token."""
+    if is_loopback(host):
+        return
+    if not allow_remote:
+        raise PermissionError(f"{host} listens beyond this machine; pass allow_remote "
+                              "(--allow-remote) and a token to mean it")
+    if not token:
+        raise PermissionError(f"listening on {host} needs a token")
 
 
 def _uvicorn_server(app: Any) -> Any:
@@ -59,7 +70,8 @@ class TurnpoolServer:
     and ends every worker of the pool (the server owns its engine)."""
 
     def __init__(self, settings: ServeSettings, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None) -> None:
+                 token: str | None = None, allow_remote: bool = False) -> None:
+        check_bind(host, token, allow_remote)
         self.engine = PoolEngine(settings)
         try:
             self._sock = bind_socket(host, port)
@@ -97,9 +109,11 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
-          token: str | None = None, on_ready: Callable[[str], None] | None = None) -> None:
+          token: str | None = None, on_ready: Callable[[str], None] | None = None,
+          allow_remote: bool = False) -> None:
     """Run the server in the foreground until interrupted (Ctrl-C / SIGTERM); the pool's
     workers are stopped on the way out either way."""
+    check_bind(host, token, allow_remote)
     engine = PoolEngine(settings)
     previous = None
     if threading.current_thread() is threading.main_thread():
