@@ -19,6 +19,7 @@ $(VENV)/.core: pyproject.toml | $(PY)
 $(VENV)/.dev: pyproject.toml | $(PY)
 	$(PIP) install "torch==2.13.0"
 	$(PIP) install -e ".[dev]"
+	$(PIP) install --no-deps "openenv==0.10.0"
 	touch $@ $(VENV)/.core
 
 run: $(VENV)/.core

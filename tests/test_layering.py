@@ -7,6 +7,7 @@ import cannot hide a dependency). Importing ``a.b.c`` also imports the packages 
     webshop (the shop)  <-  envs  <-  pool (protocol, host)  <-  backends
     backends (registry, protocol)  <-  pool (api, dispatch, replay)
     envs, pool, policies  <-  rollout  <-  ragen  <-  cli
+    envs, pool  <-  serve  <-  cli
 
 ``turnpool/__init__.py`` names its public objects as strings (imported on first use), so it
 adds no edge.
@@ -148,6 +149,9 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("turnpool.rollout.settings", ()),
     ("turnpool.rollout", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.policies.*",
                           "turnpool.rollout.*")),
+    # the OpenEnv server: a pool behind a wire protocol (bind_socket is the shop's)
+    ("turnpool.serve", ("turnpool", "turnpool.envs.*", "turnpool.pool.*", "turnpool.serve.*",
+                        "turnpool.webshop", "turnpool.webshop.server")),
 ]
 
 

@@ -7,6 +7,7 @@ does not pay for ray or transformers:
     turnpool envs
     turnpool bench envs|pool|rollout|webshop [--json F]
     turnpool webshop serve
+    turnpool serve --env sokoban [--config F] [--backend B] [--host H --port P]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _COMMANDS: dict[str, str] = {
     "envs": "turnpool.cli.envs:envs",
     "bench": "turnpool.cli.bench:bench",
     "webshop": "turnpool.cli.webshop:webshop",
+    "serve": "turnpool.cli.serve:serve",
 }
 
 

@@ -1,0 +1,24 @@
+"""Shared helpers of the ``turnpool serve`` tests: a real server on 127.0.0.1 (a free port, in
+a thread of the test process; the pool's workers are real processes) and OpenEnv's own
+client from PyPI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openenv.core import GenericEnvClient
+
+from turnpool.pool import protocol
+
+#: The class a timed-out / killed env reports: issue 11's taxonomy when it is in the tree,
+#: else the documented default for results that name none.
+HAS_TAXONOMY = hasattr(protocol, "FAILURE_CLASSES")
+
+
+def expected_failure(kind: str) -> str:
+    return kind if HAS_TAXONOMY else "env_error"
+
+
+def client(url: str, **kwargs: Any) -> Any:
+    """OpenEnv's sync WebSocket client on ``url``."""
+    return GenericEnvClient(base_url=url, message_timeout_s=60.0, **kwargs).sync()

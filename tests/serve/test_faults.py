@@ -1,0 +1,116 @@
+"""Faults through ``turnpool serve``: a hanging env answers with an error within
+``step_timeout``, an env that kills its worker (or raises) fails only its own session, and a
+failed step is an OpenEnv error naming turnpool's failure class, never an observation with
+reward 0. The envs are the ``faulty`` test env on two real worker processes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from tests.serve.conftest import client, expected_failure
+from turnpool.serve import ServeSettings, TurnpoolServer
+
+pytestmark = pytest.mark.timeout(180)
+
+STEP_TIMEOUT = 1.5
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TurnpoolServer]:
+    # 4 slots on 2 workers: slots 0, 1 share worker 0, slots 2, 3 share worker 1
+    settings = ServeSettings(env="faulty", env_kwargs={"episode_len": 1000}, max_sessions=4,
+                             backend="process", num_workers=2, step_timeout=STEP_TIMEOUT)
+    with TurnpoolServer(settings) as srv:
+        yield srv
+
+
+def _raw(url: str) -> Any:
+    return connect(url.replace("http://", "ws://") + "/ws", open_timeout=30)
+
+
+def _ask(ws: Any, message: dict[str, Any]) -> dict[str, Any]:
+    ws.send(json.dumps(message))
+    reply: dict[str, Any] = json.loads(ws.recv(timeout=60))
+    return reply
+
+
+def _same_worker(server: TurnpoolServer) -> None:
+    """The two open sessions hold slots of one worker (so a fault there hits both)."""
+    status = httpx.get(server.url + "/api/status", timeout=30).json()
+    slots = [s["slot"] for s in status["sessions"]]
+    owner = {i: w for w, ids in enumerate(server.engine.pool.backend.slices) for i in ids}
+    assert len(slots) == 2 and owner[slots[0]] == owner[slots[1]], slots
+
+
+def _fault_isolated(server: TurnpoolServer, action: str, failure: str,
+                    max_seconds: float) -> None:
+    """Two sessions on one worker: the faulty one gets an error; the other's episode is
+    exactly what it would have been; the faulty one recovers with a reset."""
+    url = server.url
+    with _raw(url) as bad, _raw(url) as good:
+        assert _ask(bad, {"type": "reset", "data": {"seed": 5}})["type"] == "observation"
+        ok = _ask(good, {"type": "reset", "data": {"seed": 9}})
+        _same_worker(server)
+        trace = [ok["data"]["observation"]["text"]]
+        for k in range(3):
+            trace.append(_ask(good, {"type": "step", "data": {"action": f"a{k}"}})
+                         ["data"]["observation"]["text"])
+        t0 = time.monotonic()
+        reply = _ask(bad, {"type": "step", "data": {"action": action}})
+        elapsed = time.monotonic() - t0
+        assert reply["type"] == "error", reply
+        data = reply["data"]
+        assert data["code"] == "EXECUTION_ERROR"
+        assert data["failure"] == failure
+        assert isinstance(data["retryable"], bool)
+        assert "reward" not in data and data["error"]
+        assert elapsed < max_seconds
+        # the innocent session goes on as if nothing happened (reset + replay in the pool)
+        for k in range(3, 6):
+            trace.append(_ask(good, {"type": "step", "data": {"action": f"a{k}"}})
+                         ["data"]["observation"]["text"])
+        # the failed episode is over until the next reset, which works
+        again = _ask(bad, {"type": "step", "data": {"action": "x"}})
+        assert again["type"] == "error" and "reset" in again["data"]["message"]
+        assert _ask(bad, {"type": "reset", "data": {"seed": 5}})["type"] == "observation"
+        assert _ask(bad, {"type": "step", "data": {"action": "fine"}})["type"] == "observation"
+    with _raw(url) as ref:
+        want = [_ask(ref, {"type": "reset", "data": {"seed": 9}})["data"]["observation"]["text"]]
+        for k in range(6):
+            want.append(_ask(ref, {"type": "step", "data": {"action": f"a{k}"}})
+                        ["data"]["observation"]["text"])
+    assert trace == want
+
+
+def test_a_hanging_env_errors_within_step_timeout(server: TurnpoolServer) -> None:
+    _fault_isolated(server, "hang", expected_failure("timeout"), STEP_TIMEOUT + 10)
+
+
+def test_an_env_that_kills_its_worker_fails_only_its_session(server: TurnpoolServer) -> None:
+    _fault_isolated(server, "exit", expected_failure("worker_lost"), 60)
+
+
+def test_an_env_that_raises_fails_only_its_session(server: TurnpoolServer) -> None:
+    _fault_isolated(server, "raise", "env_error", 30)
+
+
+def test_openenv_client_raises_with_the_failure_class(server: TurnpoolServer) -> None:
+    with client(server.url) as env:
+        env.reset(seed=1)
+        with pytest.raises(RuntimeError) as err:
+            env.step({"action": "raise"})
+        assert "EXECUTION_ERROR" in str(err.value) and "env_error" in str(err.value)
+        assert env.reset(seed=1).observation["text"]
+
+
+def test_failures_show_in_the_status(server: TurnpoolServer) -> None:
+    status = httpx.get(server.url + "/api/status", timeout=30).json()
+    assert sum(status["failures"].values()) >= 1
+    assert status["recent_failures"][-1]["error"]

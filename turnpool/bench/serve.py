@@ -1,0 +1,556 @@
+"""``turnpool bench serve``: OpenEnv's reference server and ``turnpool serve``, side by side,
+under the same client load.
+
+Both servers run the same Sokoban env class, each in its own process on this machine:
+OpenEnv's ``create_app`` over the env wrapped as an OpenEnv ``Environment`` (one env and one
+executor thread per session, all in the server process), and ``turnpool serve`` (one env
+slot of an `EnvPool` per session, envs in worker processes, the steps of all sessions batched
+into pool calls). A client process drives each the same way over the same wire messages
+(``/ws``, ``{"type": "step", "data": {"action": "Up"}}``): ``N`` concurrent sessions, each
+resets with its own seed, then steps as fast as replies come back (closed loop, no think
+time) and resets when its episode ends. Only the measurement window counts (after a warm-up).
+
+Then each server is asked to hold as many sessions as it can, up to ``--hold``: the client
+opens them, resets each and steps each once, all kept open; "held" counts the sessions whose
+step was answered. RSS is the server process plus its children (the pool's workers), sampled
+at the end of each phase.
+
+    turnpool bench serve                           # 64 / 256 / 1024 sessions, hold 4096
+    turnpool bench serve --sessions 64 --hold 256 --seconds 3 --json serve.json --plot serve.png
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+
+from turnpool.bench.harness import (
+    json_option,
+    machine_info,
+    measure_and_print,
+    plot_option,
+    start,
+    write_outputs,
+)
+
+log = logging.getLogger(__name__)
+
+ENV = "sokoban"
+ACTIONS = ("Up", "Down", "Left", "Right")
+SERVERS = ("openenv", "turnpool")
+
+
+# ---------------------------------------------------------------------- the reference server
+def reference_app(max_sessions: int) -> Any:
+    """OpenEnv's ``create_app`` over turnpool's Sokoban class wrapped as an OpenEnv env."""
+    from openenv.core.env_server.http_server import create_app
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation, State
+
+    from turnpool.envs.registry import make
+
+    class TextAction(Action):
+        action: str | int
+
+    class TextObservation(Observation):
+        text: str = ""
+
+    class WrappedEnv(Environment):  # type: ignore[misc]
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.env = make(ENV)
+            self._state = State()
+
+        def reset(self, seed: int | None = None, episode_id: str | None = None,
+                  **kwargs: Any) -> TextObservation:
+            obs, _ = self.env.reset(seed=seed)
+            self._state = State(episode_id=episode_id or uuid.uuid4().hex, step_count=0)
+            return TextObservation(text=obs, done=False, reward=None)
+
+        def step(self, action: TextAction, timeout_s: float | None = None,
+                 **kwargs: Any) -> TextObservation:
+            obs, reward, terminated, truncated, _ = self.env.step(action.action)
+            self._state.step_count += 1
+            return TextObservation(text=obs, done=terminated or truncated, reward=reward)
+
+        @property
+        def state(self) -> State:
+            return self._state
+
+        def close(self) -> None:
+            self.env.close()
+
+    return create_app(WrappedEnv, TextAction, TextObservation, env_name=ENV,
+                      max_concurrent_envs=max_sessions)
+
+
+def _run_reference(max_sessions: int) -> None:
+    import uvicorn
+
+    from turnpool.webshop.server import bind_socket
+
+    _raise_fd_limit()
+    sock = bind_socket("127.0.0.1", 0)
+    host, port = sock.getsockname()[:2]
+    app = reference_app(max_sessions)
+    print(f"reference serving at http://{host}:{port}", flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, loop="asyncio",
+                            ws_ping_interval=None, timeout_graceful_shutdown=3)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _raise_fd_limit() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class ServerProcess:
+    """A server in a child process; ``url`` once it is listening."""
+
+    def __init__(self, kind: str, max_sessions: int, timeout: float = 300.0) -> None:
+        if kind == "openenv":
+            cmd = [sys.executable, "-m", "turnpool.bench.serve", "reference", str(max_sessions)]
+        else:
+            cmd = [sys.executable, "-m", "turnpool.cli", "serve", "--env", ENV, "--port", "0",
+                   "--max-sessions", str(max_sessions), "--session-timeout", "3600"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        line = _read_line(self.proc, timeout)
+        if "http://" not in line:
+            self.close()
+            raise RuntimeError(f"the {kind} server did not start within {timeout:.0f} s: "
+                               f"{line!r}")
+        url = next(w for w in line.split() if w.startswith("http://"))
+        self.url = url.rstrip(",")
+
+    def _procs(self) -> list[Any]:
+        import psutil
+
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def rss_mb(self) -> float:
+        """Resident memory of the server process and its children (the pool's workers)."""
+        total = 0
+        for p in self._procs():
+            with contextlib.suppress(Exception):
+                total += p.memory_info().rss
+        return total / 2**20
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the server process and its live children used."""
+        total = 0.0
+        for p in self._procs():
+            with contextlib.suppress(Exception):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+
+
+def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    out = proc.stdout
+    assert out is not None
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(out.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return got[0] if got else ""
+
+
+# ---------------------------------------------------------------------- the client load
+class WsClient:
+    """A minimal WebSocket client (RFC 6455 text frames over asyncio streams), so the load
+    generator costs far less CPU per message than either server and the two servers, not
+    the client, set the numbers. Frames are masked with a zero key (allowed by the RFC; the
+    key only matters to proxies) and replies are read whole."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def connect(cls, url: str) -> WsClient:
+        import base64
+
+        host, _, port = url.removeprefix("http://").partition(":")
+        reader, writer = await asyncio.open_connection(host, int(port), limit=2**24)
+        key = base64.b64encode(os.urandom(16)).decode()
+        writer.write((f"GET /ws HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+                      f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                      "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        if b" 101 " not in head.split(b"\r\n", 1)[0]:
+            writer.close()
+            raise ConnectionError(head.split(b"\r\n", 1)[0].decode(errors="replace"))
+        return cls(reader, writer)
+
+    def send(self, text: str, opcode: int = 0x1) -> None:
+        data = text.encode()
+        n = len(data)
+        if n < 126:
+            head = bytes((0x80 | opcode, 0x80 | n))
+        elif n < 65536:
+            head = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
+        else:
+            head = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
+        self.writer.write(head + b"\0\0\0\0" + data)
+
+    async def recv(self) -> str:
+        while True:
+            b0, b1 = await self.reader.readexactly(2)
+            n = b1 & 0x7F
+            if n == 126:
+                n = int.from_bytes(await self.reader.readexactly(2), "big")
+            elif n == 127:
+                n = int.from_bytes(await self.reader.readexactly(8), "big")
+            data = await self.reader.readexactly(n)
+            opcode = b0 & 0x0F
+            if opcode in (0x1, 0x2):
+                return data.decode()
+            if opcode == 0x8:
+                raise ConnectionError("closed by the server")
+            if opcode == 0x9:  # ping -> pong
+                self.send(data.decode(errors="replace"), 0xA)
+
+    async def ask(self, text: str) -> str:
+        self.send(text)
+        return await self.recv()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.send("", 0x8)
+            self.writer.close()
+            await asyncio.wait_for(self.writer.wait_closed(), 5)
+
+
+def _is_observation(reply: str) -> bool:
+    return reply.startswith('{"type":"observation"')
+
+
+async def _load(url: str, sessions: int, warmup: float, seconds: float,
+                connect_parallel: int = 64) -> dict[str, Any]:
+    """``sessions`` closed-loop sessions for ``warmup + seconds``; counts the window only."""
+    gate = asyncio.Semaphore(connect_parallel)
+    started = asyncio.Event()
+    ready = 0
+    lat: list[float] = []
+    counts = {"steps": 0, "all_steps": 0, "errors": 0, "refused": 0}
+    window = [0.0, 0.0]
+    stop = asyncio.Event()
+    steps = [json.dumps({"type": "step", "data": {"action": a}}) for a in ACTIONS]
+
+    async def one(i: int) -> None:
+        nonlocal ready
+        try:
+            async with gate:
+                ws = await WsClient.connect(url)
+        except Exception:
+            counts["refused"] += 1
+            return
+        try:
+            reset = json.dumps({"type": "reset", "data": {"seed": i}})
+            if not _is_observation(await ws.ask(reset)):
+                counts["refused"] += 1
+                return
+            ready += 1
+            await started.wait()
+            k = i
+            while not stop.is_set():
+                k += 1
+                t0 = time.perf_counter()
+                reply = await ws.ask(steps[k % 4])
+                t1 = time.perf_counter()
+                if not _is_observation(reply):
+                    counts["errors"] += 1
+                    await ws.ask(reset)
+                    continue
+                if not stop.is_set():
+                    counts["all_steps"] += 1
+                if window[0] <= t0 and t1 <= window[1]:
+                    counts["steps"] += 1
+                    lat.append(t1 - t0)
+                if '"done":true' in reply:
+                    await ws.ask(reset)
+        except Exception:
+            counts["errors"] += 1
+        finally:
+            await ws.close()
+
+    tasks = [asyncio.create_task(one(i)) for i in range(sessions)]
+    deadline = time.monotonic() + 300
+    while ready + counts["refused"] < sessions and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    now = time.perf_counter()
+    window[0], window[1] = now + warmup, now + warmup + seconds
+    started.set()
+    print("started", flush=True)  # the parent starts counting server CPU time here
+    await asyncio.sleep(warmup + seconds)
+    stop.set()
+    print("stopped", flush=True)  # ... and stops here (closing sessions is not counted)
+    await asyncio.wait(tasks, timeout=60)
+    lat.sort()
+
+    def pct(q: float) -> float | None:
+        return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else None
+
+    return {"sessions": sessions, "running": ready, "steps": counts["steps"],
+            "all_steps": counts["all_steps"], "steps_per_s": counts["steps"] / seconds,
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "errors": counts["errors"],
+            "refused": counts["refused"]}
+
+
+async def _hold(url: str, sessions: int, connect_parallel: int = 64) -> dict[str, Any]:
+    """Open ``sessions`` sessions, reset and step each once, all held open; how many made it."""
+    gate = asyncio.Semaphore(connect_parallel)
+    held: list[WsClient] = []
+    answered = 0
+    step = json.dumps({"type": "step", "data": {"action": "Up"}})
+
+    async def one(i: int) -> None:
+        nonlocal answered
+        try:
+            async with gate:
+                ws = await WsClient.connect(url)
+                held.append(ws)
+                reset = json.dumps({"type": "reset", "data": {"seed": i}})
+                if not _is_observation(await asyncio.wait_for(ws.ask(reset), 120)):
+                    return
+                if _is_observation(await asyncio.wait_for(ws.ask(step), 120)):
+                    answered += 1
+        except Exception:
+            return
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(sessions)))
+    took = time.perf_counter() - t0
+    result = {"asked": sessions, "held": answered, "open_s": took}
+    print(json.dumps(result), flush=True)  # the parent samples RSS now, then tells us to close
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    await asyncio.gather(*(ws.close() for ws in held), return_exceptions=True)
+    return result
+
+
+def _client_main(argv: list[str]) -> None:
+    _raise_fd_limit()
+    mode, url = argv[0], argv[1]
+    if mode == "load":
+        out = asyncio.run(_load(url, int(argv[2]), float(argv[3]), float(argv[4])))
+        print(json.dumps(out), flush=True)
+    else:
+        asyncio.run(_hold(url, int(argv[2])))
+
+
+def _client(args: list[str], timeout: float, on_mark: Any = None) -> dict[str, Any]:
+    """Run a load client; ``on_mark("started" | "stopped")`` is called when its sessions
+    start and stop stepping."""
+    proc = subprocess.Popen([sys.executable, "-m", "turnpool.bench.serve", "client", *args],
+                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+    try:
+        line = _read_line(proc, timeout)
+        while line.strip() in ("started", "stopped"):
+            if on_mark is not None:
+                on_mark(line.strip())
+            line = _read_line(proc, timeout)
+        if not line.strip():
+            raise RuntimeError(f"the load client gave no result within {timeout:.0f} s")
+        result: dict[str, Any] = json.loads(line)
+        return result
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def _hold_on(server: ServerProcess, sessions: int) -> dict[str, Any]:
+    proc = subprocess.Popen([sys.executable, "-m", "turnpool.bench.serve", "client", "hold",
+                             server.url, str(sessions)],
+                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+    try:
+        line = _read_line(proc, 900)
+        result: dict[str, Any] = json.loads(line) if line.strip() else \
+            {"asked": sessions, "held": 0, "open_s": None}
+        result["rss_mb"] = server.rss_mb()
+        return result
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.write("\n")
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------- the benchmark
+def run(levels: list[int], hold: int, warmup: float, seconds: float,
+        servers: tuple[str, ...], progress: Any = None) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    holds: dict[str, dict[str, Any]] = {}
+    capacity = max([hold, *levels])
+    for kind in servers:
+        if progress:
+            progress(f"{kind}: starting a server for {capacity} sessions")
+        server = ServerProcess(kind, capacity)
+        try:
+            for n in levels:
+                if progress:
+                    progress(f"{kind}: {n} sessions")
+                marks: dict[str, float] = {}
+
+                def mark(name: str, marks: dict[str, float] = marks,
+                         server: ServerProcess = server) -> None:
+                    marks[name] = server.cpu_s()
+
+                row = _client(["load", server.url, str(n), str(warmup), str(seconds)],
+                              timeout=warmup + seconds + 600, on_mark=mark)
+                cpu = marks.get("stopped", 0.0) - marks.get("started", 0.0)
+                row.update(server=kind, rss_mb=server.rss_mb(), server_cpu_s=cpu,
+                           cpu_us_per_step=cpu / row["all_steps"] * 1e6
+                           if row["all_steps"] else None)
+                rows.append(row)
+                log.info("%s %d sessions: %.0f steps/s", kind, n, row["steps_per_s"])
+            if hold:
+                if progress:
+                    progress(f"{kind}: holding up to {hold} sessions")
+                holds[kind] = _hold_on(server, hold)
+        finally:
+            server.close()
+    for n in levels:
+        by = {r["server"]: r for r in rows if r["sessions"] == n}
+        ref = by.get("openenv", {}).get("steps_per_s")
+        for r in by.values():
+            r["x_openenv"] = r["steps_per_s"] / ref if ref else None
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"benchmark": "serve", "env": ENV, "levels": levels, "hold": hold,
+            "warmup_s": warmup, "seconds": seconds, "rows": rows, "holds": holds,
+            "machine": machine_info(loadavg_1m_at_end=load)}
+
+
+def render(report: dict[str, Any]) -> list[Any]:
+    from rich.table import Table
+
+    table = Table(title=f"serve: {report['env']}, closed-loop sessions, {report['seconds']:g} s "
+                        f"window, {report['machine']['cpu_count']} cpus")
+    for col in ("sessions", "server", "running", "steps/s", "x openenv", "p50 ms", "p99 ms",
+                "cpu us/step", "errors", "RSS MB"):
+        table.add_column(col, justify="left" if col == "server" else "right")
+
+    def ms(v: float | None) -> str:
+        return f"{v:.1f}" if v is not None else "-"
+
+    for r in report["rows"]:
+        x = r.get("x_openenv")
+        table.add_row(str(r["sessions"]), r["server"], str(r["running"]),
+                      f"{r['steps_per_s']:.0f}", f"{x:.2f}" if x else "-", ms(r["p50_ms"]),
+                      ms(r["p99_ms"]), ms(r.get("cpu_us_per_step")), str(r["errors"]),
+                      f"{r['rss_mb']:.0f}")
+    out: list[Any] = [table]
+    if report["holds"]:
+        held = Table(title=f"sessions held (asked {report['hold']}: open, reset, step, keep)")
+        for col in ("server", "held", "seconds to open", "RSS MB"):
+            held.add_column(col, justify="left" if col == "server" else "right")
+        for kind, h in report["holds"].items():
+            held.add_row(kind, str(h["held"]), ms(h.get("open_s")), f"{h['rss_mb']:.0f}")
+        out.append(held)
+    out.append("running: sessions that reset and stepped; x openenv: steps/s over OpenEnv's "
+               "reference server at the same load; cpu us/step: CPU time of the server process "
+               "and its workers per step served (reads the same on a busy machine, unlike "
+               "steps/s); RSS: server process + its children.")
+    return out
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4))
+    for kind in SERVERS:
+        rows = [r for r in report["rows"] if r["server"] == kind]
+        if not rows:
+            continue
+        xs = [r["sessions"] for r in rows]
+        ax1.plot(xs, [r["steps_per_s"] for r in rows], marker="o", label=kind)
+        ax2.plot(xs, [r["p99_ms"] or 0 for r in rows], marker="o", label=kind)
+        ax3.plot(xs, [r.get("cpu_us_per_step") or 0 for r in rows], marker="o", label=kind)
+    for ax, label in ((ax1, "steps/s"), (ax2, "p99 step latency (ms)"),
+                      (ax3, "server CPU us per step")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent sessions")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"turnpool serve vs OpenEnv's reference server ({report['env']}, "
+                 f"{report['machine']['cpu_count']} cpus)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@click.command("serve")
+@click.option("--sessions", default="64,256,1024", show_default=True,
+              help="Comma list of concurrent-session levels.")
+@click.option("--hold", default=4096, show_default=True,
+              help="Sessions to try to hold at once (0: skip).")
+@click.option("--seconds", default=10.0, show_default=True, help="Measured window per level.")
+@click.option("--warmup", default=2.0, show_default=True, help="Unmeasured seconds first.")
+@click.option("--servers", default=",".join(SERVERS), show_default=True)
+@json_option("Also write the report as JSON here.")
+@plot_option("Also save a PNG plot here.")
+def command(sessions: str, hold: int, seconds: float, warmup: float, servers: str,
+            json_path: Path | None, plot_path: Path | None) -> None:
+    """OpenEnv's reference server vs turnpool serve: steps/s, latency, sessions held, RSS."""
+    try:
+        levels = [int(x) for x in sessions.split(",") if x.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(f"--sessions must be integers: {exc}") from exc
+    chosen = tuple(s.strip() for s in servers.split(",") if s.strip())
+    unknown = set(chosen) - set(SERVERS)
+    if unknown:
+        raise click.BadParameter(f"unknown servers {sorted(unknown)}; known: {SERVERS}")
+    console = start(width=120)
+    report = measure_and_print(
+        console, lambda progress: run(levels, hold, warmup, seconds, chosen, progress), render)
+    write_outputs(console, report, json_path, plot_path, plot)
+
+
+if __name__ == "__main__":  # the child processes of the benchmark
+    if sys.argv[1] == "reference":
+        _run_reference(int(sys.argv[2]))
+    elif sys.argv[1] == "client":
+        _client_main(sys.argv[2:])

@@ -1,0 +1,99 @@
+"""``turnpool serve``: an OpenEnv-compatible server over an env pool, in the foreground.
+
+    turnpool serve --env sokoban                        # 127.0.0.1:8000, process backend
+    turnpool serve --config serve.yaml --port 0         # settings from YAML, a free port
+    turnpool serve --env sokoban --host 0.0.0.0 --allow-remote --token "$TOKEN"
+
+The YAML holds `turnpool.serve.ServeSettings` fields (``env``, ``env_kwargs``, ``backend``,
+``num_workers``, ``max_sessions``, ``step_timeout``, ``reset_timeout``, ``session_timeout``,
+``seed``, ``backend_options``); options given on the command line win.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+TOKEN_ENV = "TURNPOOL_SERVE_TOKEN"
+
+
+def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
+    """`ServeSettings` from an optional YAML file plus the options given on the command line."""
+    from turnpool.serve import ServeSettings
+
+    known = {f.name for f in dataclasses.fields(ServeSettings)}
+    values: dict[str, Any] = {}
+    if config_path is not None:
+        loaded = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+        if not isinstance(loaded, dict):
+            raise click.UsageError(f"{config_path}: expected a mapping of settings")
+        unknown = sorted(set(loaded) - known)
+        if unknown:
+            raise click.UsageError(f"{config_path}: unknown settings {unknown}; "
+                                   f"known: {sorted(known)}")
+        values.update(loaded)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ServeSettings(**values)
+    except TypeError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+@click.command()
+@click.option("--env", default=None, help="Env name or module:Class  [default: sokoban]")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="YAML file of serve settings.")
+@click.option("--backend", default=None, help="Pool backend  [default: process]")
+@click.option("--num-workers", type=int, default=None, help="Pool workers (default: backend's).")
+@click.option("--max-sessions", type=int, default=None,
+              help="Env slots = sessions held at once; more get a busy answer  [default: 256]")
+@click.option("--step-timeout", type=float, default=None,
+              help="Seconds one env turn may take  [default: 30]")
+@click.option("--session-timeout", type=float, default=None,
+              help="Idle seconds before a session is closed  [default: 300]")
+@click.option("--seed", type=int, default=None, help="Base seed of seedless resets.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind; anything but loopback needs --allow-remote and a token.")
+@click.option("--port", default=8000, show_default=True, type=int,
+              help="TCP port; 0 picks a free one (printed at start).")
+@click.option("--allow-remote", is_flag=True, default=False,
+              help="Allow binding a non-loopback interface.")
+@click.option("--token", default=None,
+              help=f"Bearer token every client must send (or set ${TOKEN_ENV}).")
+def serve(env: str | None, config_path: Path | None, backend: str | None,
+          num_workers: int | None, max_sessions: int | None, step_timeout: float | None,
+          session_timeout: float | None, seed: int | None, host: str, port: int,
+          allow_remote: bool, token: str | None) -> None:
+    """Serve envs over OpenEnv's protocol (WebSocket /ws and HTTP); Ctrl-C stops it."""
+    from turnpool.serve import check_bind
+    from turnpool.serve import serve as run
+
+    token = token or os.environ.get(TOKEN_ENV) or None
+    try:
+        check_bind(host, token, allow_remote)
+    except PermissionError as exc:
+        raise click.UsageError(f"{exc} (--host {host}: --allow-remote, --token or "
+                               f"${TOKEN_ENV})") from exc
+    settings = load_settings(config_path, {
+        "env": env, "backend": backend, "num_workers": num_workers,
+        "max_sessions": max_sessions, "step_timeout": step_timeout,
+        "session_timeout": session_timeout, "seed": seed})
+
+    def ready(url: str) -> None:
+        click.echo(f"turnpool serve: {settings.env} x {settings.max_sessions} sessions on "
+                   f"{settings.backend}, at {url}  (OpenEnv: ws{url[4:]}/ws; status page: "
+                   f"{url}/)", nl=True)
+
+    try:
+        run(settings, host, port, token, on_ready=ready, allow_remote=allow_remote)
+    except KeyboardInterrupt:  # Ctrl-C: the pool is already closed
+        click.echo("turnpool serve: stopped")
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
+    except (ValueError, LookupError) as exc:
+        raise click.ClickException(str(exc)) from exc

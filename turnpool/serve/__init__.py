@@ -1,0 +1,136 @@
+"""``turnpool serve``: the env pool behind OpenEnv's wire protocol.
+
+Trainers that speak OpenEnv (TRL, SkyRL, NeMo Gym, verifiers, ...) connect to one URL and get
+one env per session, while the envs run in an `EnvPool` on any backend, with per-env process
+isolation, enforced step timeouts, crash recovery and exact seeds. ``engine.py`` drives the
+pool from one thread and batches the steps of all sessions; ``app.py`` speaks the protocol
+(``/ws``, ``/reset``, ``/step``, ``/state``, ``/schema``, ``/health``, ``/metadata``) and
+serves the status page of ``page.py``.
+
+Example:
+    >>> from turnpool.serve import ServeSettings, TurnpoolServer
+    >>> with TurnpoolServer(ServeSettings(env="trivial", max_sessions=2,
+    ...                                   backend="sequential")) as server:
+    ...     import httpx
+    ...     httpx.get(server.url + "/health").json()
+    {'status': 'healthy'}
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from turnpool.serve.app import create_app
+from turnpool.serve.engine import PoolEngine, ServeSettings
+from turnpool.webshop.server import bind_socket
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PoolEngine", "ServeSettings", "TurnpoolServer", "check_bind", "create_app",
+           "is_loopback", "serve"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None, allow_remote: bool) -> None:
+    """Refuse to listen beyond this machine unless asked to, and never without a token."""
+    if is_loopback(host):
+        return
+    if not allow_remote:
+        raise PermissionError(f"{host} listens beyond this machine; pass allow_remote "
+                              "(--allow-remote) and a token to mean it")
+    if not token:
+        raise PermissionError(f"listening on {host} needs a token")
+
+
+def _uvicorn_server(app: Any) -> Any:
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                            timeout_keep_alive=300, loop="asyncio",
+                            timeout_graceful_shutdown=3, ws_ping_interval=None)
+    return uvicorn.Server(config)
+
+
+class TurnpoolServer:
+    """``turnpool serve`` on ``host:port`` in a background thread; ``stop()`` is idempotent
+    and ends every worker of the pool (the server owns its engine)."""
+
+    def __init__(self, settings: ServeSettings, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None, allow_remote: bool = False) -> None:
+        check_bind(host, token, allow_remote)
+        self.engine = PoolEngine(settings)
+        try:
+            self._sock = bind_socket(host, port)
+        except OSError:
+            self.engine.close()
+            raise
+        self.host, self.port = self._sock.getsockname()[:2]
+        self.url = f"http://{self.host}:{self.port}"
+        self._server = _uvicorn_server(create_app(self.engine, token))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name=f"turnpool-serve-{self.port}", daemon=True)
+        self._thread.start()
+        self._stopped = False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("turnpool serve thread did not stop within %.1f s", timeout)
+        self._sock.close()
+        self.engine.close()
+
+    def __enter__(self) -> TurnpoolServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
+def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
+          token: str | None = None, on_ready: Callable[[str], None] | None = None,
+          allow_remote: bool = False) -> None:
+    """Run the server in the foreground until interrupted (Ctrl-C / SIGTERM); the pool's
+    workers are stopped on the way out either way."""
+    check_bind(host, token, allow_remote)
+    engine = PoolEngine(settings)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn shuts down gracefully on SIGTERM and then re-raises it; this handler turns
+        # that into SystemExit so the ``finally`` below still closes the pool.
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        sock = bind_socket(host, port)
+        try:
+            bound_host, bound_port = sock.getsockname()[:2]
+            server = _uvicorn_server(create_app(engine, token))
+            if on_ready is not None:
+                on_ready(f"http://{bound_host}:{bound_port}")
+            server.run(sockets=[sock])
+        finally:
+            sock.close()
+    finally:
+        engine.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,516 @@
+"""The OpenEnv wire protocol over a `PoolEngine`: sessions, the ``/ws`` endpoint, the HTTP
+routes and the status page.
+
+The message shapes are OpenEnv's (``openenv.core``), written here from its documented
+protocol so the server needs no OpenEnv install: the client sends ``{"type": "reset" |
+"step" | "state" | "close", "data": {...}}`` and gets ``{"type": "observation", "data":
+{"observation": {...}, "reward": r, "done": d, "metadata": {...}}}``, ``{"type": "state",
+"data": {...}}`` or ``{"type": "error", "data": {"message": ..., "code": ...}}``. A failed env
+step is an ``error`` reply whose ``data`` also names turnpool's failure class
+(``failure``, ``retryable``), never an observation with reward 0: a trainer must not learn
+from a turn that did not happen.
+
+A session holds one env slot of the pool from its first message to its close; a WebSocket
+connection is one session, and an HTTP ``/reset`` without ``session_id`` opens one whose id
+comes back in ``metadata.session_id`` (OpenEnv's own HTTP routes build a fresh env per call,
+which cannot carry an episode across ``/step`` calls). Idle sessions are closed by a reaper;
+when every slot is held a new session gets a ``CAPACITY_REACHED`` error (HTTP 503) at once
+instead of waiting. Hot paths parse and write JSON by hand (no per-message model
+validation); the pydantic models below only publish ``/schema``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, Field
+from starlette.websockets import WebSocketDisconnect
+
+from turnpool.serve.engine import PoolEngine, PoolTimeout, ResetOutcome, StepOutcome
+from turnpool.serve.page import STATUS_PAGE
+
+#: Largest client message (bytes of JSON) the server reads; longer ones are refused.
+MAX_MESSAGE_CHARS = 1_000_000
+#: Most sessions listed by ``/api/status`` (the page shows these).
+MAX_LISTED_SESSIONS = 200
+
+
+# ---------------------------------------------------------------------- /schema models
+class TurnpoolAction(BaseModel):
+    """One turn: ``action`` (an action name, an action id or free text, as the env takes
+    it) or ``actions`` (several, executed in order until the episode ends)."""
+
+    action: str | int | None = Field(default=None, description="one action")
+    actions: list[str | int] | None = Field(default=None, description="several actions")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class TurnpoolObservation(BaseModel):
+    """The env's text observation, its info dict and the episode flags."""
+
+    text: str = Field(description="the observation text")
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = Field(default_factory=dict)
+    done: bool = False
+    reward: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class TurnpoolState(BaseModel):
+    episode_id: str | None = None
+    step_count: int = 0
+    seed: int | None = None
+    session_id: str | None = None
+    env: str | None = None
+    done: bool = False
+
+
+# ---------------------------------------------------------------------- sessions
+class ProtocolError(Exception):
+    """A client message the server refuses: ``code`` is an OpenEnv ``WSErrorCode`` value."""
+
+    def __init__(self, code: str, message: str, status: int = 400,
+                 **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.extra = extra
+
+    def data(self) -> dict[str, Any]:
+        return {"message": self.message, "code": self.code, **self.extra}
+
+
+@dataclass
+class Session:
+    id: str
+    slot: int
+    kind: str  # "ws" or "http"
+    created: float = field(default_factory=time.time)
+    last_active: float = field(default_factory=time.monotonic)
+    episode_id: str | None = None
+    seed: int | None = None
+    step_count: int = 0
+    started: bool = False
+    done: bool = False
+    busy: bool = False
+    failures: int = 0
+    closed: bool = False
+    websocket: WebSocket | None = None
+
+
+class Server:
+    """Sessions over one `PoolEngine`; the routes of `create_app` call into this."""
+
+    def __init__(self, engine: PoolEngine, token: str | None = None) -> None:
+        self.engine = engine
+        self.settings = engine.settings
+        self.token = token
+        self.sessions: dict[str, Session] = {}
+        self.started = time.time()
+        self.refused = 0
+        self.reaped = 0
+        self._rate: deque[tuple[float, int]] = deque(maxlen=16)
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self, kind: str) -> Session:
+        slot = self.engine.lease()
+        if slot is None:
+            self.refused += 1
+            cap = self.engine.capacity
+            raise ProtocolError("CAPACITY_REACHED",
+                                f"server busy: all {cap} env slots are held by sessions; "
+                                "retry after one closes", status=503,
+                                active_sessions=len(self.sessions), max_sessions=cap)
+        session = Session(uuid.uuid4().hex, slot, kind)
+        self.sessions[session.id] = session
+        return session
+
+    def close(self, session: Session) -> None:
+        if session.closed:
+            return
+        session.closed = True
+        self.sessions.pop(session.id, None)
+        self.engine.release(session.slot)
+
+    async def reap_forever(self) -> None:
+        """Close sessions idle longer than ``session_timeout``; sample the step rate."""
+        timeout = self.settings.session_timeout
+        period = max(0.2, min(1.0, timeout / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            self._rate.append((now, self.engine.steps_total))
+            for session in list(self.sessions.values()):
+                if not session.busy and now - session.last_active > timeout:
+                    await self.reap(session, timeout)
+
+    async def reap(self, session: Session, timeout: float) -> None:
+        self.reaped += 1
+        self.close(session)
+        ws = session.websocket
+        if ws is not None:
+            frame = error_frame("SESSION_ERROR", f"session closed after {timeout:g} s idle")
+            with contextlib.suppress(Exception):
+                await ws.send_text(frame)
+                await ws.close(code=1000)
+
+    # ------------------------------------------------------------------ auth
+    def authorized(self, headers: Any, query: Any) -> bool:
+        if self.token is None:
+            return True
+        given = query.get("token") or ""
+        auth = headers.get("authorization") or ""
+        if auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        return secrets.compare_digest(given.encode(), self.token.encode())
+
+    # ------------------------------------------------------------------ operations
+    async def reset(self, session: Session, data: dict[str, Any]) -> dict[str, Any]:
+        seed = data.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                                 or seed < 0):
+            raise ProtocolError("VALIDATION_ERROR", "seed must be a non-negative integer")
+        episode_id = data.get("episode_id")
+        if episode_id is not None and (not isinstance(episode_id, str) or len(episode_id) > 255):
+            raise ProtocolError("VALIDATION_ERROR", "episode_id must be a string of <= 255 chars")
+        out: ResetOutcome = await self._run(session, self.engine.reset(session.slot, seed))
+        session.step_count = 0
+        if out.error is not None:
+            session.started, session.done, session.seed = False, True, None
+            session.failures += 1
+            raise _failed(out.failure, out.retryable, out.error, session)
+        session.started, session.done = True, False
+        session.seed = out.seed
+        session.episode_id = episode_id if episode_id is not None else uuid.uuid4().hex
+        return self._payload(session, out.obs, None, False, False, out.info)
+
+    async def step(self, session: Session, data: Any) -> dict[str, Any]:
+        actions = parse_actions(data, self.settings.max_action_chars,
+                                self.settings.max_actions_per_step)
+        if not session.started:
+            raise ProtocolError("VALIDATION_ERROR", "no episode: send reset first")
+        if session.done:
+            raise ProtocolError("VALIDATION_ERROR", "the episode is over: send reset")
+        out: StepOutcome = await self._run(session, self.engine.step(session.slot, actions))
+        res = out.result
+        if res.error is not None:
+            session.done = True
+            session.failures += 1
+            session.step_count += 1
+            raise _failed(out.failure, out.retryable, res.error, session)
+        session.step_count += res.n_executed
+        session.done = res.terminated or res.truncated
+        return self._payload(session, res.obs, res.reward_sum, res.terminated, res.truncated,
+                             res.info, res.n_executed)
+
+    def state(self, session: Session) -> dict[str, Any]:
+        return {"episode_id": session.episode_id, "step_count": session.step_count,
+                "seed": session.seed, "session_id": session.id, "env": self.settings.env,
+                "done": session.done}
+
+    async def _run(self, session: Session, call: Any) -> Any:
+        if session.busy:
+            call.close()
+            raise ProtocolError("EXECUTION_ERROR", "this session is already running a "
+                                "request; send one at a time", status=409)
+        session.busy = True
+        try:
+            return await call
+        except PoolTimeout as exc:
+            session.done, session.started = True, False
+            raise ProtocolError("EXECUTION_ERROR", str(exc), status=504, failure="timeout",
+                                retryable=True, session_id=session.id) from exc
+        except RuntimeError as exc:  # the server is shutting down / the pool is closed
+            raise ProtocolError("EXECUTION_ERROR", str(exc), status=503) from exc
+        finally:
+            session.busy = False
+            session.last_active = time.monotonic()
+
+    def _payload(self, session: Session, obs: str, reward: float | None, terminated: bool,
+                 truncated: bool, info: dict[str, Any], n_executed: int = 0
+                 ) -> dict[str, Any]:
+        meta = {"session_id": session.id, "episode_id": session.episode_id,
+                "seed": session.seed, "step_count": session.step_count,
+                "n_executed": n_executed}
+        done = terminated or truncated
+        return {"observation": {"text": obs, "terminated": terminated, "truncated": truncated,
+                                "info": info, "metadata": meta},
+                "reward": reward, "done": done, "metadata": meta}
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        eng = self.engine
+        now = time.monotonic()
+        rate = 0.0
+        if len(self._rate) >= 2:
+            (t0, n0), (t1, n1) = self._rate[0], self._rate[-1]
+            rate = (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+        listed = sorted(self.sessions.values(), key=lambda s: s.created)[:MAX_LISTED_SESSIONS]
+        return {
+            "env": self.settings.env, "backend": eng.pool.backend_name,
+            "num_workers": eng.pool.num_workers, "capacity": eng.capacity,
+            "active_sessions": len(self.sessions), "uptime_s": time.time() - self.started,
+            "steps_total": eng.steps_total, "resets_total": eng.resets_total,
+            "batches_total": eng.batches_total, "step_rate": rate,
+            "failures": dict(eng.failures), "recent_failures": list(eng.recent_failures),
+            "refused_sessions": self.refused, "reaped_sessions": self.reaped,
+            "session_timeout_s": self.settings.session_timeout,
+            "step_timeout_s": self.settings.step_timeout,
+            "sessions": [{"id": s.id, "kind": s.kind, "slot": s.slot,
+                          "episode_id": s.episode_id, "seed": s.seed,
+                          "step_count": s.step_count, "done": s.done,
+                          "failures": s.failures,
+                          "idle_s": round(now - s.last_active, 1)} for s in listed],
+        }
+
+
+def _failed(failure: str | None, retryable: bool, error: str, session: Session
+            ) -> ProtocolError:
+    cls = failure or "env_error"
+    return ProtocolError("EXECUTION_ERROR", f"env step failed ({cls}): {error}", status=500,
+                         failure=cls, retryable=retryable, error=error,
+                         episode_id=session.episode_id, session_id=session.id)
+
+
+def parse_actions(data: Any, max_chars: int, max_actions: int) -> list[Any]:
+    """The actions of a step message, checked: hostile input is refused, never evaluated."""
+    if not isinstance(data, dict):
+        raise ProtocolError("VALIDATION_ERROR", "step data must be an object")
+    unknown = set(data) - {"action", "actions", "metadata"}
+    if unknown:
+        raise ProtocolError("VALIDATION_ERROR", f"unknown action fields: {sorted(unknown)[:5]}")
+    if "actions" in data and data["actions"] is not None:
+        actions = data["actions"]
+        if not isinstance(actions, list) or not 0 < len(actions) <= max_actions:
+            raise ProtocolError("VALIDATION_ERROR",
+                                f"actions must be a list of 1..{max_actions} actions")
+    elif "action" in data and data["action"] is not None:
+        actions = [data["action"]]
+    else:
+        raise ProtocolError("VALIDATION_ERROR", "step data needs 'action' (or 'actions')")
+    for a in actions:
+        if isinstance(a, bool) or not isinstance(a, (str, int)):
+            raise ProtocolError("VALIDATION_ERROR", "an action is a string or an integer")
+        if isinstance(a, str) and len(a) > max_chars:
+            raise ProtocolError("VALIDATION_ERROR", f"an action is at most {max_chars} chars")
+    return list(actions)
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):  # numpy scalars and arrays
+        return obj.tolist()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, default=_jsonable, separators=(",", ":"))
+
+
+def error_frame(code: str, message: str, **extra: Any) -> str:
+    return dumps({"type": "error", "data": {"message": message, "code": code, **extra}})
+
+
+# ---------------------------------------------------------------------- the app
+def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
+    """The FastAPI app of ``turnpool serve`` over a started engine (which it does not own)."""
+    server = Server(engine, token)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(server.reap_forever())
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+
+    app = FastAPI(title=f"turnpool serve: {engine.settings.env}", lifespan=lifespan)
+    app.state.server = server
+
+    @app.middleware("http")
+    async def check_token(request: Request, call_next: Any) -> Response:
+        if request.url.path != "/" and not server.authorized(request.headers,
+                                                               request.query_params):
+            return JSONResponse({"detail": "missing or wrong token"}, status_code=401)
+        response: Response = await call_next(request)
+        return response
+
+    def json_response(obj: Any, status: int = 200) -> Response:
+        return Response(dumps(obj), status_code=status, media_type="application/json")
+
+    def error_response(exc: ProtocolError) -> Response:
+        return json_response({"detail": exc.data()}, exc.status)
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if len(raw) > MAX_MESSAGE_CHARS:
+            raise ProtocolError("VALIDATION_ERROR", "request too large", status=413)
+        if not raw.strip():
+            return {}
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise ProtocolError("INVALID_JSON", f"Invalid JSON: {exc}", status=422) from exc
+        if not isinstance(data, dict):
+            raise ProtocolError("VALIDATION_ERROR", "the body must be an object", status=422)
+        return data
+
+    def http_session(session_id: Any) -> Session:
+        session = server.sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None or session.kind != "http":
+            raise ProtocolError("SESSION_ERROR", f"unknown session_id {session_id!r} (open "
+                                "one with POST /reset; idle ones are closed)", status=404)
+        return session
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(STATUS_PAGE)
+
+    @app.get("/api/status")
+    async def api_status() -> Response:
+        return json_response(server.status())
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "healthy"}
+
+    @app.get("/metadata")
+    async def metadata() -> dict[str, Any]:
+        from turnpool import __version__
+        from turnpool.envs.registry import resolve
+
+        cls, _ = resolve(engine.settings.env)
+        doc = (cls.__doc__ or "").strip().splitlines()
+        return {"name": engine.settings.env,
+                "description": doc[0] if doc else f"turnpool env {engine.settings.env}",
+                "readme_content": None, "version": __version__, "author": None,
+                "documentation_url": None}
+
+    @app.get("/schema")
+    async def schema() -> dict[str, Any]:
+        return {"action": TurnpoolAction.model_json_schema(),
+                "observation": TurnpoolObservation.model_json_schema(),
+                "state": TurnpoolState.model_json_schema()}
+
+    @app.post("/reset")
+    async def http_reset(request: Request) -> Response:
+        try:
+            data = await body_of(request)
+            if data.get("session_id") is not None:
+                session = http_session(data["session_id"])
+            else:
+                session = server.open("http")
+            try:
+                return json_response(await server.reset(session, data))
+            except ProtocolError:
+                if not session.started and session.step_count == 0 and \
+                        data.get("session_id") is None:
+                    server.close(session)  # a session that never started is not kept
+                raise
+        except ProtocolError as exc:
+            return error_response(exc)
+
+    @app.post("/step")
+    async def http_step(request: Request) -> Response:
+        try:
+            data = await body_of(request)
+            session = http_session(data.get("session_id"))
+            return json_response(await server.step(session, data.get("action")))
+        except ProtocolError as exc:
+            return error_response(exc)
+
+    @app.get("/state")
+    async def http_state(session_id: str | None = None) -> Response:
+        if session_id is None:
+            return json_response(TurnpoolState(env=engine.settings.env).model_dump())
+        try:
+            return json_response(server.state(http_session(session_id)))
+        except ProtocolError as exc:
+            return error_response(exc)
+
+    @app.post("/close")
+    async def http_close(request: Request) -> Response:
+        try:
+            data = await body_of(request)
+            server.close(http_session(data.get("session_id")))
+            return json_response({"closed": True})
+        except ProtocolError as exc:
+            return error_response(exc)
+
+    @app.websocket("/ws")
+    async def ws_endpoint(websocket: WebSocket) -> None:
+        if not server.authorized(websocket.headers, websocket.query_params):
+            await websocket.close(code=1008)
+            return
+        await websocket.accept()
+        try:
+            session = server.open("ws")
+        except ProtocolError as exc:
+            await websocket.send_text(dumps({"type": "error", "data": exc.data()}))
+            await websocket.close(code=1013)  # "try again later"
+            return
+        session.websocket = websocket
+        try:
+            while not session.closed:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                raw = message.get("text")
+                if raw is None:
+                    raw = (message.get("bytes") or b"").decode("utf-8", "replace")
+                frame = await _answer(server, session, raw)
+                if frame is None:  # a close message
+                    break
+                await websocket.send_text(frame)
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        finally:
+            server.close(session)
+            with contextlib.suppress(Exception):
+                await websocket.close()
+
+    return app
+
+
+async def _answer(server: Server, session: Session, raw: str) -> str | None:
+    """The reply frame to one WebSocket message (None: the client closed the session)."""
+    try:
+        if len(raw) > MAX_MESSAGE_CHARS:
+            raise ProtocolError("VALIDATION_ERROR", "message too large")
+        try:
+            msg = json.loads(raw)
+        except ValueError as exc:
+            raise ProtocolError("INVALID_JSON", f"Invalid JSON: {exc}") from exc
+        kind = msg.get("type") if isinstance(msg, dict) else None
+        if kind == "step":
+            payload = await server.step(session, msg.get("data"))
+            return dumps({"type": "observation", "data": payload})
+        if kind == "reset":
+            data = msg.get("data") or {}
+            if not isinstance(data, dict):
+                raise ProtocolError("VALIDATION_ERROR", "reset data must be an object")
+            payload = await server.reset(session, data)
+            return dumps({"type": "observation", "data": payload})
+        if kind == "state":
+            return dumps({"type": "state", "data": server.state(session)})
+        if kind == "close":
+            return None
+        raise ProtocolError("UNKNOWN_TYPE", f"Unknown message type: {kind}")
+    except ProtocolError as exc:
+        return dumps({"type": "error", "data": exc.data()})
