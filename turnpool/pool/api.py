@@ -241,13 +241,15 @@ class EnvPool(Replaying):
         self._check_open()
         ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
         self._check_ids(ids)
-        if seed is not None:
-            _check_int("seed", seed, 0)
         if seed is None:
             base = self.seed + self._episode * self.n_groups
             self._episode += 1
         else:
+            _check_int("seed", seed)
             base = int(seed)
+            # a base below 0 is fine as long as every env reset here gets a seed >= 0
+            _check_int("seed (+ group index of the envs reset)",
+                       base + min((self.group_ids[i] for i in ids), default=0), 0)
         ticket = Ticket(ids, is_async=False)
         per_worker: dict[int, tuple[list[int], list[int]]] = {}
         for pos, i in enumerate(ids):

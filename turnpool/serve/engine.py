@@ -31,13 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnpool.pool import EnvPool
-from turnpool.pool.protocol import TurnResult
+from turnpool.pool.protocol import FAILURE_CLASSES, TurnResult
+from turnpool.pool.protocol import failure_of as protocol_failure_of
 
 log = logging.getLogger(__name__)
 
-#: The failure class a reader assumes when a failed result names none (see the taxonomy in
-#: ``turnpool.pool.protocol``).
-DEFAULT_FAILURE = "env_error"
 #: Seconds the pool thread waits for a worker reply before it looks at its inbox again.
 POLL_INTERVAL = 0.001
 #: Seconds the pool thread sleeps on an empty inbox when nothing is in flight.
@@ -94,11 +92,9 @@ class PoolTimeout(RuntimeError):
 
 
 def failure_of(info: dict[str, Any]) -> tuple[str, bool]:
-    """The failure class and retryability a failed result reports (defaults when absent)."""
-    failure = info.get("failure")
-    retryable = info.get("retryable")
-    return (failure if isinstance(failure, str) and failure else DEFAULT_FAILURE,
-            retryable if isinstance(retryable, bool) else False)
+    """The failure class and retryability a failed result reports."""
+    failure = protocol_failure_of(info)
+    return failure, FAILURE_CLASSES[failure]
 
 
 _Deliver = list[tuple["asyncio.Future[Any]", Any, BaseException | None]]
@@ -285,7 +281,7 @@ class PoolEngine:
                 error = info.get("error") if isinstance(info.get("error"), str) else None
                 failure, retryable = (failure_of(info) if error else (None, False))
                 if error:
-                    self._count_failure(failure or DEFAULT_FAILURE, error)
+                    self._count_failure(failure or "env_error", error)
                 else:
                     self.resets_total += 1
                 out.append((fut, ResetOutcome(o, info, seeds[slot], error, failure,
