@@ -19,6 +19,7 @@ import turnpool
 from turnpool.envs.base import TextSpace
 from turnpool.envs.gym_adapter import GymTextEnv, obs_to_text
 from turnpool.envs.registry import registered
+from turnpool.envs.synthetic import TrivialEnv
 from turnpool.pool import EnvPool
 
 BUILT_IN = [n for n in registered() if n != "faulty"]  # faulty raises on purpose
@@ -139,7 +140,7 @@ def test_factory_on_every_backend(backend: str, reference: dict[str, list[Any]],
 
 
 def test_factory_returning_a_text_env_is_used_as_is() -> None:
-    with EnvPool(turnpool.envs.synthetic.TrivialEnv, env_num=2, seed=3,
+    with EnvPool(TrivialEnv, env_num=2, seed=3,
                  backend="sequential") as by_factory, \
          EnvPool("trivial", env_num=2, seed=3, backend="sequential") as by_name:
         assert _trace(by_factory) == _trace(by_name)
