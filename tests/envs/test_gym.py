@@ -6,6 +6,7 @@ run in a pool by id and by factory on every backend with identical results.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -137,6 +138,10 @@ def test_factory_on_every_backend(backend: str, reference: dict[str, list[Any]],
                  num_workers=2, fallback=False) as pool:
         assert pool.tags[0] == "frozen_lake_factory"
         assert _trace(pool) == reference["FrozenLake-v1"]
+    for gym_id in TOY_TEXT:  # a partial of gymnasium.make pickles by reference too
+        with EnvPool(functools.partial(gymnasium.make, gym_id), env_num=3, group_n=2,
+                     seed=7, backend=backend, num_workers=2, fallback=False) as pool:
+            assert _trace(pool) == reference[gym_id], (backend, gym_id)
 
 
 def test_factory_returning_a_text_env_is_used_as_is() -> None:
