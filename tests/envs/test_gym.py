@@ -6,6 +6,7 @@ run in a pool by id and by factory on every backend with identical results.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ import turnpool
 from turnpool.envs.base import TextSpace
 from turnpool.envs.gym_adapter import GymTextEnv, obs_to_text
 from turnpool.envs.registry import registered
+from turnpool.envs.synthetic import TrivialEnv
 from turnpool.pool import EnvPool
 
 BUILT_IN = [n for n in registered() if n != "faulty"]  # faulty raises on purpose
@@ -136,10 +138,14 @@ def test_factory_on_every_backend(backend: str, reference: dict[str, list[Any]],
                  num_workers=2, fallback=False) as pool:
         assert pool.tags[0] == "frozen_lake_factory"
         assert _trace(pool) == reference["FrozenLake-v1"]
+    for gym_id in TOY_TEXT:  # a partial of gymnasium.make pickles by reference too
+        with EnvPool(functools.partial(gymnasium.make, gym_id), env_num=3, group_n=2,
+                     seed=7, backend=backend, num_workers=2, fallback=False) as pool:
+            assert _trace(pool) == reference[gym_id], (backend, gym_id)
 
 
 def test_factory_returning_a_text_env_is_used_as_is() -> None:
-    with EnvPool(turnpool.envs.synthetic.TrivialEnv, env_num=2, seed=3,
+    with EnvPool(TrivialEnv, env_num=2, seed=3,
                  backend="sequential") as by_factory, \
          EnvPool("trivial", env_num=2, seed=3, backend="sequential") as by_name:
         assert _trace(by_factory) == _trace(by_name)

@@ -79,6 +79,8 @@ class Settings:
     mp_context: str | None = None
     gym: bool = True
     gym_max_n: int = 256
+    #: env kinds that get the AsyncVectorEnv column (None: all)
+    gym_envs: tuple[str, ...] | None = None
     thread16: bool = True
     min_time_s: float = 0.3
     repeats: int = 3
@@ -415,7 +417,7 @@ def _plan(settings: Settings, cases: Sequence[EnvCase]) -> list[Step]:
                 if ray_pass:
                     continue
                 if (settings.gym and n <= settings.gym_max_n
-                        and (not settings.quick or case.name in ("trivial", "cpu"))):
+                        and (settings.gym_envs is None or case.name in settings.gym_envs)):
                     plan.append(Step(case, GYM, GYM, n))
                 if settings.thread16 and case.name == "sleep":
                     plan.append(Step(case, THREAD16, "thread", n, 16))
@@ -746,6 +748,8 @@ def command(json_path: Path | None, plot_path: Path | None, mode: str,
     settings.retries = retries if retries is not None else settings.retries
     if quick and not backends:  # Ray's start-up alone is a large part of a minute
         settings.backends = tuple(b for b in ALL_BACKENDS if b != "ray")
+    if quick and not envs:  # one AsyncVectorEnv process per env: keep two of its columns
+        settings.gym_envs = ("trivial", "cpu")
     settings.backends = backends or settings.backends
     settings.envs = envs or settings.envs
     settings.sizes = sizes or settings.sizes
