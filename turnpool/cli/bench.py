@@ -1,4 +1,4 @@
-"""``turnpool bench envs|pool|rollout|webshop``: each benchmark is imported only when run."""
+"""``turnpool bench envs|pool|rollout|webshop|soak``: each benchmark is imported only when run."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ _BENCHES: dict[str, str] = {
     "pool": "turnpool.bench.pool:command",
     "rollout": "turnpool.bench.rollout:command",
     "webshop": "turnpool.bench.webshop:command",
+    "soak": "turnpool.bench.soak:command",
 }
 
 
