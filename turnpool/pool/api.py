@@ -18,8 +18,8 @@ that env a result with ``done=True`` (``truncated``), reward 0, ``info["error"]`
 ``info["failure"]`` with ``info["retryable"]`` (`turnpool.pool.protocol.FAILURE_CLASSES`); the
 env stays failed until its next reset (which rebuilds it). Envs that cannot be built raise
 `EnvConstructionError` from the constructor on every backend; a backend that cannot start
-falls back to sequential (``fallback``) with a warning naming it and why. A dead or stuck worker is killed and
-replaced; the other envs it held are rebuilt by reset + replay of their recorded actions
+falls back to sequential (``fallback``) with a warning naming it and why. A dead or stuck
+worker is killed and replaced; the other envs it held are rebuilt by reset + replay of their recorded actions
 (deterministic envs make this exact) and their results for the step are computed as if
 nothing happened. ``on_error="raise"`` raises `EnvError` after the step instead.
 
