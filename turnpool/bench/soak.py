@@ -138,7 +138,11 @@ def _drive(pool: EnvPool, s: Settings, plan: list[list[tuple[str, str | None]]],
             failed.clear()
         ids = [i for i in range(s.envs) if i not in failed]
         actions = [row[i][1] if faults_on and row[i][1] else row[i][0] for i in ids]
-        injected = {i: row[i][1] for i in ids if faults_on and row[i][1]}
+        injected: dict[int, str] = {}
+        for i in ids:
+            kind = row[i][1]
+            if faults_on and kind is not None:
+                injected[i] = kind
         started = time.monotonic()
         obs, rewards, dones, infos = pool.step(actions, env_ids=ids)
         took = time.monotonic() - started

@@ -19,9 +19,9 @@ that env a result with ``done=True`` (``truncated``), reward 0, ``info["error"]`
 env stays failed until its next reset (which rebuilds it). Envs that cannot be built raise
 `EnvConstructionError` from the constructor on every backend; a backend that cannot start
 falls back to sequential (``fallback``) with a warning naming it and why. A dead or stuck
-worker is killed and replaced; the other envs it held are rebuilt by reset + replay of their recorded actions
-(deterministic envs make this exact) and their results for the step are computed as if
-nothing happened. ``on_error="raise"`` raises `EnvError` after the step instead.
+worker is killed and replaced; the other envs it held are rebuilt by reset + replay of their
+recorded actions (deterministic envs make this exact) and their results for the step are
+computed as if nothing happened. ``on_error="raise"`` raises `EnvError` after the step instead.
 
 Layers: this module is the public API (groups, seeds, validation); it sits on
 ``replay.py`` (the replay log and recovery), which sits on ``dispatch.py`` (queues, sequence
