@@ -13,11 +13,12 @@ backend can survive:
   (process-based backends only: nothing is pickled in-process, so it is no fault there).
 
 The same schedule of actions, seeds and faults is first run without faults on the sequential
-backend. The report counts, per backend: transitions requested and returned (lost or
-duplicated ones are a failure), faults injected and how each was classified (every fault must
-carry its class), innocent transitions that differ from the clean run (must be 0) and hangs
-(pool calls that took longer than their faults explain; must be 0). Exit status 1 if any
-check fails.
+backend (a faulted env sits out the rest of its episode, so the schedule has enough rounds
+for the faulty run to reach ``--steps`` transitions). The report counts, per backend:
+transitions requested and returned (lost or duplicated ones are a failure), faults injected
+and how each was classified (every fault must carry its class), innocent transitions that
+differ from the clean run (must be 0) and hangs (pool calls that took longer than their
+faults explain; must be 0). Exit status 1 if any check fails.
 """
 
 from __future__ import annotations
@@ -107,7 +108,10 @@ def schedule(s: Settings, kinds: list[str]) -> list[list[tuple[str, str | None]]
     """Per pool step, per env: ``(action, fault kind or None)`` (same for every backend
     with the same kinds; the clean run uses the actions only)."""
     rng = np.random.default_rng(s.seed)
-    rounds = -(-s.steps // s.envs)
+    # A faulted env sits out the rest of its episode: schedule enough rounds that the faulty
+    # run still reaches ``steps`` transitions (it stops there; the clean run plays them all).
+    sitting_out = min(0.8, s.fault_rate * s.episode_len / 2)
+    rounds = int(1.2 * s.steps / s.envs / (1 - sitting_out)) + s.episode_len
     plan: list[list[tuple[str, str | None]]] = []
     for r in range(rounds):
         row: list[tuple[str, str | None]] = []
@@ -133,6 +137,8 @@ def _drive(pool: EnvPool, s: Settings, plan: list[list[tuple[str, str | None]]],
     out: list[list[str | None]] = []
     failed: set[int] = set()
     for r, row in enumerate(plan):
+        if faults_on and result.transitions_requested >= s.steps:
+            break
         if r % s.episode_len == 0:
             pool.reset(seed=s.seed + (r // s.episode_len) * pool.n_groups)
             failed.clear()
