@@ -4,7 +4,7 @@ The graph is read with ``ast`` from the source (imports inside functions count, 
 import cannot hide a dependency). Importing ``a.b.c`` also imports the packages ``a`` and
 ``a.b``, so those edges count too. Layers, bottom up::
 
-    webshop (the shop)  <-  envs  <-  pool (protocol, host)  <-  backends
+    webshop (the shop)  <-  envs  <-  pool (protocol, interrupt, host)  <-  backends
     backends (registry, protocol)  <-  pool (api, dispatch, replay)
     envs, pool, policies  <-  rollout  <-  ragen  <-  cli
     envs, pool  <-  serve  <-  cli
@@ -140,9 +140,12 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("turnpool.webshop", ("turnpool.webshop.*",)),  # the shop the WebShop env talks to
     ("turnpool.envs", ("turnpool.envs.*", "turnpool.webshop.*")),
     ("turnpool.pool.protocol", ("turnpool.envs.*", "turnpool.pool", "turnpool.pool.protocol")),
-    ("turnpool.pool.host", ("turnpool.envs.*", "turnpool.pool", "turnpool.pool.protocol")),
+    ("turnpool.pool.interrupt", ("turnpool.pool",)),
+    ("turnpool.pool.host", ("turnpool.envs.*", "turnpool.pool", "turnpool.pool.protocol",
+                            "turnpool.pool.interrupt")),
     ("turnpool.backends", ("turnpool.envs.*", "turnpool.backends.*", "turnpool.pool",
-                           "turnpool.pool.protocol", "turnpool.pool.host")),
+                           "turnpool.pool.protocol", "turnpool.pool.interrupt",
+                           "turnpool.pool.host")),
     ("turnpool.pool", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.backends",
                        "turnpool.backends.base")),
     ("turnpool.policies", ("turnpool.envs.*", "turnpool.policies.*")),
@@ -193,6 +196,7 @@ def test_imports_follow_the_layers(module: str) -> None:
 def test_pool_core_reaches_backends_only_through_the_registry() -> None:
     for module in MODULES:
         if _in(module, "turnpool.pool") and not _in(module, "turnpool.pool.protocol",
+                                                     "turnpool.pool.interrupt",
                                                      "turnpool.pool.host"):
             concrete = [t for t in GRAPH[module] if _in(t, "turnpool.backends")
                         and t not in ("turnpool.backends", "turnpool.backends.base")]

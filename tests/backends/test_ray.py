@@ -19,9 +19,15 @@ for _key, _value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": 
 import pytest  # noqa: E402
 import ray  # noqa: E402
 
-from tests.faults import check_fault_isolated, faulty_pool, wait_gone  # noqa: E402
+from tests.faults import (  # noqa: E402
+    check_fault_isolated,
+    faults_for,
+    faulty_pool,
+    wait_gone,
+)
 from tests.traces import mixed_pool, run_trace  # noqa: E402
 from turnpool.pool import EnvPool  # noqa: E402
+from turnpool.pool.api import EnvConstructionError  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 
@@ -72,13 +78,34 @@ def pool() -> Iterator[EnvPool]:
     assert wait_gone(pids, 0.0) == []
 
 
-@pytest.mark.parametrize("fault", ["raise", "exit", "hang"])
+@pytest.mark.parametrize("fault", faults_for("ray"))
 def test_only_the_faulty_env_is_flagged(pool: EnvPool, fault: str) -> None:
-    expected = {"raise": "RuntimeError", "exit": "ray actor died", "hang": "step timeout"}[fault]
+    expected = {"raise": "RuntimeError", "exit": "ray actor died", "hang": "step timeout",
+                "spin": "step timeout", "lambda": "unpicklable result"}[fault]
     pids, now = check_fault_isolated(pool, fault, expected)
     assert now[1] == pids[1]  # the other actor was untouched
-    if fault != "raise":  # the actor was replaced and its process is gone
+    if fault not in ("raise", "lambda"):  # the actor was replaced and its process is gone
         assert now[0] != pids[0] and wait_gone([pids[0]], 5.0) == []
+
+
+def test_envs_an_actor_cannot_build_or_import_fail_the_constructor(tmp_path: Any) -> None:
+    """Construction errors raise on Ray too, with the cause from the actor (no colour codes),
+    including a module the driver has but the actors cannot import."""
+    with pytest.raises(EnvConstructionError) as info:
+        EnvPool("trivial", env_num=1, group_n=2, backend="ray", num_workers=2, tag="Echo",
+                env_kwargs={"episode_len": "many"})
+    assert "tag 'Echo'" in str(info.value) and "invalid literal" in str(info.value)
+    assert "\x1b" not in str(info.value)
+    (tmp_path / "driver_only_envs.py").write_text(
+        "from turnpool.envs.synthetic import TrivialEnv\n\nclass Mine(TrivialEnv):\n    pass\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(EnvConstructionError, match="No module named 'driver_only_envs'"):
+            EnvPool("driver_only_envs:Mine", env_num=1, group_n=2, backend="ray",
+                    num_workers=1)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("driver_only_envs", None)
 
 
 _DRIVER = textwrap.dedent("""

@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 
 JOBLIB_BACKENDS = ("loky", "multiprocessing", "threading")
 _INTERRUPT_GRACE_S = 1.0
+_BROKEN_EXECUTOR_WAIT_S = 15.0
 _TOKEN_BYTES = 32
 
 
@@ -138,8 +139,9 @@ def serve_slice(address: str, token: bytes, worker: int, incarnation: int,
 class _Launch:
     """One ``Parallel`` call running a few long-lived slice tasks in a daemon thread."""
 
-    def __init__(self, flavour: str, n_jobs: int, tasks: list[Any]) -> None:
+    def __init__(self, flavour: str, n_jobs: int, tasks: list[Any], epoch: int = 0) -> None:
         self.flavour = flavour
+        self.epoch = epoch  # which loky executor generation it runs on
         self.parallel: Any = None
         self.thread = threading.Thread(target=self._run, args=(n_jobs, tasks),
                                        name="turnpool-joblib-launch", daemon=True)
@@ -204,6 +206,9 @@ class JoblibBackend(Backend):
         self._closed = False
         self._owner_pid = os.getpid()
         self._stuck_call = False
+        #: loky: the executor generation, and the one each worker's task was launched on
+        self._epoch = 0
+        self._epoch_of: dict[int, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, timeout: float) -> None:
@@ -250,7 +255,9 @@ class JoblibBackend(Backend):
             n_jobs = max(2, len(tasks))
         else:
             n_jobs = max(1, len(tasks))
-        launch = _Launch(self.flavour, n_jobs, tasks)
+        launch = _Launch(self.flavour, n_jobs, tasks, self._epoch)
+        for k in slots:
+            self._epoch_of[k] = self._epoch
         self._launches.append(launch)
         return launch
 
@@ -410,6 +417,8 @@ class JoblibBackend(Backend):
             self._stuck_call |= (old.pid == self._owner_pid
                                  or (old.lost and self.flavour == "multiprocessing"))
             old.progress.close()
+            if old.lost and self.flavour == "loky":
+                self._await_broken_executor(worker)
         self._workers[worker] = None
         deadline = time.monotonic() + self._timeout
         for attempt in range(2):  # a call may land on a loky executor that is still dying
@@ -421,6 +430,22 @@ class JoblibBackend(Backend):
             except (OSError, TimeoutError, EnvBuildError) as exc:
                 error = exc
         raise WorkerLost(f"joblib worker {worker} did not restart: {error}")
+
+    def _await_broken_executor(self, worker: int) -> None:
+        """A loky worker died, so loky is terminating its whole executor (every other slice
+        on it dies too; the pool restores their envs as it finds them lost). Each call that
+        ran on it aborts and, on the way out, terminates whatever executor is current: a slice
+        launched before those calls have ended would be killed with them. So the first
+        restart after a break waits for them; restarts of slices that died with it launch at
+        once on the new executor."""
+        if self._epoch_of.get(worker, self._epoch) != self._epoch:
+            return  # died with an executor that is already replaced
+        ending = [launch for launch in self._launches
+                  if launch.epoch == self._epoch and launch.thread.is_alive()]
+        deadline = time.monotonic() + _BROKEN_EXECUTOR_WAIT_S
+        for launch in ending:
+            launch.thread.join(max(0.0, deadline - time.monotonic()))
+        self._epoch += 1
 
     def worker_pids(self) -> list[int]:
         return [w.pid for w in self._workers

@@ -1,4 +1,5 @@
-"""``turnpool bench envs|pool|rollout|webshop|serve``: each benchmark is imported only when run."""
+"""``turnpool bench envs|pool|rollout|webshop|serve|soak``: each benchmark is imported only when
+run."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ _BENCHES: dict[str, str] = {
     "rollout": "turnpool.bench.rollout:command",
     "webshop": "turnpool.bench.webshop:command",
     "serve": "turnpool.bench.serve:command",
+    "soak": "turnpool.bench.soak:command",
 }
 
 

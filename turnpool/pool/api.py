@@ -14,11 +14,14 @@ for a seedless ``reset()``, ``seed + episode * n_groups`` where ``episode`` coun
 resets; successive seedless resets therefore never reuse a seed.
 
 Faults: an env that raises, a worker that dies and an env that runs past ``step_timeout`` give
-that env a result with ``done=True`` (``truncated``), reward 0 and ``info["error"]``; the env
-stays failed until its next reset (which rebuilds it). A dead or stuck worker is killed and
-replaced; the other envs it held are rebuilt by reset + replay of their recorded actions
-(deterministic envs make this exact) and their results for the step are computed as if
-nothing happened. ``on_error="raise"`` raises `EnvError` after the step instead.
+that env a result with ``done=True`` (``truncated``), reward 0, ``info["error"]`` and its class
+``info["failure"]`` with ``info["retryable"]`` (`turnpool.pool.protocol.FAILURE_CLASSES`); the
+env stays failed until its next reset (which rebuilds it). Envs that cannot be built raise
+`EnvConstructionError` from the constructor on every backend; a backend that cannot start
+falls back to sequential (``fallback``) with a warning naming it and why. A dead or stuck
+worker is killed and replaced; the other envs it held are rebuilt by reset + replay of their
+recorded actions (deterministic envs make this exact) and their results for the step are
+computed as if nothing happened. ``on_error="raise"`` raises `EnvError` after the step instead.
 
 Layers: this module is the public API (groups, seeds, validation); it sits on
 ``replay.py`` (the replay log and recovery), which sits on ``dispatch.py`` (queues, sequence
