@@ -35,7 +35,7 @@ import click
 import numpy as np
 from rich.table import Table
 
-from turnpool.bench.harness import Progress, Report, json_option, machine_info, start
+from turnpool.bench.harness import ProgressFn, Report, json_option, machine_info, start
 from turnpool.envs.synthetic import TrivialEnv
 from turnpool.pool import EnvPool
 
@@ -183,7 +183,7 @@ def _drive(pool: EnvPool, s: Settings, plan: list[list[tuple[str, str | None]]],
     return out
 
 
-def run_backend(backend: str, s: Settings, progress: Progress | None = None,
+def run_backend(backend: str, s: Settings, progress: ProgressFn | None = None,
                 **pool_options: Any) -> BackendResult:
     """Soak one backend: a clean sequential run of the same schedule, then the faulty run."""
     plan = schedule(s, faults_for(backend))
@@ -206,7 +206,7 @@ def run_backend(backend: str, s: Settings, progress: Progress | None = None,
     return result
 
 
-def run_benchmark(s: Settings, backends: list[str], progress: Progress) -> Report:
+def run_benchmark(s: Settings, backends: list[str], progress: ProgressFn) -> Report:
     results = [run_backend(b, s, progress) for b in backends]
     return {"benchmark": "soak", "machine": machine_info(), "settings": asdict(s),
             "results": [{**asdict(r), "ok": r.ok} for r in results]}
