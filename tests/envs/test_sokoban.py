@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import random
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,8 @@ def test_every_generated_room_is_solved_by_the_oracle(num_boxes: int) -> None:
         assert sum(rewards) == pytest.approx(-0.1 * len(plan) + num_boxes + 10.0, abs=1e-9)
         assert rewards[-1] == pytest.approx(10.9)
         assert all(any(r == pytest.approx(x) for x in STEP_REWARDS) for r in rewards[:-1])
-    assert retried > 0  # the retry path (SeedSequence-derived generators) was exercised
+    # 6x6 rooms with one box never need RAGEN's retry seed; with three boxes they often do
+    assert (retried > 0) == (num_boxes == 3)
 
 
 def _env_bfs_length(env: SokobanEnv, limit: int = 200_000) -> int | None:
@@ -99,10 +101,10 @@ def test_reset_is_reproducible_and_seeds_differ() -> None:
 
 
 def test_generation_uses_no_global_rng() -> None:
-    before = pickle.dumps(np.random.get_state())
+    before = pickle.dumps(np.random.get_state()), random.getstate()
     room, _ = generate(5, (7, 7), num_boxes=2)
     SokobanEnv().reset(seed=3)
-    assert pickle.dumps(np.random.get_state()) == before
+    assert (pickle.dumps(np.random.get_state()), random.getstate()) == before
     assert generate(5, (7, 7), num_boxes=2)[0] == room
 
 

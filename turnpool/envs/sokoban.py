@@ -261,7 +261,7 @@ class SokobanEnv(TextEnv):
     # ---------------------------------------------------------------- episode
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
         room, self.generation_failures = generate(seed, self.dim_room, self.num_boxes,
-                                                  self.search_depth, rng=self.np_random)
+                                                  self.search_depth)
         return self._start(room)
 
     def load(self, room: Room | str) -> tuple[str, dict[str, Any]]:
