@@ -22,15 +22,24 @@ from typing import Any
 
 from turnpool.envs.base import TextEnv
 
+#: RAGEN's prompt, character for character (trailing spaces included): a trained model has
+#: seen exactly this text.
 PROMPT = (
-    "You are playing a bandit game. Goal: maximize your total reward by choosing which arm "
-    "to pull.\n"
-    "Game rules:\n"
-    "1. There are 2 arms, named {a} and {b}.\n"
-    "2. Each arm has its own reward distribution, related to its name.\n"
-    "3. Think about what each name symbolizes to guess how its rewards might behave.\n"
-    "4. Which arm is more likely to give higher rewards on average? Choose between {a} and "
-    "{b}, and output like <answer> {a} </answer> or <answer> {b} </answer>.\n")
+    "You are playing a bandit game. Goal: Maximize your total reward by choosing which arm to "
+    "pull. \n"
+    "Game Rules: \n"
+    "1. There are 2 arms, named {a} and {b}\n"
+    "2. Each arm has its own reward distribution, related to their names. \n"
+    "3. Analyze the symbolic meaning of each arm's name to guess how their reward distribution "
+    "might behave.\n"
+    "4. Based on the symbolic meaning of their names, which arm do you think is more likely to "
+    "give higher rewards on average? Choose between {a} and {b}, and output like <answer> {a} "
+    "</answer> or <answer> {b} </answer>.\n")
+
+
+def _number(value: Any) -> float | int:
+    """A payout as the config gives it: ints stay ints, so ``"1 points"`` reads as in RAGEN."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else float(value)
 
 
 class BanditEnv(TextEnv):
@@ -52,9 +61,9 @@ class BanditEnv(TextEnv):
             raise ValueError("bandit arms need different names")
         self.lo_arm_name = str(lo_arm_name)
         self.hi_arm_name = str(hi_arm_name)
-        self.lo_arm_score = float(lo_arm_score)
-        self.hi_arm_loscore = float(hi_arm_loscore)
-        self.hi_arm_hiscore = float(hi_arm_hiscore)
+        self.lo_arm_score = _number(lo_arm_score)
+        self.hi_arm_loscore = _number(hi_arm_loscore)
+        self.hi_arm_hiscore = _number(hi_arm_hiscore)
         self.hi_arm_hiscore_prob = float(hi_arm_hiscore_prob)
         self.start = int(action_space_start)
         self.lookup: dict[int, str] = {self.start: self.lo_arm_name,

@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,7 +146,8 @@ class MetaMathQAEnv(TextEnv):
         return self.table.answers[self.row]
 
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
-        self.row = int(self.np_random.integers(len(self.table.questions)))
+        # RAGEN: ``random.randint`` under ``random.seed(seed)``; here from a local generator
+        self.row = random.Random(seed).randint(0, len(self.table.questions) - 1)
         self.attempt = 0
         self.done = False
         self._text = self.question

@@ -164,9 +164,48 @@ def _mask(cells: Sequence[int]) -> int:
 
 
 # ------------------------------------------------------------------------------- tiles
+#: gym_sokoban's tile files, by cell code (RAGEN's frames are drawn from them).
+_GYM_TILES = ("wall", "floor", "box_target", "box_on_target", "box", "player",
+              "player_on_target")
+
+
 @lru_cache(maxsize=1)
 def tiles() -> np.ndarray:
-    """``(7, TILE, TILE, 3)`` uint8 images, one per cell code, drawn once per process."""
+    """``(7, TILE, TILE, 3)`` uint8 images, one per cell code, loaded once per process.
+
+    gym_sokoban's own tiles when it is installed (read from its package files without
+    importing it), so frames are pixel-identical to RAGEN's; otherwise tiles drawn in code.
+    """
+    found = _gym_sokoban_tiles()
+    return found if found is not None else _drawn_tiles()
+
+
+def _gym_sokoban_tiles() -> np.ndarray | None:
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("gym_sokoban")
+        import imageio.v2 as imageio
+    except ImportError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    surface = Path(next(iter(spec.submodule_search_locations))) / "envs" / "surface"
+    try:
+        images = [np.asarray(imageio.imread(surface / f"{name}.png"))[..., :3]
+                  for name in _GYM_TILES]
+    except OSError:
+        return None
+    if any(im.shape != (TILE, TILE, 3) for im in images):
+        return None
+    out = np.ascontiguousarray(np.stack(images).astype(np.uint8))
+    out.setflags(write=False)
+    return out
+
+
+def _drawn_tiles() -> np.ndarray:
+    """Tiles drawn in code (no gym_sokoban): same size and layout, other pixels."""
     y, x = np.mgrid[0:TILE, 0:TILE]
     centre = (TILE - 1) / 2
     square = np.maximum(np.abs(x - centre), np.abs(y - centre))
