@@ -46,6 +46,8 @@ class BanditEnv(TextEnv):
     """One-pull, two-armed bandit; see the module docstring for the rules."""
 
     action_kind = "word"
+    #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
+    ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
     def __init__(
         self, lo_arm_name: str = "phoenix", lo_arm_score: float = 0.1,
         hi_arm_name: str = "dragon", hi_arm_loscore: float = 0.0,
@@ -114,3 +116,18 @@ def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
 
 
 BanditEnv.oracle = staticmethod(oracle)
+
+
+def episode_lookup(obs: str, env_config: dict[str, Any]) -> dict[int, str] | None:
+    """The episode's id -> arm map read back from its first observation (the prompt names
+    the arms in id order), for code that sees only the text (RAGEN's manager maps names)."""
+    start = int(env_config.get("action_space_start", 1))
+    for a in (env_config.get("lo_arm_name", "phoenix"), env_config.get("hi_arm_name", "dragon")):
+        b = env_config.get("hi_arm_name", "dragon") if a == env_config.get(
+            "lo_arm_name", "phoenix") else env_config.get("lo_arm_name", "phoenix")
+        if isinstance(obs, str) and f"named {a} and {b}\n" in obs:
+            return {start: str(a), start + 1: str(b)}
+    return None
+
+
+BanditEnv.episode_lookup = staticmethod(episode_lookup)  # type: ignore[attr-defined]

@@ -233,6 +233,10 @@ class CountdownEnv(TextEnv):
     """One-step arithmetic puzzle; see the module docstring for rules and data."""
 
     action_kind = "expression"
+    #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
+    ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
+    #: RAGEN's env returns whole-number rewards as ints (the reward text reads ``1``)
+    ragen_int_rewards = True
     instruction = (
         "You are solving the Countdown puzzle. Combine all the given numbers, each exactly "
         "once, with + - * / and parentheses into an expression equal to the target. Example: "

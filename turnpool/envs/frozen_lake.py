@@ -177,6 +177,10 @@ class FrozenLakeEnv(TextEnv):
     """Grid walk on (slippery) ice; see the module docstring for the rules."""
 
     action_kind = "discrete"
+    #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
+    ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
+    #: RAGEN's env returns whole-number rewards as ints (the reward text reads ``1``)
+    ragen_int_rewards = True
     action_lookup = dict(ACTIONS)
     grid_vocab = {"P": "player", "_": "empty", "O": "hole", "G": "goal",
                   "X": "player in hole", "√": "player on goal"}

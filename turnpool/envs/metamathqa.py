@@ -111,6 +111,8 @@ class MetaMathQAEnv(TextEnv):
     """Question answering with decaying reward for retries; see the module docstring."""
 
     action_kind = "free_text"
+    #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
+    ragen_info_keys = ("action_is_valid", "success")
     instruction = "Solve the math problem and give only the final answer. "
 
     def __init__(
@@ -176,3 +178,5 @@ class MetaMathQAEnv(TextEnv):
 
 
 MetaMathQAEnv.oracle = staticmethod(oracle)
+#: the reference answer of a question text (RAGEN's facade attaches it as ``correct_answer``)
+MetaMathQAEnv.answer_for_obs = staticmethod(answer_for)  # type: ignore[attr-defined]

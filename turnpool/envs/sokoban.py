@@ -19,7 +19,8 @@ Choices where RAGEN is silent or we differ on purpose:
 
 * an invalid action (not 1-4 nor one of the action names) changes nothing: reward 0, the step
   does not count towards ``max_steps``, ``action_is_valid=False``;
-* stepping an episode that has ended changes nothing and repeats its end flags with reward 0;
+* stepping an episode that has ended steps on, as gym_sokoban's env does (RAGEN steps
+  finished envs): a solved room still pays the +10 of "all boxes on targets";
 * the observation is always text; ``render("rgb_array")`` draws the room from tiles built in
   code (``render_mode`` is accepted for RAGEN configs);
 * ``get_state`` / ``set_state`` copy a few integers and share the immutable room, so a group's
@@ -260,6 +261,8 @@ class SokobanEnv(TextEnv):
         "into walls or other boxes. Answer with a sequence of moves, for example "
         "<answer>Right || Right || Up</answer>")
     metadata = {"render_modes": ["text", "rgb_array"]}
+    #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
+    ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
 
     def __init__(self, dim_room: Sequence[int] = (6, 6), num_boxes: int = 1,
                  max_steps: int = 100, search_depth: int = 300, render_mode: str = "text",
@@ -352,10 +355,10 @@ class SokobanEnv(TextEnv):
         if board is None:
             raise RuntimeError("call reset() before step()")
         solved = self._terminated
-        if action is None or self._terminated or self._truncated:
+        if action is None:
             return self._obs, 0.0, self._terminated, self._truncated, {
-                "success": solved, "action_is_valid": action is not None,
-                "action_is_effective": False}
+                "success": solved, "action_is_valid": False, "action_is_effective": False}
+        # A finished episode steps on as gym_sokoban's does (RAGEN steps finished envs).
         d = board.deltas[action - 1]
         walls = board.room.walls
         boxes = self._boxes
@@ -379,12 +382,12 @@ class SokobanEnv(TextEnv):
             elif on < self._on_target:
                 reward += BOX_OFF_REWARD
             self._on_target = on
-            solved = self._boxes == board.target_mask
-            if solved:
-                reward += SOLVED_REWARD
             self._obs = board.render(q, self._boxes)
+        solved = self._boxes == board.target_mask
+        if solved:  # every step of a solved room pays it, as in gym_sokoban
+            reward += SOLVED_REWARD
         self._terminated = solved
-        self._truncated = not solved and self._steps >= self.max_steps
+        self._truncated = not solved and self._steps == self.max_steps  # gym_sokoban's test
         return self._obs, reward, self._terminated, self._truncated, {
             "success": solved, "action_is_valid": True, "action_is_effective": moved}
 
@@ -444,6 +447,21 @@ class SokobanEnv(TextEnv):
         self.seed = state["seed"]
         self.generation_failures = int(state["generation_failures"])
         self.np_random.bit_generator.state = state["rng"]
+
+
+# ------------------------------------------------------------------------------ frames
+def frame_from_obs(obs: str, env_config: Mapping[str, Any] | None = None) -> np.ndarray:
+    """The ``rgb_array`` frame of an observation text: the text names every cell, so the
+    frame a worker would draw is drawn here from the text alone (no pixels cross processes).
+    """
+    symbols = _symbols((env_config or {}).get("grid_lookup"))
+    code_of = {sym: code for code, sym in enumerate(symbols)}
+    rows = obs.split("\n")
+    if not rows or len(obs) > MAX_OBS_CHARS or len({len(r) for r in rows}) != 1:
+        raise ValueError("not a rectangular Sokoban grid")
+    codes = np.array([[code_of[ch] for ch in row] for row in rows], dtype=np.intp)
+    h, w = codes.shape
+    return tiles()[codes].transpose(0, 2, 1, 3, 4).reshape(h * TILE, w * TILE, 3)
 
 
 # ------------------------------------------------------------------------------ solver
@@ -614,3 +632,4 @@ def oracle(obs: str, env_config: Mapping[str, Any] | None = None) -> list[str]:
 
 
 SokobanEnv.oracle = staticmethod(oracle)
+SokobanEnv.frame_from_obs = staticmethod(frame_from_obs)  # type: ignore[attr-defined]

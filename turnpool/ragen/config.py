@@ -52,7 +52,7 @@ from turnpool.rollout.settings import (
 )
 
 __all__ = ["PACKAGED_DIR", "ConfigError", "ConfigWarning", "load_config", "pool_options",
-           "policy_options", "rollout_plan", "to_yaml"]
+           "policy_options", "rollout_plan", "to_yaml", "user_sets"]
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,16 @@ def load_config(
     for mode in ("train", "val"):
         _check_mode(merged, mode, where)
     return merged
+
+
+def user_sets(path: str | Path | DictConfig | Mapping[str, Any] | None, key: str) -> bool:
+    """Whether the user's config (not turnpool's packaged defaults) sets top-level ``key``:
+    RAGEN behaves differently without a ``seed`` section, so the facade must know."""
+    if path is None:
+        return False
+    if isinstance(path, (DictConfig, Mapping)):
+        return key in path
+    return any(key in layer for _, layer in _layers_of(Path(path)))
 
 
 def _where(layers: Sequence[tuple[str, DictConfig]]) -> Source:
