@@ -111,7 +111,8 @@ class _TagInfo:
         self.kwargs = {**defaults, **dict(env_kwargs)}
         lookup = self.kwargs.get("action_lookup") or getattr(cls, "action_lookup", None)
         self.lookup = {int(k): str(v) for k, v in dict(lookup).items()} if lookup else None
-        self.per_episode = callable(getattr(cls, "episode_lookup", None))
+        found = getattr(cls, "episode_lookup", None)
+        self.episode_lookup: Any = found if callable(found) else None
         self.info_keys: tuple[str, ...] | None = getattr(cls, "ragen_info_keys", None)
         self.int_rewards = bool(getattr(cls, "ragen_int_rewards", False))
         self.visual = self.kwargs.get("render_mode") == "rgb_array" and callable(
@@ -213,8 +214,8 @@ class EnvStateManager:
             entry["status"] = EnvStatus(seed=env_seed)
             self._first_state[i] = self._state[i] = str(text)
             info = self._tags[tag]
-            self._lookups[i] = (info.cls.episode_lookup(str(text), info.kwargs)
-                                if info.per_episode else info.lookup)
+            self._lookups[i] = (info.episode_lookup(str(text), info.kwargs)
+                                if info.episode_lookup else info.lookup)
             lookup = self._lookups[i]
             entry["env"].config.action_lookup = entry["config"].action_lookup = lookup
             c = {"env_id": i, "history": [], "group_id": entry["group_id"], "tag": tag,
@@ -339,7 +340,8 @@ class EnvStateManager:
         # an env named twice in one call is stepped twice, in order, as RAGEN's loop does
         while todo:
             seen: set[int] = set()
-            now, later = [], []
+            now: list[int] = []
+            later: list[int] = []
             for k in todo:
                 (later if runs[k][0] in seen else now).append(k)
                 seen.add(runs[k][0])
