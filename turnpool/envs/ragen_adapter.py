@@ -77,32 +77,48 @@ def _load(entry: str) -> Any:
     return getattr(importlib.import_module(module_name), attr)
 
 
-def _build(ragen_env: str, kwargs: dict[str, Any]) -> Any:
-    """Construct the wrapped env as RAGEN's manager does."""
+def _config_class(ragen_env: str) -> Any:
+    """The RAGEN config dataclass an env is built with, or None."""
     if ":" in ragen_env:
         cls = _load(ragen_env)
-        module = importlib.import_module(cls.__module__)
         config_cls = getattr(cls, "config_class", None)
         if config_cls is None:
+            module = importlib.import_module(cls.__module__)
             configs = getattr(module, "REGISTERED_ENV_CONFIGS", {}) or {}
             envs = getattr(module, "REGISTERED_ENVS", {}) or {}
             names = [n for n, c in envs.items() if c is cls]
             config_cls = configs.get(names[0]) if names else None
-        if config_cls is None:
-            return cls(**kwargs)
-        return cls(config_cls(**kwargs))
+        return config_cls
+    found = ragen_registry()
+    return None if found is None else found[1].get(ragen_env)
+
+
+def _build(ragen_env: str, kwargs: dict[str, Any]) -> Any:
+    """Construct the wrapped env as RAGEN's manager does."""
+    config_cls = _config_class(ragen_env)
+    if ":" in ragen_env:
+        cls = _load(ragen_env)
+        return cls(config_cls(**kwargs)) if config_cls is not None else cls(**kwargs)
     found = ragen_registry()
     if found is None or ragen_env not in found[0]:
         raise KeyError(f"{ragen_env!r} is not in ragen.env.REGISTERED_ENVS")
-    envs, configs = found
-    config_cls = configs.get(ragen_env)
-    return envs[ragen_env](config_cls(**kwargs) if config_cls else None)
+    return found[0][ragen_env](config_cls(**kwargs) if config_cls else None)
 
 
 class RagenEnvAdapter(TextEnv):
     """A RAGEN env as a `TextEnv` (see the module docstring)."""
 
     metadata = {"render_modes": ["text", "rgb_array"]}
+
+    @staticmethod
+    def effective_config(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The wrapped env's config as RAGEN builds it (its dataclass defaults overlaid with
+        ``kwargs``): what RAGEN's manager reads ``action_lookup`` from."""
+        config_cls = _config_class(str(kwargs.get("ragen_env", "")))
+        rest = {k: v for k, v in kwargs.items() if k != "ragen_env"}
+        if config_cls is None or not dataclasses.is_dataclass(config_cls):
+            return dict(kwargs)
+        return {**dataclasses.asdict(config_cls(**rest)), "ragen_env": kwargs["ragen_env"]}
 
     def __init__(self, ragen_env: str, **env_config: Any) -> None:
         super().__init__(ragen_env=ragen_env, **env_config)

@@ -109,6 +109,9 @@ class _TagInfo:
         cls, defaults = resolve(env_type)
         self.cls = cls
         self.kwargs = {**defaults, **dict(env_kwargs)}
+        effective = getattr(cls, "effective_config", None)  # RAGEN env classes (adapter)
+        if callable(effective):
+            self.kwargs = effective(self.kwargs)
         lookup = self.kwargs.get("action_lookup") or getattr(cls, "action_lookup", None)
         self.lookup = {int(k): str(v) for k, v in dict(lookup).items()} if lookup else None
         found = getattr(cls, "episode_lookup", None)
