@@ -114,9 +114,9 @@ class RagenEnvAdapter(TextEnv):
     def effective_config(kwargs: dict[str, Any]) -> dict[str, Any]:
         """The wrapped env's config as RAGEN builds it (its dataclass defaults overlaid with
         ``kwargs``): what RAGEN's manager reads ``action_lookup`` from."""
-        config_cls = _config_class(str(kwargs.get("ragen_env", "")))
+        config_cls: Any = _config_class(str(kwargs.get("ragen_env", "")))
         rest = {k: v for k, v in kwargs.items() if k != "ragen_env"}
-        if config_cls is None or not dataclasses.is_dataclass(config_cls):
+        if not isinstance(config_cls, type) or not dataclasses.is_dataclass(config_cls):
             return dict(kwargs)
         return {**dataclasses.asdict(config_cls(**rest)), "ragen_env": kwargs["ragen_env"]}
 
