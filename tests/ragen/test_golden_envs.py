@@ -168,3 +168,23 @@ def test_frozen_lake_matches_gymnasium_live() -> None:
             state, reward, terminated, _, _ = gym.step(int(action) - 1)
             _, r, done, _, _ = ours.step(int(action))
             assert divmod(int(state), 4) == ours.pos and r == reward and done == terminated
+
+
+@pytest.mark.parametrize("sep", ["||", ","])
+def test_prompt_prefixes_are_ragens(sep: str) -> None:
+    """The first user message of every RAGEN tag, as RAGEN's ContextManager builds it
+    (recorded by running its ``_init_prefix_lookup``)."""
+    from turnpool.ragen.config import load_config, rollout_plan
+    from turnpool.rollout.prompts import make_env_prompt
+    from turnpool.rollout.settings import TurnSettings
+
+    want = load("prefixes")[sep]
+    tags = list(want)
+    plan = rollout_plan(load_config(overrides=[
+        f"es_manager.train.env_configs.tags=[{','.join(tags)}]",
+        f"es_manager.train.env_configs.n_groups=[{','.join('1' * len(tags))}]",
+        f"es_manager.train.env_groups={len(tags)}"]))
+    for spec in plan.tags:
+        prompt = make_env_prompt(spec, TurnSettings(action_sep=sep))
+        assert prompt.prefix == want[spec.tag]["prefix"], spec.tag
+        assert spec.max_tokens == want[spec.tag]["max_tokens"], spec.tag
