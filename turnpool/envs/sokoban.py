@@ -453,15 +453,23 @@ class SokobanEnv(TextEnv):
 def frame_from_obs(obs: str, env_config: Mapping[str, Any] | None = None) -> np.ndarray:
     """The ``rgb_array`` frame of an observation text: the text names every cell, so the
     frame a worker would draw is drawn here from the text alone (no pixels cross processes).
+    Frames are cached by text (group members and unchanged rooms share one); read-only.
     """
-    symbols = _symbols((env_config or {}).get("grid_lookup"))
+    return _frame(obs, _symbols((env_config or {}).get("grid_lookup")))
+
+
+@lru_cache(maxsize=4096)
+def _frame(obs: str, symbols: tuple[str, ...]) -> np.ndarray:
     code_of = {sym: code for code, sym in enumerate(symbols)}
     rows = obs.split("\n")
-    if not rows or len(obs) > MAX_OBS_CHARS or len({len(r) for r in rows}) != 1:
+    if len(obs) > MAX_OBS_CHARS or len({len(r) for r in rows}) != 1:
         raise ValueError("not a rectangular Sokoban grid")
     codes = np.array([[code_of[ch] for ch in row] for row in rows], dtype=np.intp)
     h, w = codes.shape
-    return tiles()[codes].transpose(0, 2, 1, 3, 4).reshape(h * TILE, w * TILE, 3)
+    frame = np.ascontiguousarray(
+        tiles()[codes].transpose(0, 2, 1, 3, 4).reshape(h * TILE, w * TILE, 3))
+    frame.setflags(write=False)
+    return frame
 
 
 # ------------------------------------------------------------------------------ solver
