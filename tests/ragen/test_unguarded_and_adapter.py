@@ -133,7 +133,7 @@ def test_ragen_env_classes_run_on_every_backend(ragen_pkg: Path, env_type: str) 
     assert set(info) == {"success", "action_is_valid", "anchor_obs"}  # nothing invented
     reference = _play(env_type, "sequential")
     assert "'actions': [1]" in reference[1] or "'actions': [2]" in reference[1]
-    for backend in ("thread", "process", "process_pool"):
+    for backend in ("thread", "process", "process_pool", "joblib"):
         assert _play(env_type, backend) == reference, backend
 
 
