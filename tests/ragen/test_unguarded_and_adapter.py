@@ -85,8 +85,37 @@ class CoinEnv:
         return "guess the coin"
 
 
-REGISTERED_ENVS = {"coin": CoinEnv}
-REGISTERED_ENV_CONFIGS = {"coin": CoinEnvConfig}
+@dataclass
+class PaintEnvConfig:
+    render_mode: str = "rgb_array"
+    action_lookup: dict = field(default_factory=lambda: {1: "Brighter"})
+
+
+class PaintEnv:
+    """An rgb_array env: every frame is one flat colour that encodes seed and step."""
+
+    def __init__(self, config=None):
+        self.config = config or PaintEnvConfig()
+        self.level = 0
+
+    def frame(self):
+        import numpy as np
+        return np.full((4, 5, 3), self.level % 256, dtype=np.uint8)
+
+    def reset(self, seed=None, mode=None):
+        self.level = int(seed or 0)
+        return self.frame()
+
+    def step(self, action):
+        self.level += 7
+        return self.frame(), 0.5, False, {"success": False}
+
+    def render(self):
+        return self.frame()
+
+
+REGISTERED_ENVS = {"coin": CoinEnv, "paint": PaintEnv}
+REGISTERED_ENV_CONFIGS = {"coin": CoinEnvConfig, "paint": PaintEnvConfig}
 '''
 
 
@@ -140,3 +169,23 @@ def test_ragen_env_classes_run_on_every_backend(ragen_pkg: Path, env_type: str) 
 def test_unknown_names_still_fail_clearly(ragen_pkg: Path) -> None:
     with pytest.raises(KeyError, match="unknown env 'nope'"):
         make("nope")
+
+
+@pytest.mark.parametrize("backend", ["sequential", "process"])
+def test_frames_of_ragen_env_classes_come_through_shared_memory(
+        ragen_pkg: Path, backend: str) -> None:
+    import numpy as np
+
+    cfg = _config("paint", backend)
+    cfg["custom_envs"]["Coin"]["env_config"] = {}
+    with EnvStateManager(cfg) as es:
+        cache = es.reset()
+        first = cache[0]["history"][0]
+        assert first["state"] == "<images>" and len(first["images"]) == 1
+        assert np.array_equal(np.asarray(first["images"][0]), np.full((4, 5, 3), 100 % 256))
+        es.step([{"env_id": i, "actions": ["brighter", "Brighter"], "llm_response": "",
+                  "llm_raw_response": ""} for i in range(4)])
+        h = es.rollout_cache[3]["history"] if es.rollout_cache else []
+        assert h[0]["info"] == {"success": False}  # the frame descriptor is not RAGEN's info
+        assert np.array_equal(np.asarray(h[1]["images"][0]), np.full((4, 5, 3), 101 + 14))
+        assert es._reader.bytes_copied == 8 * 4 * 5 * 3  # pixels copied once per frame

@@ -318,8 +318,29 @@ def measure_visual_transport(n_envs: int = VISUAL_ENVS) -> dict[str, Any]:
     draw_ms = (time.perf_counter() - t0) * 1e3
     frame_bytes = len(pickle.dumps(frames, protocol=pickle.HIGHEST_PROTOCOL))
     host.close()
+    # envs that render frames themselves (RAGEN env classes through the adapter): each
+    # writes into its own shared-memory slot and only a descriptor is pickled
+    from turnpool.envs.frames import FrameReader, FrameSlot
+
+    slots = [FrameSlot() for _ in range(n_envs)]
+    reader = FrameReader()
+    try:
+        descs = [slot.write(f) for slot, f in zip(slots, frames)]
+        t0 = time.perf_counter()
+        for desc in descs:
+            assert desc is not None
+            reader.read(desc)
+        shm_ms = (time.perf_counter() - t0) * 1e3
+        desc_bytes = len(pickle.dumps(descs, protocol=pickle.HIGHEST_PROTOCOL))
+        copied = reader.bytes_copied
+    finally:
+        reader.close()
+        for slot in slots:
+            slot.close()
     return {"envs": n_envs, "reply_bytes_per_step": sent,
-            "pickled_frames_bytes_per_step": frame_bytes, "driver_draw_ms_per_step": draw_ms}
+            "pickled_frames_bytes_per_step": frame_bytes, "driver_draw_ms_per_step": draw_ms,
+            "shm_descriptor_bytes_per_step": desc_bytes, "shm_bytes_copied_per_step": copied,
+            "shm_read_ms_per_step": shm_ms}
 
 
 def measure_facade_start(repeats: int = 3) -> dict[str, float]:
@@ -440,6 +461,10 @@ def render(report: dict[str, Any]) -> list[Any]:
                    f"{vt['pickled_frames_bytes_per_step']:,}")
     facade.add_row(f"{vt['envs']} visual envs: drawing the frames in the driver, ms",
                    _fmt(vt["driver_draw_ms_per_step"], 1))
+    facade.add_row(f"{vt['envs']} frames via shared memory: descriptor bytes pickled",
+                   f"{vt['shm_descriptor_bytes_per_step']:,}")
+    facade.add_row(f"{vt['envs']} frames via shared memory: bytes copied (once), ms to read",
+                   f"{vt['shm_bytes_copied_per_step']:,} / {vt['shm_read_ms_per_step']:.1f}")
     for name, secs in rf["start_s"].items():
         facade.add_row(f"start: {name}, s", _fmt(secs, 3))
 

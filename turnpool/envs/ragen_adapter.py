@@ -15,6 +15,9 @@ Two ways in, both through `turnpool.envs.registry.resolve`:
   ``Class.config_class`` (or the module's ``REGISTERED_ENV_CONFIGS`` entry for it) when there
   is one, else with the keyword arguments themselves.
 
+Image observations (``rgb_array`` envs) reach the driver through shared memory
+(`turnpool.envs.frames`): the text is ``"<images>"`` and ``info["frame_shm"]`` names the block.
+
 The wrapped env keeps its own rules, including its random streams: RAGEN's envs seed the
 process-global RNGs, so they are deterministic per seed in any process but must not share a
 process with other threads (prefer the sequential or a process backend for them).
@@ -40,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from turnpool.envs.base import TextEnv
+from turnpool.envs.frames import INFO_KEY, FrameDesc, FrameSlot
 
 #: The observation text of a frame (RAGEN's rollout cache writes one per image).
 IMAGE_PLACEHOLDER = "<images>"
@@ -124,20 +128,23 @@ class RagenEnvAdapter(TextEnv):
         super().__init__(ragen_env=ragen_env, **env_config)
         self.inner = _build(ragen_env, dict(env_config))
         self.frame: np.ndarray | None = None
+        self._slot = FrameSlot()
+        self._frame_desc: FrameDesc | None = None
         self._obs = ""
 
     # ------------------------------------------------------------------ RAGEN -> TextEnv
     def _text(self, obs: Any) -> str:
+        """The observation as text; an image becomes ``"<images>"`` and goes to this env's
+        shared-memory frame slot (its descriptor rides in ``info``)."""
+        self.frame, self._frame_desc = None, None
         if isinstance(obs, str):
-            self.frame = None
             return obs
+        if isinstance(obs, (list, tuple)) and obs and all(isinstance(o, np.ndarray) for o in obs):
+            obs = obs[0]  # RAGEN's envs return one frame; the first of several is carried
         if isinstance(obs, np.ndarray):
             self.frame = obs
+            self._frame_desc = self._slot.write(obs)
             return IMAGE_PLACEHOLDER
-        if isinstance(obs, (list, tuple)) and obs and all(isinstance(o, np.ndarray) for o in obs):
-            self.frame = obs[0]
-            return IMAGE_PLACEHOLDER * len(obs)
-        self.frame = None
         return str(obs)
 
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
@@ -162,6 +169,8 @@ class RagenEnvAdapter(TextEnv):
         # The wrapped env's own keys only (RAGEN's metrics average every key it reports).
         out = dict(info)
         out["anchor_obs"] = self.anchor_obs()
+        if self._frame_desc is not None:
+            out[INFO_KEY] = self._frame_desc
         return out
 
     def _render_text(self) -> str:
@@ -184,6 +193,7 @@ class RagenEnvAdapter(TextEnv):
         raise NotImplementedError("RAGEN envs are reset per member, not copied")
 
     def close(self) -> None:
+        self._slot.close()
         close = getattr(self.inner, "close", None)
         if callable(close):
             close()

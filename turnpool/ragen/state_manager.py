@@ -60,6 +60,8 @@ from typing import Any
 
 import numpy as np
 
+from turnpool.envs.frames import INFO_KEY as FRAME_KEY
+from turnpool.envs.frames import FrameReader
 from turnpool.envs.registry import resolve
 from turnpool.pool import EnvPool, TurnResult
 from turnpool.ragen.config import load_config, pool_options, rollout_plan, user_sets
@@ -70,7 +72,8 @@ log = logging.getLogger(__name__)
 #: What RAGEN's rollout cache shows as the state of an image observation (once per image).
 IMAGE_PLACEHOLDER = "<images>"
 #: Keys the pool adds to ``info`` that RAGEN's envs never report.
-_POOL_INFO_KEYS = ("anchor_obs", "terminated", "truncated", "error", "failure", "retryable")
+_POOL_INFO_KEYS = ("anchor_obs", "terminated", "truncated", "error", "failure", "retryable",
+                   "frame_shm")
 #: RAGEN averages these info keys per turn even for its "Webshop" special case.
 _TURN_LVL_METRICS = ("action_is_effective", "action_is_valid", "end_of_page")
 
@@ -159,6 +162,8 @@ class EnvStateManager:
         self._lookups: list[dict[int, str] | None] = [None] * len(self.envs)
         self._first_state: list[str] = [""] * len(self.envs)
         self._state: list[str] = [""] * len(self.envs)
+        self._frames: list[Any] = [None] * len(self.envs)  # shared-memory frame descriptors
+        self._reader = FrameReader()
         self._closed = False
 
     # ------------------------------------------------------------------ backend
@@ -209,11 +214,12 @@ class EnvStateManager:
             self.pool.close()
             self.pool = self._build_pool()
             self._pool_use_mp = self._use_mp
-        obs, _infos = self.pool.reset(seed=self._next_seed(seed))
+        obs, infos = self.pool.reset(seed=self._next_seed(seed))
         seeds = self.pool.env_seeds
         cache: list[dict[str, Any]] = []
-        for entry, text, env_seed in zip(self.envs, obs, seeds):
+        for entry, text, env_seed, env_info in zip(self.envs, obs, seeds, infos):
             i, tag = entry["env_id"], entry["tag"]
+            self._frames[i] = env_info.get(FRAME_KEY)
             entry["status"] = EnvStatus(seed=env_seed)
             self._first_state[i] = self._state[i] = str(text)
             info = self._tags[tag]
@@ -260,6 +266,8 @@ class EnvStateManager:
                 turn_done = bool(result.terminated or result.truncated)
             if result is not None:
                 self._state[i] = str(result.obs)
+                if n > 0:
+                    self._frames[i] = result.info.get(FRAME_KEY)
             if len(valid) != len(actions) or not valid:
                 cache["penalty"] += self.format_penalty
             status.num_actions += n
@@ -318,6 +326,7 @@ class EnvStateManager:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._reader.close()
             self.pool.close()
 
     def __enter__(self) -> EnvStateManager:
@@ -380,6 +389,8 @@ class EnvStateManager:
         text = self._state[env_id]
         if info.visual:
             return info.cls.frame_from_obs(text, info.kwargs)  # type: ignore[attr-defined]
+        if self._frames[env_id] is not None:  # an env that sends frames through shared memory
+            return self._reader.read(self._frames[env_id])
         return text
 
     def _correct_answer(self, env_id: int) -> Any:
