@@ -343,9 +343,24 @@ def measure_visual_transport(n_envs: int = VISUAL_ENVS) -> dict[str, Any]:
             "shm_read_ms_per_step": shm_ms}
 
 
-def measure_facade_start(repeats: int = 3) -> dict[str, float]:
-    """Seconds for ``EnvStateManager(cfg)`` plus its first ``reset()`` (imports excluded)."""
-    from turnpool.ragen.state_manager import EnvStateManager
+_START_SCRIPT = """
+import json, sys, time
+from turnpool.ragen.state_manager import EnvStateManager
+cfg = json.loads(sys.argv[1])
+t0 = time.perf_counter()
+es = EnvStateManager(cfg)
+es.reset()
+print(json.dumps(time.perf_counter() - t0))
+es.close()
+"""
+
+
+def measure_facade_start() -> dict[str, float]:
+    """Seconds for ``EnvStateManager(cfg)`` plus its first ``reset()``, each case in a fresh
+    interpreter (a plain script's start: data sets not yet loaded; imports excluded)."""
+    import json
+    import subprocess
+    import sys
 
     def cfg(backend: str | None, tags: list[str], n_groups: list[int], size: int
             ) -> dict[str, Any]:
@@ -356,21 +371,15 @@ def measure_facade_start(repeats: int = 3) -> dict[str, float]:
             out["turnpool"] = {"backend": backend}
         return out
 
-    cases = {"3 tags x 2, default (in-process)": cfg(None, ["FrozenLake", "Countdown",
-                                                            "MetamathQA"], [1, 1, 1], 2),
+    three = (["FrozenLake", "Countdown", "MetamathQA"], [1, 1, 1], 2)
+    cases = {"3 tags x 2, default (in-process)": cfg(None, *three),
              "SimpleSokoban 8x16, default (in-process)": cfg(None, ["SimpleSokoban"], [8], 16),
-             "3 tags x 2, backend=process": cfg("process", ["FrozenLake", "Countdown",
-                                                            "MetamathQA"], [1, 1, 1], 2)}
+             "3 tags x 2, backend=process": cfg("process", *three)}
     out = {}
     for name, c in cases.items():
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            es = EnvStateManager(c)
-            es.reset()
-            best = min(best, time.perf_counter() - t0)
-            es.close()
-        out[name] = best
+        proc = subprocess.run([sys.executable, "-c", _START_SCRIPT, json.dumps(c)],
+                              capture_output=True, text=True, timeout=300, check=True)
+        out[name] = float(json.loads(proc.stdout.strip().splitlines()[-1]))
     return out
 
 
