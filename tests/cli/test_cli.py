@@ -49,9 +49,9 @@ def test_rollout_with_a_config_file_and_progress(tmp_path: Path) -> None:
 
 
 def test_rollout_config_errors_are_usage_errors(tmp_path: Path) -> None:
-    res = CliRunner().invoke(main, ["rollout", "agent_proxy.max_trun=3"])
+    res = CliRunner().invoke(main, ["rollout", "turnpool.num_wokers=3"])
     assert res.exit_code == 2
-    assert "agent_proxy.max_trun" in res.output and "command-line overrides" in res.output
+    assert "turnpool.num_wokers" in res.output and "command-line overrides" in res.output
     bad = tmp_path / "bad.yaml"
     bad.write_text("es_manager:\n  format_penalty: lots\n")
     res = CliRunner().invoke(main, ["rollout", "--config", str(bad)])

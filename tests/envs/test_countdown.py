@@ -81,7 +81,7 @@ def test_solver_needs_multiplication_and_division() -> None:
     ("(7 - 8 / 8) * 4 * 1", (0.0, True)),  # extra number
     ("(7 - 8) * 4", (0.0, True)),          # a number missing
     ("(7 - 8 / 8) * 5", (0.0, True)),      # a wrong number
-    ("7 8 8 4", (0.0, False)),             # digits right, not an expression
+    ("7 8 8 4", (0.1, False)),             # digits right, not an expression (RAGEN: 0.1)
     ("(7 - 8 / (8 - 8)) * 4", (0.0, False)),
     ("24", (0.0, True)),
     ("__import__('os')", (0.0, False)),
@@ -113,7 +113,7 @@ def test_step_rewards_and_info() -> None:
     obs2, reward, terminated, truncated, info = env.step(answer)
     assert (reward, terminated, truncated) == (1.0, True, False)
     assert info["success"] and info["action_is_valid"] and info["action_is_effective"]
-    assert obs2 == "Your answer got 1.0 points."
+    assert obs2 == "Your answer get 1 points."  # RAGEN's text; the score stays an int
     # The episode is over: a further step changes nothing and pays nothing.
     assert env.step(answer)[1:3] == (0.0, True)
 
@@ -126,7 +126,8 @@ def test_step_rewards_and_info() -> None:
     env.reset(seed=3)
     _, reward, terminated, _, info = env.step("print(1)")
     assert (reward, terminated) == (0.0, True)
-    assert not info["action_is_valid"] and not info["action_is_effective"]
+    # RAGEN: any text is a valid action; the reward judges it
+    assert info["action_is_valid"] and not info["action_is_effective"]
 
 
 def test_oracle_solves_every_seed_it_is_given() -> None:
@@ -173,10 +174,12 @@ USER_ROWS: list[dict[str, object]] = [
 @pytest.mark.parametrize("name", ["puzzles.jsonl", "puzzles.json", "puzzles.parquet"])
 def test_user_files_are_read_and_filtered(tmp_path: Path, name: str) -> None:
     path = _write_rows(tmp_path / name, USER_ROWS)
-    env = CountdownEnv(data_path=str(path))
+    # RAGEN's filter keeps rows some +-a +-b +-c +-d solves
+    assert CountdownEnv(data_path=str(path)).puzzles == ((6, (1, 2, 3)),)
+    env = CountdownEnv(data_path=str(path), require_solution="any")
     assert env.puzzles == ((24, (4, 7, 8, 8)), (10, (2, 5)), (6, (1, 2, 3)))
     assert env.reset(seed=4)[0] == "Target: 10, nums: [2, 5]"  # 4 % 3 == 1
-    assert CountdownEnv(train_path=str(path)).puzzles is env.puzzles  # RAGEN's key, same table
+    assert CountdownEnv(train_path=str(path), require_solution="any").puzzles is env.puzzles
     unfiltered = CountdownEnv(data_path=str(path), require_solution=False, max_instances=2)
     assert unfiltered.puzzles == ((24, (4, 7, 8, 8)), (1000, (1, 2, 3)))
 

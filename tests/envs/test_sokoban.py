@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import random
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,8 @@ def test_every_generated_room_is_solved_by_the_oracle(num_boxes: int) -> None:
         assert sum(rewards) == pytest.approx(-0.1 * len(plan) + num_boxes + 10.0, abs=1e-9)
         assert rewards[-1] == pytest.approx(10.9)
         assert all(any(r == pytest.approx(x) for x in STEP_REWARDS) for r in rewards[:-1])
-    assert retried > 0  # the retry path (SeedSequence-derived generators) was exercised
+    # 6x6 rooms with one box never need RAGEN's retry seed; with three boxes they often do
+    assert (retried > 0) == (num_boxes == 3)
 
 
 def _env_bfs_length(env: SokobanEnv, limit: int = 200_000) -> int | None:
@@ -99,10 +101,10 @@ def test_reset_is_reproducible_and_seeds_differ() -> None:
 
 
 def test_generation_uses_no_global_rng() -> None:
-    before = pickle.dumps(np.random.get_state())
+    before = pickle.dumps(np.random.get_state()), random.getstate()
     room, _ = generate(5, (7, 7), num_boxes=2)
     SokobanEnv().reset(seed=3)
-    assert pickle.dumps(np.random.get_state()) == before
+    assert (pickle.dumps(np.random.get_state()), random.getstate()) == before
     assert generate(5, (7, 7), num_boxes=2)[0] == room
 
 
@@ -179,9 +181,12 @@ def test_box_off_target_and_box_into_box() -> None:
     obs, reward, terminated, truncated, info = env.step("Up")  # X onto the freed target
     assert reward == pytest.approx(10.9) and terminated and not truncated and info["success"]
     assert obs == "#######\n#_√_√_#\n#_P___#\n#_____#\n#######"
-    obs2, reward, terminated, truncated, info = env.step("Left")  # the episode is over
-    assert (obs2, reward, terminated, truncated) == (obs, 0.0, True, False)
-    assert info["success"] and not info["action_is_effective"]
+    # the episode is over, yet a step still runs, as in gym_sokoban (RAGEN steps finished
+    # envs): the player moves and the solved room pays its +10 again
+    obs2, reward, terminated, truncated, info = env.step("Left")
+    assert obs2 == "#######\n#_√_√_#\n#P____#\n#_____#\n#######"
+    assert reward == pytest.approx(9.9) and terminated and not truncated
+    assert info["success"] and info["action_is_effective"]
 
 
 def test_invalid_actions_change_nothing() -> None:
@@ -202,8 +207,10 @@ def test_max_steps_truncates() -> None:
     results = [env.step("Right"), env.step("Left"), env.step("Right")]
     assert [r[2:4] for r in results] == [(False, False), (False, False), (False, True)]
     assert not results[-1][4]["success"]
+    # gym_sokoban's test is steps == max_steps: a fourth step runs and is not "truncated"
     obs, reward, terminated, truncated, _ = env.step("Left")
-    assert (obs, reward, terminated, truncated) == (results[-1][0], 0.0, False, True)
+    assert obs == "#####\n#P__#\n#X__#\n#O__#\n#####"
+    assert reward == pytest.approx(-0.1) and (terminated, truncated) == (False, False)
 
 
 def test_rgb_array() -> None:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from turnpool.ragen.config import ConfigError, load_config, pool_options, rollout_plan
+from turnpool.ragen.config import (
+    ConfigError,
+    ConfigWarning,
+    load_config,
+    pool_options,
+    rollout_plan,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -233,24 +240,51 @@ def test_config_object_from_hydra_is_accepted(ragen_dir: Path) -> None:
     assert rollout_plan(cfg).num_groups == 8
 
 
-def test_unknown_key_names_key_and_file(tmp_path: Path) -> None:
+def test_unknown_ragen_keys_warn_naming_key_and_file(tmp_path: Path) -> None:
     f = tmp_path / "mine.yaml"
-    f.write_text("es_manager:\n  format_penalty: -0.2\n  use_multiprocesing: true\n")
-    with pytest.raises(ConfigError) as err:
-        load_config(f)
-    assert "es_manager.use_multiprocesing" in str(err.value) and str(f) in str(err.value)
-    f.write_text("custom_envs:\n  Mine:\n    env_type: sokoban\n    max_action_per_traj: 3\n")
-    with pytest.raises(ConfigError, match=r"custom_envs\.Mine\.max_action_per_traj") as err:
-        load_config(f)
-    assert str(f) in str(err.value)
+    cases = [("es_manager:\n  format_penalty: -0.2\n  use_multiprocesing: true\n",
+              "es_manager.use_multiprocesing"),
+             ("custom_envs:\n  Mine:\n    env_type: sokoban\n    max_action_per_traj: 3\n",
+              "custom_envs.Mine.max_action_per_traj"),
+             ("algorithm:\n  filter_groups:\n    enabled: true\n",
+              "algorithm.filter_groups.enabled"),
+             ("agent_proxy:\n  my_fork_knob: 3\n", "agent_proxy.my_fork_knob"),
+             ("seed:\n  test: 5\n", "seed.test")]
+    for text, key in cases:
+        f.write_text(text)
+        with pytest.warns(ConfigWarning) as caught:
+            load_config(f)  # RAGEN ignores keys it does not read: so do we, loudly
+        msgs = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
+        assert len(msgs) == 1 and key in msgs[0] and str(f) in msgs[0], msgs
+        # opt-in strict mode: the same key fails, three ways to ask for it
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_config(f, strict=True)
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_config(f, overrides=["turnpool.strict_config=true"])
+    f.write_text("es_manager:\n  use_multiprocesing: true\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TURNPOOL_STRICT_CONFIG", "1")
+        with pytest.raises(ConfigError, match="did you mean es_manager.use_multiprocessing"):
+            load_config(f)
+
+
+def test_unknown_turnpool_and_top_level_keys_fail_naming_the_intended_key(
+        tmp_path: Path) -> None:
+    f = tmp_path / "mine.yaml"
     f.write_text("turnpool:\n  backnd: thread\n")
-    with pytest.raises(ConfigError, match=r"turnpool\.backnd"):
+    with pytest.raises(ConfigError, match=r"turnpool\.backnd.*did you mean turnpool\.backend"):
         load_config(f)
-    f.write_text("algorithm:\n  filter_groups:\n    enabled: true\n")
-    with pytest.raises(ConfigError, match=r"algorithm\.filter_groups\.enabled"):
+    # a turnpool key without its prefix, as a command line would give it
+    with pytest.raises(ValueError, match=r"'backend' \(in command-line overrides\); did you "
+                                         r"mean turnpool\.backend\?"):
+        load_config(overrides=["backend=process"])
+    with pytest.raises(ConfigError, match=r"'es_manger'.*did you mean es_manager\?"):
+        load_config(overrides=["es_manger.format_penalty=-0.2"])
+    f.write_text("new_section: {a: 1}\n")
+    with pytest.raises(ConfigError, match=r"'new_section' \(in " + re.escape(str(f))):
         load_config(f)
-    # keys outside turnpool's sections are someone else's: kept, not checked
-    f.write_text("trainer:\n  whatever: 1\nalgorithm:\n  gamma: 0.9\nnew_section: {a: 1}\n")
+    # sections RAGEN and verl define are someone else's: kept, not checked
+    f.write_text("trainer:\n  whatever: 1\nalgorithm:\n  gamma: 0.9\nlora: {rank: 8}\n")
     cfg = load_config(f)
     assert cfg.trainer.whatever == 1 and cfg.algorithm.gamma == 0.9
 
@@ -283,7 +317,7 @@ def test_overrides_and_their_errors() -> None:
     assert plan.collector.max_turn == 7 and plan.group_size == 4
     # switching the policy kind brings that kind's options, not the old kind's
     assert plan.policy == {"name": "random", "invalid_rate": 0.1, "seed": 0}
-    with pytest.raises(ConfigError, match="command-line overrides"):
+    with pytest.warns(ConfigWarning, match="command-line overrides"):
         load_config(overrides=["agent_proxy.max_turns=7"])
     with pytest.raises(ConfigError, match="key=value"):
         load_config(overrides=["agent_proxy.max_turn"])

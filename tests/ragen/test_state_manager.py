@@ -21,6 +21,7 @@ def _config(tags: list[str], n_groups: list[int], group_size: int, **es: Any) ->
             **es,
         },
         "turnpool": {"backend": "sequential"},
+        "seed": {"train": 10000, "val": 123},
     }
 
 
@@ -67,7 +68,7 @@ def test_rollout_cache_format_and_ragen_rules() -> None:
         # one penalty per turn with any invalid action, none for env 3 (not stepped)
         assert [by_id[i]["penalty"] for i in range(4)] == pytest.approx([-0.1, -0.1, -0.1, 0])
         h0 = by_id[0]["history"]
-        assert h0[0]["actions"] == ["Left"] and h0[0]["llm_response"] == "r0"
+        assert h0[0]["actions"] == [1] and h0[0]["llm_response"] == "r0"  # ids, as RAGEN
         assert h0[0]["llm_raw_response"] == "raw0" and h0[1]["actions_left"] == 9
         assert by_id[1]["history"][0]["actions"] == [] and by_id[1]["history"][0]["reward"] == 0
         # bandit got an unknown arm: dropped before the env, so the env is not done yet
@@ -78,11 +79,15 @@ def test_rollout_cache_format_and_ragen_rules() -> None:
         states = es.get_rollout_states()
         m = states[2]["metrics"]
         assert m["Bandit/success"] == 1.0 and m["Bandit/pass@2"] == 1.0
-        assert m["Bandit/num_actions"] == 1.0
-        assert "FrozenLake/action_is_valid" in states[0]["metrics"]
-        # the returned dicts are copies: editing them cannot rewrite the stored episode
-        states[0]["history"].clear()
-        assert es.get_rollout_states()[0]["history"]
+        assert m["Bandit/num_actions"] == 1 and isinstance(m["Bandit/num_actions"], int)
+        assert set(states[0]["metrics"]) == {  # RAGEN's keys, nothing else
+            "FrozenLake/success", "FrozenLake/num_actions", "FrozenLake/action_is_effective",
+            "FrozenLake/action_is_valid", "FrozenLake/pass@2"}
+        per_turn = states[0]["history"][-1]["metrics"]
+        assert sorted(per_turn) == ["action_is_effective", "action_is_valid"]
+        assert per_turn["action_is_valid"] == [1.0]
+        # RAGEN hands out its own dicts (the ContextManager reads and edits them in place)
+        assert states[0] is es.rollout_cache[0]
 
 
 def test_seed_scheme_train_counter_and_constant_val() -> None:
@@ -96,7 +101,17 @@ def test_seed_scheme_train_counter_and_constant_val() -> None:
         assert seeds()[0] == 10003  # counter advanced by env_groups
         es.reset(seed=500)
         es.reset()
-        assert seeds()[0] == 503  # past the explicit block, no overlap
+        # RAGEN: counter = 500 - base + 1, then += env_groups
+        assert seeds()[0] == 501 and es.seed_counter == 500 - 10000 + 1 + 3
+    cfg = _config(["Bandit"], [2], 1)
+    del cfg["seed"]  # no seed section: RAGEN draws a random base per reset
+    with EnvStateManager(cfg) as es:
+        drawn = set()
+        for _ in range(3):
+            es.reset()
+            drawn.add(es.envs[0]["status"].seed)
+            assert es.envs[1]["status"].seed == es.envs[0]["status"].seed + 1
+        assert len(drawn) > 1 and all(0 <= s <= 1_000_000 for s in drawn)
     cfg = _config(["Bandit"], [1], 1)
     cfg["es_manager"]["val"] = {"env_groups": 2, "group_size": 1,
                                 "env_configs": {"tags": ["Bandit"], "n_groups": [2]}}

@@ -148,19 +148,23 @@ def test_legend_comes_from_the_symbols_the_env_draws() -> None:
     assert describe_env(LEGEND_ENV, {"grid_lookup": remap}).grid_vocab == {
         "W": "wall", ".": "empty", "A": "player"}
     own = {"W": "stone", ".": "sand", "A": "me"}
+    # RAGEN's rule (its ContextManager): the prompt reads the tag-level grid_vocab (or the
+    # env's default), never env_config, whatever the env draws with
     spec = TagSpec(tag="L", env_type=LEGEND_ENV, env_instruction="",
                    env_kwargs={"grid_lookup": remap, "grid_vocab": own},
-                   grid_vocab={"#": "wall", "_": "empty", "P": "player"})
+                   grid_vocab={"W": "stone", ".": "sand", "A": "me"})
     prompt = make_env_prompt(spec, TurnSettings())
     assert "\nThe meaning of each symbol in the state is:\nW: stone, .: sand, A: me\n" in (
         prompt.prefix)
-    # every symbol the env really draws is explained
     env = turnpool.make(LEGEND_ENV, grid_lookup=remap, grid_vocab=own)
     obs, _ = env.reset(seed=5)
     legend = prompt.prefix.split("is:\n")[1].split("\n")[0]
     explained = {item.split(":")[0] for item in legend.split(", ")}
     assert set(obs) <= explained
-    # a prompt-only custom_envs.grid_vocab applies when the env keeps its default symbols
+    nested_only = make_env_prompt(TagSpec(tag="L", env_type=LEGEND_ENV, env_instruction="",
+                                          env_kwargs={"grid_lookup": remap,
+                                                      "grid_vocab": own}), TurnSettings())
+    assert "#: wall, _: empty, P: player" in nested_only.prefix
     plain = make_env_prompt(TagSpec(tag="L", env_type=LEGEND_ENV, env_instruction="",
                                     grid_vocab={"#": "rock", "_": "air", "P": "you"}),
                             TurnSettings())
@@ -241,7 +245,9 @@ def test_episode_action_names_for_per_episode_lookups() -> None:
     assert unicorn.to_execute == () and unicorn.penalize
 
 
-def test_sokoban_different_grid_vocab_prompt_explains_the_drawn_symbols() -> None:
+def test_sokoban_different_grid_vocab_prompt_is_ragens() -> None:
+    """RAGEN's SokobanDifferentGridVocab explains the default symbols (its prompt reads the
+    default config); a model trained on it saw that text, so it is kept (docs/ragen.md)."""
     from turnpool.ragen.config import load_config, rollout_plan
 
     cfg = load_config(overrides=["es_manager.train.env_configs.tags=[SokobanDifferentGridVocab]"])
@@ -249,10 +255,6 @@ def test_sokoban_different_grid_vocab_prompt_explains_the_drawn_symbols() -> Non
     prompt = make_env_prompt(spec, TurnSettings())
     legend = prompt.prefix.split("The meaning of each symbol in the state is:\n")[1]
     legend = legend.split("\n")[0]
-    explained = {item.split(": ")[0] for item in legend.split(", ")}
-    assert explained == set("W.GCBA@")
-    drawn: set[str] = set()
-    for seed in range(5):
-        obs, _ = turnpool.make(spec.env_type, **spec.env_kwargs).reset(seed=seed)
-        drawn |= set(obs.replace("\n", ""))
-    assert drawn <= explained and {"W", "A", "B", "G"} <= drawn
+    assert {item.split(": ")[0] for item in legend.split(", ")} == set("#_O√XPS")
+    obs, _ = turnpool.make(spec.env_type, **spec.env_kwargs).reset(seed=0)
+    assert {"W", "A", "B", "G"} <= set(obs.replace("\n", ""))

@@ -12,6 +12,13 @@ Two tables:
   both alike. gym_sokoban draws from the process-global RNG; it runs unseeded here, since only
   its timing matters.
 
+A third table covers the RAGEN facade: how many rooms' first stages (topology, placement) are
+gym_sokoban's own, fed the same local generators (the full rooms are checked seed by seed
+against RAGEN's recorded rooms in the tests); the bytes a process worker sends per step for
+1,024 VisualSimpleSokoban envs (the pickled step reply: frames never travel, the facade
+draws them from the observation text) next to what pickled frames would cost; and the
+facade's start (construction + first reset) with and without worker processes.
+
     turnpool bench envs --json envs.json
     turnpool bench envs --resets 50 --steps 500 --rooms 20     # quicker
 """
@@ -245,6 +252,137 @@ def measure_generation(case: str, num_boxes: int, settings: Settings,
     return row
 
 
+# ------------------------------------------------------------------------- RAGEN facade
+VISUAL_ENVS = 1024
+
+
+def stage_identity(gym: ModuleType | None, seeds: int = 200) -> str:
+    """``"k/n"``: rooms whose topology and placement equal gym_sokoban's, fed the same
+    local generators (its functions read module globals ``random`` / ``np.random``)."""
+    import random
+
+    from turnpool.envs import sokoban_gen
+
+    if gym is None:
+        return "-"
+
+    class _Np:
+        def __init__(self, rs: np.random.RandomState) -> None:
+            self.random = rs
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(np, name)
+
+    same = 0
+    for seed in range(seeds):
+        steps = sokoban_gen.num_gen_steps(6, 6)
+        vars(gym).update(random=random.Random(seed), np=_Np(np.random.RandomState(seed)))
+        level = gym.room_topology_generation((6, 6), 0.35, steps)
+        floor = sokoban_gen.topology(random.Random(seed), 6, 6, steps)
+        try:
+            room = gym.place_boxes_and_player(level.copy(), num_boxes=1, second_player=False)
+        except RuntimeError:
+            room = None
+        try:
+            player, targets = sokoban_gen.place(np.random.RandomState(seed), floor, 1)
+        except sokoban_gen.GenerationFailed:
+            same += room is None
+            continue
+        if room is None:
+            continue
+        flat = room.ravel()
+        same += (bytes(floor) == bytes(level.astype(np.uint8).ravel())
+                 and player == int(np.flatnonzero(flat == 5)[0])
+                 and targets == tuple(int(p) for p in np.flatnonzero(flat == 2)))
+    return f"{same}/{seeds}"
+
+
+def measure_visual_transport(n_envs: int = VISUAL_ENVS) -> dict[str, Any]:
+    """Bytes per step a process worker sends for ``n_envs`` VisualSimpleSokoban envs."""
+    import pickle
+
+    from turnpool.envs.sokoban import frame_from_obs, tiles
+    from turnpool.pool.host import EnvHost
+    from turnpool.pool.protocol import EnvBuild
+
+    kwargs = {"dim_room": (6, 6), "num_boxes": 1, "render_mode": "rgb_array"}
+    host = EnvHost([EnvBuild(i, "turnpool.envs.sokoban:SokobanEnv", kwargs)
+                    for i in range(n_envs)])
+    host.reset([(10_000 + i, [i]) for i in range(n_envs)])
+    ids = list(range(n_envs))
+    reply = host.step((ids, [[1 + i % 4] for i in ids]))
+    sent = len(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+    tiles()  # loaded once per process; not a per-step cost
+    t0 = time.perf_counter()
+    frames = [frame_from_obs(r[0]) for r in reply[0]]
+    draw_ms = (time.perf_counter() - t0) * 1e3
+    frame_bytes = len(pickle.dumps(frames, protocol=pickle.HIGHEST_PROTOCOL))
+    host.close()
+    # envs that render frames themselves (RAGEN env classes through the adapter): each
+    # writes into its own shared-memory slot and only a descriptor is pickled
+    from turnpool.envs.frames import FrameReader, FrameSlot
+
+    slots = [FrameSlot() for _ in range(n_envs)]
+    reader = FrameReader()
+    try:
+        descs = [slot.write(f) for slot, f in zip(slots, frames)]
+        t0 = time.perf_counter()
+        for desc in descs:
+            assert desc is not None
+            reader.read(desc)
+        shm_ms = (time.perf_counter() - t0) * 1e3
+        desc_bytes = len(pickle.dumps(descs, protocol=pickle.HIGHEST_PROTOCOL))
+        copied = reader.bytes_copied
+    finally:
+        reader.close()
+        for slot in slots:
+            slot.close()
+    return {"envs": n_envs, "reply_bytes_per_step": sent,
+            "pickled_frames_bytes_per_step": frame_bytes, "driver_draw_ms_per_step": draw_ms,
+            "shm_descriptor_bytes_per_step": desc_bytes, "shm_bytes_copied_per_step": copied,
+            "shm_read_ms_per_step": shm_ms}
+
+
+_START_SCRIPT = """
+import json, sys, time
+from turnpool.ragen.state_manager import EnvStateManager
+cfg = json.loads(sys.argv[1])
+t0 = time.perf_counter()
+es = EnvStateManager(cfg)
+es.reset()
+print(json.dumps(time.perf_counter() - t0))
+es.close()
+"""
+
+
+def measure_facade_start() -> dict[str, float]:
+    """Seconds for ``EnvStateManager(cfg)`` plus its first ``reset()``, each case in a fresh
+    interpreter (a plain script's start: data sets not yet loaded; imports excluded)."""
+    import json
+    import subprocess
+    import sys
+
+    def cfg(backend: str | None, tags: list[str], n_groups: list[int], size: int
+            ) -> dict[str, Any]:
+        out: dict[str, Any] = {"es_manager": {"train": {
+            "env_groups": sum(n_groups), "group_size": size,
+            "env_configs": {"tags": tags, "n_groups": n_groups}}}, "seed": {"train": 10000}}
+        if backend:
+            out["turnpool"] = {"backend": backend}
+        return out
+
+    three = (["FrozenLake", "Countdown", "MetamathQA"], [1, 1, 1], 2)
+    cases = {"3 tags x 2, default (in-process)": cfg(None, *three),
+             "SimpleSokoban 8x16, default (in-process)": cfg(None, ["SimpleSokoban"], [8], 16),
+             "3 tags x 2, backend=process": cfg("process", *three)}
+    out = {}
+    for name, c in cases.items():
+        proc = subprocess.run([sys.executable, "-c", _START_SCRIPT, json.dumps(c)],
+                              capture_output=True, text=True, timeout=300, check=True)
+        out[name] = float(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return out
+
+
 # ------------------------------------------------------------------------- report
 def run_benchmark(settings: Settings, progress: Callable[[str], None] = lambda s: None
                   ) -> dict[str, Any]:
@@ -268,6 +406,9 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] = lambda s
         "envs": [asdict(r) for r in env_rows],
         "generation": [asdict(r) for r in gen_rows],
         "ragen_reference_ms": RAGEN_REFERENCE_MS,
+        "ragen_facade": {"stage_identity_vs_gym_sokoban": stage_identity(gym),
+                         "visual_transport": measure_visual_transport(),
+                         "start_s": measure_facade_start()},
         "elapsed_s": time.perf_counter() - start,
     }
     report["goals"] = goals(report)
@@ -282,6 +423,9 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"goal": f"room generation {row['case']}: gym_sokoban / ours",
                     "target": f">= {GOAL_SPEEDUP:g}x", "measured": v,
                     "met": None if v is None else v >= GOAL_SPEEDUP})
+    start_s = report["ragen_facade"]["start_s"]["3 tags x 2, default (in-process)"]
+    out.append({"goal": "RAGEN facade start (construct + reset), no processes",
+                "target": "<= 0.5 s", "measured": start_s, "met": start_s <= 0.5})
     step = next((r["step_us_mean"] for r in report["envs"]
                  if r["env"] == "sokoban" and r["kwargs"].get("num_boxes") == 1), None)
     out.append({"goal": "sokoban 6x6/1: mean step", "target": f"<= {GOAL_STEP_US:g} µs",
@@ -313,6 +457,26 @@ def render(report: dict[str, Any]) -> list[Any]:
                     "-" if r["speedup"] is None else f"{r['speedup']:.1f}x",
                     str(r["ours_failed_attempts"]), str(r["gym_failed_calls"]), r["note"])
 
+    rf = report["ragen_facade"]
+    vt = rf["visual_transport"]
+    facade = Table(title="RAGEN facade")
+    facade.add_column("what")
+    facade.add_column("measured", justify="right")
+    facade.add_row("6x6 rooms whose topology + placement are gym_sokoban's (same local RNGs)",
+                   rf["stage_identity_vs_gym_sokoban"])
+    facade.add_row(f"{vt['envs']} visual envs: bytes a worker sends per step",
+                   f"{vt['reply_bytes_per_step']:,}")
+    facade.add_row(f"{vt['envs']} visual envs: bytes if frames were pickled",
+                   f"{vt['pickled_frames_bytes_per_step']:,}")
+    facade.add_row(f"{vt['envs']} visual envs: drawing the frames in the driver, ms",
+                   _fmt(vt["driver_draw_ms_per_step"], 1))
+    facade.add_row(f"{vt['envs']} frames via shared memory: descriptor bytes pickled",
+                   f"{vt['shm_descriptor_bytes_per_step']:,}")
+    facade.add_row(f"{vt['envs']} frames via shared memory: bytes copied (once), ms to read",
+                   f"{vt['shm_bytes_copied_per_step']:,} / {vt['shm_read_ms_per_step']:.1f}")
+    for name, secs in rf["start_s"].items():
+        facade.add_row(f"start: {name}, s", _fmt(secs, 3))
+
     table = Table(title="issue goals (measured on a shared machine: noisy)")
     for col in ("goal", "target", "measured", "met"):
         table.add_column(col)
@@ -321,7 +485,7 @@ def render(report: dict[str, Any]) -> list[Any]:
                       {True: "yes", False: "no", None: "-"}[g["met"]])
     ref = report["ragen_reference_ms"]
     load = report["machine"]
-    return [envs, gen, table,
+    return [envs, gen, facade, table,
             "RAGEN reference (measured separately on the 2-core development machine, not in "
             f"this run): reset {ref['reset 6x6/1']} ms (6x6/1), "
             f"{ref['reset 6x6/3']} ms (6x6/3); step {ref['step']} ms.",

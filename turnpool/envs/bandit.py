@@ -22,21 +22,32 @@ from typing import Any
 
 from turnpool.envs.base import TextEnv
 
+#: RAGEN's prompt, character for character (trailing spaces included): a trained model has
+#: seen exactly this text.
 PROMPT = (
-    "You are playing a bandit game. Goal: maximize your total reward by choosing which arm "
-    "to pull.\n"
-    "Game rules:\n"
-    "1. There are 2 arms, named {a} and {b}.\n"
-    "2. Each arm has its own reward distribution, related to its name.\n"
-    "3. Think about what each name symbolizes to guess how its rewards might behave.\n"
-    "4. Which arm is more likely to give higher rewards on average? Choose between {a} and "
-    "{b}, and output like <answer> {a} </answer> or <answer> {b} </answer>.\n")
+    "You are playing a bandit game. Goal: Maximize your total reward by choosing which arm to "
+    "pull. \n"
+    "Game Rules: \n"
+    "1. There are 2 arms, named {a} and {b}\n"
+    "2. Each arm has its own reward distribution, related to their names. \n"
+    "3. Analyze the symbolic meaning of each arm's name to guess how their reward distribution "
+    "might behave.\n"
+    "4. Based on the symbolic meaning of their names, which arm do you think is more likely to "
+    "give higher rewards on average? Choose between {a} and {b}, and output like <answer> {a} "
+    "</answer> or <answer> {b} </answer>.\n")
+
+
+def _number(value: Any) -> float | int:
+    """A payout as the config gives it: ints stay ints, so ``"1 points"`` reads as in RAGEN."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else float(value)
 
 
 class BanditEnv(TextEnv):
     """One-pull, two-armed bandit; see the module docstring for the rules."""
 
     action_kind = "names"  # arm names; their ids change per episode
+    #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
+    ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
 
     def __init__(
         self, lo_arm_name: str = "phoenix", lo_arm_score: float = 0.1,
@@ -53,9 +64,9 @@ class BanditEnv(TextEnv):
             raise ValueError("bandit arms need different names")
         self.lo_arm_name = str(lo_arm_name)
         self.hi_arm_name = str(hi_arm_name)
-        self.lo_arm_score = float(lo_arm_score)
-        self.hi_arm_loscore = float(hi_arm_loscore)
-        self.hi_arm_hiscore = float(hi_arm_hiscore)
+        self.lo_arm_score = _number(lo_arm_score)
+        self.hi_arm_loscore = _number(hi_arm_loscore)
+        self.hi_arm_hiscore = _number(hi_arm_hiscore)
         self.hi_arm_hiscore_prob = float(hi_arm_hiscore_prob)
         self.start = int(action_space_start)
         self.lookup: dict[int, str] = {self.start: self.lo_arm_name,
@@ -106,3 +117,18 @@ def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
 
 
 BanditEnv.oracle = staticmethod(oracle)
+
+
+def episode_lookup(obs: str, env_config: dict[str, Any]) -> dict[int, str] | None:
+    """The episode's id -> arm map read back from its first observation (the prompt names
+    the arms in id order), for code that sees only the text (RAGEN's manager maps names)."""
+    start = int(env_config.get("action_space_start", 1))
+    for a in (env_config.get("lo_arm_name", "phoenix"), env_config.get("hi_arm_name", "dragon")):
+        b = env_config.get("hi_arm_name", "dragon") if a == env_config.get(
+            "lo_arm_name", "phoenix") else env_config.get("lo_arm_name", "phoenix")
+        if isinstance(obs, str) and f"named {a} and {b}\n" in obs:
+            return {start: str(a), start + 1: str(b)}
+    return None
+
+
+BanditEnv.episode_lookup = staticmethod(episode_lookup)  # type: ignore[attr-defined]

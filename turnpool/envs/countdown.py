@@ -2,16 +2,17 @@
 
 RAGEN-compatible one-step env. The observation is ``"Target: 24, nums: [4, 7, 8, 8]"``; the
 action is an expression that must use exactly the given numbers (as a multiset). Reward:
-``score`` (1.0) when it equals the target, ``format_score`` (0.1) when it uses the right numbers
+``score`` (1) when it equals the target, ``format_score`` (0.1) when it uses the right numbers
 but has another value, 0 otherwise. The episode ends after one step.
 
-Differences from RAGEN, on purpose:
+RAGEN's rules, kept exactly: the integers written in the answer must be the puzzle's numbers,
+then the value decides between ``score`` and ``format_score``; a data file's rows are kept
+when some ``±a ±b ±c ±d`` hits the target (``require_solution="ragen"``, RAGEN's filter;
+``"any"`` also tries × and ÷); ``action_is_valid`` is True for any text. What differs:
 
-* the expression is checked by :mod:`turnpool.envs.safe_math` (parsed, whitelisted, exact
-  fractions, bounded), never by ``eval``; an expression that does not parse, divides by zero
-  or blows up is ``action_is_valid=False`` with reward 0, even when its digits match;
-* puzzles are kept when they have a solution with any of + − × ÷ (RAGEN's filter only tried
-  sums and differences, dropping puzzles that need × or ÷);
+* the expression is evaluated by :mod:`turnpool.envs.safe_math` (parsed, whitelisted, exact
+  fractions, bounded), never by ``eval``; RAGEN's ``eval`` also accepts ``**`` and compares
+  within 1e-5, so an answer with ``**`` gets ``format_score`` here;
 * the data file is read once per process, not once per env instance.
 
 Data: ``data_path`` (or RAGEN's ``train_path``) names a local JSONL / JSON / Parquet file with
@@ -31,9 +32,9 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
-from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -56,16 +57,33 @@ _Expr = Union[int, tuple[str, "_Expr", "_Expr"]]
 
 # ------------------------------------------------------------------------------- scoring
 def score_expression(
-    expression: object, target: int, nums: Sequence[int], *, score: float = 1.0,
+    expression: object, target: int, nums: Sequence[int], *, score: float = 1,
     format_score: float = 0.1, max_chars: int = MAX_CHARS,
 ) -> tuple[float, bool]:
-    """``(reward, parsed)`` for an answer to the puzzle ``(target, nums)``."""
+    """``(reward, well_formed)`` for an answer to the puzzle ``(target, nums)``.
+
+    RAGEN's rule: the integers written in the answer (runs of digits) must be ``nums`` as a
+    multiset, else 0; then ``score`` if the expression equals the target, else
+    ``format_score`` (also when it does not evaluate). The expression is evaluated by
+    `turnpool.envs.safe_math` (exact fractions), never by ``eval``.
+    """
+    if not isinstance(expression, str) or len(expression) > max_chars:
+        return 0, False
+    written = sorted(int(d) for d in _DIGITS.findall(expression))
     result = evaluate(expression, max_chars=max_chars)
-    if not result.valid:
-        return 0.0, False
-    if Counter(result.numbers) != Counter(int(n) for n in nums):
-        return 0.0, True
-    return (score if result.value == target else format_score), True
+    if written != sorted(int(n) for n in nums):
+        return 0, result.valid
+    return (score if result.valid and result.value == target else format_score), result.valid
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def has_signed_sum(target: int, nums: Sequence[int]) -> bool:
+    """RAGEN's solvability filter: some ``±n1 ±n2 ±n3 ±n4`` equals the target."""
+    padded = list(nums) + [0] * max(0, 4 - len(nums))
+    return any(sum(s * n for s, n in zip(signs, padded)) == target
+               for signs in itertools.product((1, -1), repeat=len(padded)))
 
 
 # ------------------------------------------------------------------------------- solver
@@ -171,7 +189,8 @@ def _build_table(rows: list[dict[str, Any]], options: dict[str, Any]) -> tuple[P
             malformed += 1
             continue
         puzzle = (target, tuple(n for n in nums if n is not None))
-        if options["require_solution"] and solve(*puzzle) is None:
+        rule = options["require_solution"]
+        if rule and not (has_signed_sum(*puzzle) if rule == "ragen" else solve(*puzzle)):
             unsolvable += 1
             continue
         puzzles.append(puzzle)
@@ -189,7 +208,18 @@ def data_key(config: dict[str, Any]) -> datasets.TableKey:
     bundled = path == datasets.bundled_path(BUNDLED)
     return datasets.table_key(
         "countdown", path, max_instances=int(config.get("max_instances") or 20000),
-        require_solution=bool(config.get("require_solution", True)) and not bundled)
+        require_solution=_filter_rule(config.get("require_solution", "ragen"), bundled))
+
+
+def _filter_rule(value: Any, bundled: bool) -> str | bool:
+    """``"ragen"`` (sums and differences only, RAGEN's filter), ``"any"`` (+ - * /) or False."""
+    if bundled or value is False or value is None:
+        return False
+    if value is True or value == "ragen":
+        return "ragen"
+    if value == "any":
+        return "any"
+    raise ValueError(f"require_solution must be 'ragen', 'any' or false, got {value!r}")
 
 
 def load_puzzles(config: dict[str, Any] | None = None) -> tuple[Puzzle, ...]:
@@ -203,6 +233,10 @@ class CountdownEnv(TextEnv):
     """One-step arithmetic puzzle; see the module docstring for rules and data."""
 
     action_kind = "expression"
+    #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
+    ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
+    #: RAGEN's env returns whole-number rewards as ints (the reward text reads ``1``)
+    ragen_int_rewards = True
     instruction = (
         "You are solving the Countdown puzzle. Combine all the given numbers, each exactly "
         "once, with + - * / and parentheses into an expression equal to the target. Example: "
@@ -211,8 +245,9 @@ class CountdownEnv(TextEnv):
 
     def __init__(
         self, data_path: str | Path | None = None, train_path: str | Path | None = None,
-        max_instances: int = 20000, require_solution: bool = True, score: float = 1.0,
-        format_score: float = 0.1, max_expression_chars: int = MAX_CHARS, **config: Any,
+        max_instances: int = 20000, require_solution: bool | str = "ragen",
+        score: float = 1, format_score: float = 0.1, max_expression_chars: int = MAX_CHARS,
+        **config: Any,
     ) -> None:
         # RAGEN's invalid_act / invalid_act_score and render_mode are accepted and unused:
         # the format penalty for unparseable turns is charged by the manager.
@@ -220,8 +255,9 @@ class CountdownEnv(TextEnv):
                          max_instances=max_instances, require_solution=require_solution,
                          score=score, format_score=format_score,
                          max_expression_chars=max_expression_chars, **config)
-        self.score = float(score)
-        self.format_score = float(format_score)
+        # ints stay ints: RAGEN's text reads "Your answer get 1 points."
+        self.score = score if isinstance(score, int) else float(score)
+        self.format_score = format_score if isinstance(format_score, int) else float(format_score)
         self.max_expression_chars = int(max_expression_chars)
         self._data_key = data_key(self.config)
         load_puzzles(self.config)  # fail at construction, not at the first reset
@@ -249,13 +285,13 @@ class CountdownEnv(TextEnv):
         if self.done:
             return self._text, 0.0, True, False, {"action_is_valid": False}
         target, nums = self.puzzle
-        reward, parsed = score_expression(
+        reward, _ = score_expression(
             action, target, nums, score=self.score, format_score=self.format_score,
             max_chars=self.max_expression_chars)
         self.done = True
-        self._text = f"Your answer got {reward} points."
+        self._text = f"Your answer get {reward} points."
         return self._text, reward, True, False, {
-            "success": reward == self.score, "action_is_valid": parsed,
+            "success": reward == self.score, "action_is_valid": isinstance(action, str),
             "action_is_effective": reward > 0}
 
     def _render_text(self) -> str:

@@ -1,6 +1,8 @@
 """FrozenLake: walk from the start to the goal across a lake with holes, on slippery ice.
 
-RAGEN-compatible semantics, written without gymnasium:
+RAGEN's semantics (gymnasium's FrozenLake underneath), written without gymnasium but
+drawing the same numbers: the map from a generator seeded with the reset seed, the moves from
+a second one seeded the same way, one uniform draw per reset and per step:
 
 * the map is ``size`` x ``size``; each cell is frozen with probability ``p`` (else a hole);
   start and goal are two distinct random cells, and maps without a start -> goal path are
@@ -53,18 +55,23 @@ def has_path(desc: Desc) -> bool:
 
 
 def generate_map(rng: np.random.Generator, size: int = 4, p: float = 0.8) -> Desc:
-    """A random map with a start -> goal path; redraws from ``rng`` until one has a path."""
+    """A random map with a start -> goal path; redraws from ``rng`` until one has a path.
+
+    The draws are RAGEN's (``generate_random_map``): a frozen/hole board by
+    ``rng.choice(["F", "H"], p=[p, 1 - p])``, then start and goal as ``rng.integers(size,
+    size=2)`` each; boards whose start is the goal or has no path are redrawn.
+    """
     if size < 2:
         raise ValueError("size must be at least 2")
     if not 0.0 < p <= 1.0:
         raise ValueError("p (probability of a frozen cell) must be in (0, 1]")
     while True:
-        frozen = rng.random((size, size)) < p
-        start = (int(rng.integers(size)), int(rng.integers(size)))
-        goal = (int(rng.integers(size)), int(rng.integers(size)))
+        board = rng.choice(["F", "H"], (size, size), p=[p, 1 - p])
+        start = tuple(int(v) for v in rng.integers(size, size=2))
+        goal = tuple(int(v) for v in rng.integers(size, size=2))
         if start == goal:
             continue
-        grid = [["F" if f else "H" for f in row] for row in frozen]
+        grid = [[str(ch) for ch in row] for row in board]
         grid[start[0]][start[1]] = "S"
         grid[goal[0]][goal[1]] = "G"
         desc = tuple("".join(row) for row in grid)
@@ -73,6 +80,18 @@ def generate_map(rng: np.random.Generator, size: int = 4, p: float = 0.8) -> Des
 
 
 # --------------------------------------------------------------------------- dynamics
+#: Cumulative probabilities of (left of intended, intended, right of intended) on slippery
+#: ice, summed as gymnasium sums them, so one uniform draw picks the same move.
+_SUCCESS = 1.0 / 3.0
+_SLIP_CDF = tuple(float(c) for c in np.cumsum([(1.0 - _SUCCESS) / 2.0, _SUCCESS,
+                                              (1.0 - _SUCCESS) / 2.0]))
+
+
+def _sample(cdf: tuple[float, ...], u: float) -> int:
+    """gymnasium's ``categorical_sample``: the first index whose cumulative share exceeds u."""
+    return next((i for i, c in enumerate(cdf) if c > u), 0)
+
+
 def _moved(cell: Cell, action: int, size: int) -> Cell:
     dr, dc = _MOVES[action]
     return min(max(cell[0] + dr, 0), size - 1), min(max(cell[1] + dc, 0), size - 1)
@@ -158,6 +177,10 @@ class FrozenLakeEnv(TextEnv):
     """Grid walk on (slippery) ice; see the module docstring for the rules."""
 
     action_kind = "discrete"
+    #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
+    ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
+    #: RAGEN's env returns whole-number rewards as ints (the reward text reads ``1``)
+    ragen_int_rewards = True
     action_lookup = dict(ACTIONS)
     grid_vocab = {"P": "player", "_": "empty", "O": "hole", "G": "goal",
                   "X": "player in hole", "√": "player on goal"}
@@ -183,9 +206,12 @@ class FrozenLakeEnv(TextEnv):
         self.pos: Cell = (0, 0)
 
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
-        self.desc = generate_map(self.np_random, self.size, self.p)
+        # RAGEN: the map from its own generator seeded with the reset seed, the moves from
+        # gymnasium's env generator seeded with it too, whose reset draws once.
+        self.desc = generate_map(np.random.default_rng(seed), self.size, self.p)
         self.pos = next((r, c) for r, row in enumerate(self.desc) for c, ch in enumerate(row)
                         if ch == "S")
+        self.np_random.random()
         return self._render_text()
 
     @property
@@ -194,13 +220,16 @@ class FrozenLakeEnv(TextEnv):
         return self.desc[self.pos[0]][self.pos[1]]
 
     def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self.cell in "HG":
-            return self._render_text(), 0.0, True, False, {
-                "action_is_valid": action is not None, "success": self.cell == "G"}
         if action is None:
-            return self._render_text(), 0.0, False, False, {"action_is_valid": False}
+            return self._render_text(), 0.0, self.cell in "HG", False, {
+                "action_is_valid": False, "success": self.cell == "G"}
+        # Every step draws once, as gymnasium does, even on a finished episode (which stays
+        # where it is: RAGEN steps finished envs too).
+        u = float(self.np_random.random())
+        if self.cell in "HG":
+            return self._render_text(), 0.0, True, False, {"success": self.cell == "G"}
         moves = _outcomes(int(action), self.is_slippery)
-        move = moves[int(self.np_random.integers(len(moves)))] if len(moves) > 1 else moves[0]
+        move = moves[_sample(_SLIP_CDF, u)] if len(moves) > 1 else moves[0]
         before = self.pos
         self.pos = _moved(self.pos, move, self.size)
         on_goal = self.cell == "G"

@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,8 @@ class MetaMathQAEnv(TextEnv):
     """Question answering with decaying reward for retries; see the module docstring."""
 
     action_kind = "free_text"
+    #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
+    ragen_info_keys = ("action_is_valid", "success")
     instruction = "Solve the math problem and give only the final answer. "
 
     def __init__(
@@ -145,7 +148,8 @@ class MetaMathQAEnv(TextEnv):
         return self.table.answers[self.row]
 
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
-        self.row = int(self.np_random.integers(len(self.table.questions)))
+        # RAGEN: ``random.randint`` under ``random.seed(seed)``; here from a local generator
+        self.row = random.Random(seed).randint(0, len(self.table.questions) - 1)
         self.attempt = 0
         self.done = False
         self._text = self.question
@@ -174,3 +178,5 @@ class MetaMathQAEnv(TextEnv):
 
 
 MetaMathQAEnv.oracle = staticmethod(oracle)
+#: the reference answer of a question text (RAGEN's facade attaches it as ``correct_answer``)
+MetaMathQAEnv.answer_for_obs = staticmethod(answer_for)  # type: ignore[attr-defined]

@@ -65,14 +65,21 @@ def _spec_of(name: str) -> EnvSpec | None:
 
 def resolve(name_or_entry_point: str) -> tuple[type[TextEnv], dict[str, Any]]:
     """The env class and default kwargs for a registered name (or alias) or an entry point
-    string."""
+    string; RAGEN env classes and ``REGISTERED_ENVS`` names go through the RAGEN adapter."""
+    from turnpool.envs import ragen_adapter
+
     spec = _spec_of(name_or_entry_point)
     entry = spec.entry_point if spec else name_or_entry_point
     if ":" not in entry:
+        found = ragen_adapter.resolve_ragen(entry)
+        if found is not None:
+            return found
         known = ", ".join(sorted(_REGISTRY))
         raise KeyError(f"unknown env {name_or_entry_point!r}; registered: {known}")
     module_name, _, attr = entry.partition(":")
     cls = getattr(importlib.import_module(module_name), attr)
+    if ragen_adapter.is_ragen_style(cls):
+        return ragen_adapter.RagenEnvAdapter, {"ragen_env": entry, **(spec.kwargs if spec else {})}
     return cls, dict(spec.kwargs) if spec else {}
 
 

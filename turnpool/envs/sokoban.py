@@ -19,7 +19,8 @@ Choices where RAGEN is silent or we differ on purpose:
 
 * an invalid action (not 1-4 nor one of the action names) changes nothing: reward 0, the step
   does not count towards ``max_steps``, ``action_is_valid=False``;
-* stepping an episode that has ended changes nothing and repeats its end flags with reward 0;
+* stepping an episode that has ended steps on, as gym_sokoban's env does (RAGEN steps
+  finished envs): a solved room still pays the +10 of "all boxes on targets";
 * the observation is always text; ``render("rgb_array")`` draws the room from tiles built in
   code (``render_mode`` is accepted for RAGEN configs);
 * ``get_state`` / ``set_state`` copy a few integers and share the immutable room, so a group's
@@ -164,9 +165,48 @@ def _mask(cells: Sequence[int]) -> int:
 
 
 # ------------------------------------------------------------------------------- tiles
+#: gym_sokoban's tile files, by cell code (RAGEN's frames are drawn from them).
+_GYM_TILES = ("wall", "floor", "box_target", "box_on_target", "box", "player",
+              "player_on_target")
+
+
 @lru_cache(maxsize=1)
 def tiles() -> np.ndarray:
-    """``(7, TILE, TILE, 3)`` uint8 images, one per cell code, drawn once per process."""
+    """``(7, TILE, TILE, 3)`` uint8 images, one per cell code, loaded once per process.
+
+    gym_sokoban's own tiles when it is installed (read from its package files without
+    importing it), so frames are pixel-identical to RAGEN's; otherwise tiles drawn in code.
+    """
+    found = _gym_sokoban_tiles()
+    return found if found is not None else _drawn_tiles()
+
+
+def _gym_sokoban_tiles() -> np.ndarray | None:
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("gym_sokoban")
+        import imageio.v2 as imageio
+    except ImportError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    surface = Path(next(iter(spec.submodule_search_locations))) / "envs" / "surface"
+    try:
+        images = [np.asarray(imageio.imread(surface / f"{name}.png"))[..., :3]
+                  for name in _GYM_TILES]
+    except OSError:
+        return None
+    if any(im.shape != (TILE, TILE, 3) for im in images):
+        return None
+    out = np.ascontiguousarray(np.stack(images).astype(np.uint8))
+    out.setflags(write=False)
+    return out
+
+
+def _drawn_tiles() -> np.ndarray:
+    """Tiles drawn in code (no gym_sokoban): same size and layout, other pixels."""
     y, x = np.mgrid[0:TILE, 0:TILE]
     centre = (TILE - 1) / 2
     square = np.maximum(np.abs(x - centre), np.abs(y - centre))
@@ -221,6 +261,8 @@ class SokobanEnv(TextEnv):
         "into walls or other boxes. Answer with a sequence of moves, for example "
         "<answer>Right || Right || Up</answer>")
     metadata = {"render_modes": ["text", "rgb_array"], "render_fps": 1}
+    #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
+    ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
 
     def __init__(self, dim_room: Sequence[int] = (6, 6), num_boxes: int = 1,
                  max_steps: int = 100, search_depth: int = 300, render_mode: str = "text",
@@ -261,7 +303,7 @@ class SokobanEnv(TextEnv):
     # ---------------------------------------------------------------- episode
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
         room, self.generation_failures = generate(seed, self.dim_room, self.num_boxes,
-                                                  self.search_depth, rng=self.np_random)
+                                                  self.search_depth)
         return self._start(room)
 
     def load(self, room: Room | str) -> tuple[str, dict[str, Any]]:
@@ -313,10 +355,10 @@ class SokobanEnv(TextEnv):
         if board is None:
             raise RuntimeError("call reset() before step()")
         solved = self._terminated
-        if action is None or self._terminated or self._truncated:
+        if action is None:
             return self._obs, 0.0, self._terminated, self._truncated, {
-                "success": solved, "action_is_valid": action is not None,
-                "action_is_effective": False}
+                "success": solved, "action_is_valid": False, "action_is_effective": False}
+        # A finished episode steps on as gym_sokoban's does (RAGEN steps finished envs).
         d = board.deltas[action - 1]
         walls = board.room.walls
         boxes = self._boxes
@@ -340,12 +382,12 @@ class SokobanEnv(TextEnv):
             elif on < self._on_target:
                 reward += BOX_OFF_REWARD
             self._on_target = on
-            solved = self._boxes == board.target_mask
-            if solved:
-                reward += SOLVED_REWARD
             self._obs = board.render(q, self._boxes)
+        solved = self._boxes == board.target_mask
+        if solved:  # every step of a solved room pays it, as in gym_sokoban
+            reward += SOLVED_REWARD
         self._terminated = solved
-        self._truncated = not solved and self._steps >= self.max_steps
+        self._truncated = not solved and self._steps == self.max_steps  # gym_sokoban's test
         return self._obs, reward, self._terminated, self._truncated, {
             "success": solved, "action_is_valid": True, "action_is_effective": moved}
 
@@ -405,6 +447,29 @@ class SokobanEnv(TextEnv):
         self.seed = state["seed"]
         self.generation_failures = int(state["generation_failures"])
         self.np_random.bit_generator.state = state["rng"]
+
+
+# ------------------------------------------------------------------------------ frames
+def frame_from_obs(obs: str, env_config: Mapping[str, Any] | None = None) -> np.ndarray:
+    """The ``rgb_array`` frame of an observation text: the text names every cell, so the
+    frame a worker would draw is drawn here from the text alone (no pixels cross processes).
+    Frames are cached by text (group members and unchanged rooms share one); read-only.
+    """
+    return _frame(obs, _symbols((env_config or {}).get("grid_lookup")))
+
+
+@lru_cache(maxsize=4096)
+def _frame(obs: str, symbols: tuple[str, ...]) -> np.ndarray:
+    code_of = {sym: code for code, sym in enumerate(symbols)}
+    rows = obs.split("\n")
+    if len(obs) > MAX_OBS_CHARS or len({len(r) for r in rows}) != 1:
+        raise ValueError("not a rectangular Sokoban grid")
+    codes = np.array([[code_of[ch] for ch in row] for row in rows], dtype=np.intp)
+    h, w = codes.shape
+    frame = np.ascontiguousarray(
+        tiles()[codes].transpose(0, 2, 1, 3, 4).reshape(h * TILE, w * TILE, 3))
+    frame.setflags(write=False)
+    return frame
 
 
 # ------------------------------------------------------------------------------ solver
@@ -575,3 +640,4 @@ def oracle(obs: str, env_config: Mapping[str, Any] | None = None) -> list[str]:
 
 
 SokobanEnv.oracle = staticmethod(oracle)
+SokobanEnv.frame_from_obs = staticmethod(frame_from_obs)  # type: ignore[attr-defined]

@@ -25,6 +25,7 @@ where RAGEN's key names meet the rollout's settings, so nothing below this layer
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from turnpool.policies import policy_names
-from turnpool.ragen.schema import ConfigError, Source, is_int, validate
+from turnpool.ragen.schema import (
+    ConfigError,
+    ConfigWarning,
+    Source,
+    check_top_level,
+    is_int,
+    validate,
+)
 from turnpool.rollout.settings import (
     DEFAULT_MAX_TOKENS,
     AsyncSettings,
@@ -43,8 +51,8 @@ from turnpool.rollout.settings import (
     TurnSettings,
 )
 
-__all__ = ["PACKAGED_DIR", "ConfigError", "load_config", "pool_options", "policy_options",
-           "rollout_plan", "to_yaml"]
+__all__ = ["PACKAGED_DIR", "ConfigError", "ConfigWarning", "load_config", "pool_options",
+           "policy_options", "rollout_plan", "to_yaml", "user_sets"]
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +111,14 @@ def _layers_of(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, DictC
 def load_config(
     path: str | Path | DictConfig | Mapping[str, Any] | None = None,
     overrides: Iterable[str] = (),
+    strict: bool | None = None,
 ) -> DictConfig:
     """Load and validate a config (see the module docstring for the layering).
+
+    Unknown keys under RAGEN's sections warn (`ConfigWarning`, naming key and file); with
+    ``strict`` (or ``turnpool.strict_config: true`` in any layer, or the environment variable
+    ``TURNPOOL_STRICT_CONFIG=1``) they fail. Unknown top-level keys and unknown
+    ``turnpool.*`` keys always fail (`turnpool.ragen.schema`).
 
     ``path`` may also be an already-built config object (a Hydra ``DictConfig`` as RAGEN
     passes around, or a dict); it is layered over the packaged defaults the same way.
@@ -135,15 +149,30 @@ def load_config(
             layers.append((OVERRIDES_SOURCE, OmegaConf.from_dotlist(dotlist)))
         except OmegaConfBaseException as exc:
             raise ConfigError(f"cannot parse overrides {dotlist}: {exc}") from exc
+    if strict is None:
+        strict = os.environ.get("TURNPOOL_STRICT_CONFIG", "") not in ("", "0") or any(
+            OmegaConf.select(layer, "turnpool.strict_config", default=False) is True
+            for _, layer in layers)
     for source, layer in layers:
-        validate(layer, source)
+        check_top_level(layer, source)
+        validate(layer, source, strict=strict)
     merged = OmegaConf.merge(*(layer for _, layer in layers))
     assert isinstance(merged, DictConfig)
     where = _where(layers)
-    validate(merged, where, resolved=True)
+    validate(merged, where, resolved=True, strict=strict)
     for mode in ("train", "val"):
         _check_mode(merged, mode, where)
     return merged
+
+
+def user_sets(path: str | Path | DictConfig | Mapping[str, Any] | None, key: str) -> bool:
+    """Whether the user's config (not turnpool's packaged defaults) sets top-level ``key``:
+    RAGEN behaves differently without a ``seed`` section, so the facade must know."""
+    if path is None:
+        return False
+    if isinstance(path, (DictConfig, Mapping)):
+        return key in path
+    return any(key in layer for _, layer in _layers_of(Path(path)))
 
 
 def _where(layers: Sequence[tuple[str, DictConfig]]) -> Source:

@@ -1,14 +1,25 @@
 """The schema of the config sections turnpool owns, and the check that names key and file.
 
 RAGEN configs carry many sections turnpool never reads (trainer, actor_rollout_ref, ...), often
-with ``${...}`` interpolations into verl's own config. So only the owned sections are walked;
-inside them an unknown or ill-typed key is an error that names the key and the layer (file,
-config object or command-line overrides) that set it.
+with ``${...}`` interpolations into verl's own config. So only the owned sections are walked.
+Every message names the key and the layer (file, config object or command-line overrides)
+that set it. The rules:
+
+* an ill-typed key in an owned section is an error;
+* an unknown key under RAGEN's sections (``seed``, ``agent_proxy``, ``es_manager``,
+  ``custom_envs``, ``algorithm.filter_groups``) is a `ConfigWarning`, because RAGEN ignores
+  keys it does not read and forks add their own; strict mode (``load_config(strict=True)``,
+  ``turnpool.strict_config: true`` or ``TURNPOOL_STRICT_CONFIG=1``) makes it an error;
+* an unknown key under ``turnpool`` and an unknown top-level section are errors that name the
+  likely intended key: ``backend=thread`` on a command line is ``turnpool.backend``
+  misspelled, not a new section. Top-level sections RAGEN and verl define are known.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +37,22 @@ _INTERP = re.compile(r"\$\{.*\}")
 
 class ConfigError(ValueError):
     """A config problem; the message names the key and the file."""
+
+
+class ConfigWarning(UserWarning):
+    """A key turnpool does not know under one of RAGEN's sections (RAGEN ignores it too)."""
+
+
+#: Top-level sections of RAGEN's and verl's configs that turnpool keeps without reading.
+FOREIGN_SECTIONS = frozenset({
+    "defaults", "hydra", "system", "micro_batch_size_per_gpu", "ppo_mini_batch_size",
+    "model_path", "enable_response_mask", "grpo_advantage_length_weight", "lora",
+    "actor_rollout_ref", "critic", "data", "trainer", "ctx_manager", "model_config",
+    "model_info", "reward_model", "custom_reward_function", "ray_init", "ray_kwargs",
+    "global_profiler", "transfer_queue", "rollout", "reward", "critic_warmup",
+})
+#: Sections whose unknown keys are someone else's business (RAGEN ignores them).
+_LENIENT = ("seed", "agent_proxy", "es_manager", "custom_envs", "algorithm", "use_parallel_envs")
 
 
 class _T:
@@ -135,6 +162,7 @@ SCHEMA: dict[str, Any] = {
         "on_error": _T("string", lambda v: isinstance(v, str), choices=ON_ERROR),
         "fallback": BOOL,
         "ray_address": OPT_STR,
+        "strict_config": BOOL,
         "policy": _Open({"name": STR}, nullable=False),
         "collector": {
             "mode": _T("string", lambda v: isinstance(v, str), choices=COLLECTOR_MODES),
@@ -155,7 +183,8 @@ _PARTIAL = {"algorithm"}
 Source = Callable[[str], str]
 
 
-def _walk(schema: Any, value: Any, path: str, source: Source, *, resolved: bool) -> None:
+def _walk(schema: Any, value: Any, path: str, source: Source, *, resolved: bool,
+          strict: bool = False) -> None:
     """Check ``value`` (a plain container) against ``schema``; raise naming path and file."""
     if isinstance(value, str) and _INTERP.search(value) and not resolved:
         return  # checked once the merged config is resolved
@@ -177,7 +206,8 @@ def _walk(schema: Any, value: Any, path: str, source: Source, *, resolved: bool)
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r} (in {source(path)})")
         for name, item in value.items():
-            _walk(schema.item, item, f"{path}.{name}", source, resolved=resolved)
+            _walk(schema.item, item, f"{path}.{name}", source, resolved=resolved,
+                  strict=strict)
         return
     if not isinstance(value, dict):
         raise ConfigError(f"{path}: expected a mapping, got {value!r} (in {source(path)})")
@@ -186,13 +216,47 @@ def _walk(schema: Any, value: Any, path: str, source: Source, *, resolved: bool)
         if k not in schema:
             if partial:
                 continue
-            known = ", ".join(sorted(schema))
-            raise ConfigError(f"unknown key {path}.{k} (in {source(f'{path}.{k}')}); "
-                              f"known keys of {path}: {known}")
-        _walk(schema[k], v, f"{path}.{k}", source, resolved=resolved)
+            _unknown(f"{path}.{k}", sorted(schema), source, resolved=resolved, strict=strict)
+            continue
+        _walk(schema[k], v, f"{path}.{k}", source, resolved=resolved, strict=strict)
 
 
-def validate(cfg: DictConfig, source: str | Source, *, resolved: bool = False) -> None:
+def _unknown(key: str, known: Sequence[str], source: Source, *, resolved: bool,
+             strict: bool) -> None:
+    """An unknown key: an error under ``turnpool`` or in strict mode, else one warning."""
+    parent, _, name = key.rpartition(".")
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"; did you mean {parent}.{near[0]}?" if near else ""
+    msg = (f"unknown key {key} (in {source(key)}){hint} known keys of {parent}: "
+           f"{', '.join(known)}")
+    if strict or not key.startswith(_LENIENT):
+        raise ConfigError(msg)
+    if not resolved:  # each layer is checked once unresolved, then the merge once resolved
+        warnings.warn(msg + " (ignored, as RAGEN ignores it)", ConfigWarning, stacklevel=5)
+
+
+def check_top_level(cfg: DictConfig, source: str) -> None:
+    """Unknown top-level keys fail, naming the likely intended one (``backend`` ->
+    ``turnpool.backend``)."""
+    turnpool_keys = sorted(SCHEMA["turnpool"])
+    known = sorted(set(SCHEMA) | FOREIGN_SECTIONS)
+    for key in cfg:
+        k = str(key)
+        if k in SCHEMA or k in FOREIGN_SECTIONS:
+            continue
+        if k in turnpool_keys or k.split(".")[0] in turnpool_keys:
+            hint = f"turnpool.{k}"
+        else:
+            near = difflib.get_close_matches(k, known + [f"turnpool.{t}" for t in turnpool_keys],
+                                             n=1, cutoff=0.6)
+            hint = near[0] if near else ""
+        raise ConfigError(f"unknown top-level key {k!r} (in {source})"
+                          + (f"; did you mean {hint}?" if hint else "")
+                          + f" top-level sections: {', '.join(known)}")
+
+
+def validate(cfg: DictConfig, source: str | Source, *, resolved: bool = False,
+             strict: bool = False) -> None:
     """Check the sections turnpool owns; other sections are not looked at (or resolved).
 
     ``source`` names where ``cfg`` came from: a file name, or a function from a dotted key
@@ -212,7 +276,7 @@ def validate(cfg: DictConfig, source: str | Source, *, resolved: bool = False) -
             value = {k: _plain(node, k, source, resolved, section + "." + k) for k in keys}
         else:
             value = _plain(cfg, section, source, resolved, section)
-        _walk(schema, value, section, source, resolved=resolved)
+        _walk(schema, value, section, source, resolved=resolved, strict=strict)
 
 
 def _plain(node: DictConfig, key: str, source: Source, resolve: bool, path: str) -> Any:

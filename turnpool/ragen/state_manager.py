@@ -1,50 +1,81 @@
-"""RAGEN's ``EnvStateManager`` (seed 001) over the pool and the rollout's episode functions.
+"""RAGEN's ``EnvStateManager`` (seed 001) over the pool: RAGEN's own shapes, numbers and rules.
 
 `EnvStateManager(config, mode)` is RAGEN's ``es_manager`` interface, ``reset(seed)`` /
-``step(all_env_inputs)`` / ``get_rollout_states()`` / ``render()`` / ``close()``, with the
-rollout-cache dicts RAGEN's ContextManager reads. ``es_manager.use_multiprocessing`` (plus
-``max_workers``, ``sequential_env_types``) selects the ``process_pool`` backend; results are
-identical with it on and off.
+``step(all_env_inputs)`` / ``get_rollout_states()`` / ``render()`` / ``close()``, returning the
+rollout-cache dicts RAGEN's ContextManager reads. The contract (docs/ragen.md): with the same
+config and seed it returns what RAGEN's manager returns, value for value and type for type:
 
-It is thin: prompts, episodes, turn rules, penalties and the seed schedule are
-`turnpool.rollout`'s; this module only translates RAGEN's inputs and cache dicts. Differences
-from RAGEN on purpose: the returned cache dicts are fresh copies (RAGEN returned its own, and
-the ContextManager's history window then truncated them); history ``actions`` holds the
-executed action names; an explicit ``reset(seed=s)`` in train mode moves the seed counter past
-``s``'s whole block (RAGEN restarted at ``s + 1``, reusing seeds).
+* ``es.envs`` exists from construction, one entry per env with ``tag, group_id, env_id, env,
+  config, status, max_actions_per_traj``; ``status`` is the live `EnvStatus` the manager
+  updates (replaced at each reset); ``env`` is a handle (`EnvHandle`) because the env object
+  itself lives in the pool's workers;
+* the rollout cache is RAGEN's: ``penalty`` starts at the int ``0``; a turn that executed
+  nothing records reward ``0`` (int) and ``info {}``; ``actions`` holds the executed action
+  *ids* (the strings themselves for envs without an action lookup); ``info`` holds only the
+  keys RAGEN's env reports; whole-number rewards of envs whose RAGEN class returns ints stay
+  ints; ``step`` returns the cache dicts themselves, as RAGEN does;
+* the format penalty follows RAGEN's manager only (an unknown action name, or no action at
+  all): an env's own ``action_is_valid`` never adds one;
+* seeds: train ``seed.train + counter`` (counter += env_groups); an explicit train seed ``s``
+  sets the counter to ``s - base + 1``; val: ``seed.val`` (or 123) every time; without a
+  ``seed`` section in the user's config, train draws ``randint(0, 1_000_000)`` (from a local
+  generator, never the global one);
+* an input for an env that has finished is stepped (RAGEN does not check), within what is
+  left of its action budget;
+* ``get_rollout_states`` adds RAGEN's metrics: ``{tag}/success`` (float), ``{tag}/num_actions``
+  (int), every info key averaged over ``len(history) - 1`` (numpy floats),
+  ``{tag}/pass@{group_size}``, ``history[-1]['metrics']`` (the per-turn lists) and, for the
+  ``MetamathQA`` tag, ``correct_answer``;
+* ``rgb_array`` envs (VisualSimpleSokoban) show ``"<images>"`` as the state plus ``images``:
+  PIL images when Pillow is installed (numpy arrays otherwise). The frame is drawn in this
+  process from the observation text the worker already sent (`SokobanEnv.frame_from_obs`), so
+  no pixels are pickled between processes.
+
+Where the envs run: in this process unless the config asks for workers
+(``turnpool.backend`` other than ``auto``, or ``es_manager.use_multiprocessing``). A plain
+script without ``if __name__ == "__main__"`` therefore never starts processes behind the
+user's back.
 
 Example:
     >>> es = EnvStateManager({"es_manager": {"train": {"env_groups": 1, "group_size": 2,
-    ...     "env_configs": {"tags": ["Bandit"], "n_groups": [1]}}}})
-    >>> cache = es.reset(seed=7)
+    ...     "env_configs": {"tags": ["Bandit"], "n_groups": [1]}}}, "seed": {"train": 7}})
+    >>> [e["status"].seed for e in es.envs]   # entries exist before the first reset
+    [None, None]
+    >>> cache = es.reset()
     >>> out = es.step([{"env_id": 0, "actions": ["dragon"], "llm_response": "",
     ...                 "llm_raw_response": ""}])
-    >>> [c["env_id"] for c in out]   # env 0 is done after one pull; env 1 was not stepped
-    []
+    >>> out, es.envs[0]["status"].terminated   # env 0 is done after one pull
+    ([], True)
     >>> es.close()
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
-from turnpool.pool import EnvPool
-from turnpool.ragen.config import load_config, pool_options, rollout_plan
+import numpy as np
+
+from turnpool.envs.frames import INFO_KEY as FRAME_KEY
+from turnpool.envs.frames import FrameReader
+from turnpool.envs.registry import resolve
+from turnpool.pool import EnvPool, TurnResult
+from turnpool.ragen.config import load_config, pool_options, rollout_plan, user_sets
 from turnpool.rollout.collector import build_pool
-from turnpool.rollout.episode import (
-    EpisodeState,
-    SeedSchedule,
-    apply_turn,
-    plan_actions,
-    start_episodes,
-    step_plans,
-)
-from turnpool.rollout.prompts import env_prompts
 
 log = logging.getLogger(__name__)
+
+#: What RAGEN's rollout cache shows as the state of an image observation (once per image).
+IMAGE_PLACEHOLDER = "<images>"
+#: Keys the pool adds to ``info`` that RAGEN's envs never report.
+_POOL_INFO_KEYS = ("anchor_obs", "terminated", "truncated", "error", "failure", "retryable",
+                   "frame_shm")
+#: RAGEN averages these info keys per turn even for its "Webshop" special case.
+_TURN_LVL_METRICS = ("action_is_effective", "action_is_valid", "end_of_page")
 
 
 @dataclass
@@ -58,8 +89,46 @@ class EnvStatus:
     seed: int | None = None
 
 
+class EnvHandle:
+    """What ``es.envs[i]['env']`` is: the env lives in a pool worker, so this handle offers
+    what RAGEN's code reads from an env object: ``config`` (with ``action_lookup``),
+    ``render()`` and, for envs that have one, ``correct_answer``."""
+
+    def __init__(self, manager: EnvStateManager, env_id: int, config: SimpleNamespace) -> None:
+        self._manager, self.env_id, self.config = manager, env_id, config
+
+    def render(self) -> Any:
+        return self._manager._render_one(self.env_id)
+
+    @property
+    def correct_answer(self) -> Any:
+        return self._manager._correct_answer(self.env_id)
+
+
+class _TagInfo:
+    """Per-tag facts the manager needs from the env class (resolved once, in this process)."""
+
+    def __init__(self, env_type: str, env_kwargs: Mapping[str, Any]) -> None:
+        cls, defaults = resolve(env_type)
+        self.cls = cls
+        self.kwargs = {**defaults, **dict(env_kwargs)}
+        effective = getattr(cls, "effective_config", None)  # RAGEN env classes (adapter)
+        if callable(effective):
+            self.kwargs = effective(self.kwargs)
+        lookup = self.kwargs.get("action_lookup") or getattr(cls, "action_lookup", None)
+        self.lookup = {int(k): str(v) for k, v in dict(lookup).items()} if lookup else None
+        found = getattr(cls, "episode_lookup", None)
+        self.episode_lookup: Any = found if callable(found) else None
+        self.info_keys: tuple[str, ...] | None = getattr(cls, "ragen_info_keys", None)
+        self.int_rewards = bool(getattr(cls, "ragen_int_rewards", False))
+        self.visual = self.kwargs.get("render_mode") == "rgb_array" and callable(
+            getattr(cls, "frame_from_obs", None))
+        self.config = SimpleNamespace(**self.kwargs)
+        self.config.action_lookup = self.lookup
+
+
 class EnvStateManager:
-    """RAGEN's environment state manager on top of an `EnvPool`."""
+    """RAGEN's environment state manager on top of an `EnvPool` (see the module docstring)."""
 
     def __init__(self, config: Any = None, mode: str = "train") -> None:
         self.sys_config = load_config(config)
@@ -69,16 +138,35 @@ class EnvStateManager:
         self.config = es[mode]
         self.env_groups = self.plan.num_groups
         self.group_size = self.plan.group_size
-        self.base_seed = self.plan.collector.seed_base
-        self.seeds = SeedSchedule(self.base_seed, self.env_groups, mode)
+        self.format_penalty = self.plan.collector.turn.format_penalty
+        has_seed = user_sets(config, "seed")
+        self.base_seed: int | None = self.plan.collector.seed_base if has_seed else None
+        self.seed_counter = 0
+        self._seed_rng = random.Random()  # RAGEN's unseeded draw, from a local generator
         self._use_mp = bool(es.get("use_multiprocessing", False))
         self._pool_use_mp = self._use_mp
         self.pool = self._build_pool()
-        self._prompts = env_prompts(self.plan.tags, self.pool.tags, self.plan.collector.turn)
-        self._eps: list[EpisodeState] = []
+        self._tags = {t.tag: _TagInfo(t.env_type, t.env_kwargs) for t in self.plan.tags}
+        self.envs: list[dict[str, Any]] = []
+        for env_id, tag in enumerate(self.pool.tags):
+            spec = next(t for t in self.plan.tags if t.tag == tag)
+            info = self._tags[tag]
+            self.envs.append({"tag": tag, "group_id": env_id // self.group_size,
+                              "env_id": env_id,
+                              "env": EnvHandle(self, env_id, SimpleNamespace(
+                                  **vars(info.config))),
+                              "config": SimpleNamespace(**vars(info.config)),
+                              "status": EnvStatus(),
+                              "max_actions_per_traj": spec.max_actions_per_traj})
+        self.rollout_cache: list[dict[str, Any]] | None = None
+        self._lookups: list[dict[int, str] | None] = [None] * len(self.envs)
+        self._first_state: list[str] = [""] * len(self.envs)
+        self._state: list[str] = [""] * len(self.envs)
+        self._frames: list[Any] = [None] * len(self.envs)  # shared-memory frame descriptors
+        self._reader = FrameReader()
         self._closed = False
 
-    # ------------------------------------------------------------------ backend switch
+    # ------------------------------------------------------------------ backend
     @property
     def use_multiprocessing(self) -> bool:
         """Run envs in a process pool; setting it takes effect at the next `reset`."""
@@ -88,20 +176,36 @@ class EnvStateManager:
     def use_multiprocessing(self, value: bool) -> None:
         self._use_mp = bool(value)
 
-    @property
-    def seed_counter(self) -> int:
-        """RAGEN's train seed counter (`turnpool.rollout.episode.SeedSchedule`)."""
-        return self.seeds.counter
-
     def _build_pool(self) -> EnvPool:
         cfg = self.sys_config.copy()
         cfg.es_manager.use_multiprocessing = self._use_mp
-        return build_pool(self.plan.tags, self.group_size, pool_options(cfg),
-                          seed=self.base_seed or 0)
+        options = pool_options(cfg)
+        if options.get("backend", "auto") == "auto":
+            # Nobody asked for workers: stay in this process (a script without a
+            # ``__main__`` guard would otherwise re-run itself in each spawned worker).
+            options["backend"] = "sequential"
+        return build_pool(self.plan.tags, self.group_size, options,
+                          seed=self.plan.collector.seed_base or 0)
 
     @property
     def backend_name(self) -> str:
         return str(self.pool.backend_name)
+
+    # ------------------------------------------------------------------ seeds
+    def _next_seed(self, seed: int | None) -> int:
+        """RAGEN's seed rule for a batch (see the module docstring)."""
+        if seed is None:
+            if self.mode == "train":
+                if self.base_seed is not None:
+                    seed = self.base_seed + self.seed_counter
+                    self.seed_counter += self.env_groups
+                else:
+                    seed = self._seed_rng.randint(0, 1_000_000)
+            else:
+                seed = 123 if self.base_seed is None else self.base_seed
+        elif self.mode == "train" and self.base_seed is not None:
+            self.seed_counter = int(seed) - self.base_seed + 1
+        return int(seed)
 
     # ------------------------------------------------------------------ RAGEN API
     def reset(self, seed: int | None = None) -> list[dict[str, Any]]:
@@ -110,73 +214,119 @@ class EnvStateManager:
             self.pool.close()
             self.pool = self._build_pool()
             self._pool_use_mp = self._use_mp
-        obs, infos = self.pool.reset(seed=self.seeds.next(seed))
-        self._eps = start_episodes(self.pool, self._prompts, obs, infos)
-        return [self._cache(ep) for ep in self._eps]
+        obs, infos = self.pool.reset(seed=self._next_seed(seed))
+        seeds = self.pool.env_seeds
+        cache: list[dict[str, Any]] = []
+        for entry, text, env_seed, env_info in zip(self.envs, obs, seeds, infos):
+            i, tag = entry["env_id"], entry["tag"]
+            self._frames[i] = env_info.get(FRAME_KEY)
+            entry["status"] = EnvStatus(seed=env_seed)
+            self._first_state[i] = self._state[i] = str(text)
+            info = self._tags[tag]
+            self._lookups[i] = (info.episode_lookup(str(text), info.kwargs)
+                                if info.episode_lookup else info.lookup)
+            lookup = self._lookups[i]
+            entry["env"].config.action_lookup = entry["config"].action_lookup = lookup
+            c = {"env_id": i, "history": [], "group_id": entry["group_id"], "tag": tag,
+                 "penalty": 0}
+            c["history"].append(self._state_entry(i, entry["max_actions_per_traj"]))
+            cache.append(c)
+        self.rollout_cache = cache
+        return cache
 
     def step(self, all_env_inputs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Apply ``{env_id, actions, llm_response, llm_raw_response}`` inputs; return the
-        caches of the envs that are still running (done envs are not sent back)."""
-        if not self._eps:
+        cache dicts of the envs that are still running (done envs are not sent back)."""
+        if self.rollout_cache is None:
             raise RuntimeError("call reset() before step()")
-        eps, plans = [], []
+        plans = []
         for inp in all_env_inputs:
-            ep = self._eps[int(inp["env_id"])]
-            if ep.done:
-                continue
+            i = int(inp["env_id"])
+            entry = self.envs[i]
             actions = [str(a) for a in (inp.get("actions") or [])]
-            eps.append(ep)
-            plans.append(plan_actions(ep, actions, raw=str(inp.get("llm_raw_response", "")),
-                                      llm_response=str(inp.get("llm_response", "")),
-                                      format_valid=bool(actions)))
-        out = []
-        for ep, plan, result in zip(eps, plans, step_plans(self.pool, eps, plans)):
-            apply_turn(ep, plan, result, self.plan.collector.turn)
-            if not ep.done:
-                out.append(self._cache(ep))
-        return out
+            valid = self._map_actions(i, actions)
+            left = entry["max_actions_per_traj"] - entry["status"].num_actions
+            plans.append((inp, i, actions, valid, valid[:max(0, left)]))
+        results = self._execute([(i, run) for _, i, _, _, run in plans])
+        outputs = []
+        for (inp, i, actions, valid, run), result in zip(plans, results):
+            entry, cache = self.envs[i], self.rollout_cache[i]
+            status: EnvStatus = entry["status"]
+            info = self._tags[entry["tag"]]
+            n = 0 if result is None else int(result.n_executed)
+            reward: float | int = 0
+            turn_info: dict[str, Any] = {}
+            turn_done = False
+            if result is not None and result.error:
+                log.warning("env %d failed: %s", i, result.error)
+                turn_done = True
+            elif result is not None and n > 0:
+                reward = self._reward(info, result.reward_sum)
+                turn_info = self._info(info, result.info)
+                turn_done = bool(result.terminated or result.truncated)
+            if result is not None:
+                self._state[i] = str(result.obs)
+                if n > 0:
+                    self._frames[i] = result.info.get(FRAME_KEY)
+            if len(valid) != len(actions) or not valid:
+                cache["penalty"] += self.format_penalty
+            status.num_actions += n
+            status.rewards.append(reward)
+            if turn_done:
+                status.terminated = True
+                status.truncated = not turn_info.get("success", False)
+            cache["history"][-1].update({
+                "actions": list(run[:n]), "reward": reward, "info": turn_info,
+                "llm_response": inp["llm_response"], "llm_raw_response": inp["llm_raw_response"]})
+            cache["history"].append(self._state_entry(
+                i, entry["max_actions_per_traj"] - status.num_actions))
+            if status.num_actions >= entry["max_actions_per_traj"] and not turn_done:
+                status.truncated = status.terminated = True
+                turn_done = True
+            if not turn_done:
+                outputs.append(cache)
+        return outputs
 
     def get_rollout_states(self) -> list[dict[str, Any]]:
-        """Final caches with RAGEN's metrics: ``{tag}/success``, ``{tag}/num_actions``,
-        numeric info keys averaged over turns, ``{tag}/pass@{group_size}``."""
-        caches = [self._cache(ep) for ep in self._eps]
-        group_success: dict[tuple[str, int], bool] = {}
-        for ep in self._eps:
-            key = (ep.tag, ep.group_id)
-            group_success[key] = group_success.get(key, False) or ep.success
-        for ep, cache in zip(self._eps, caches):
-            sums: dict[str, float] = {}
-            for turn in ep.turns:
-                for k, v in turn.info.items():
-                    if k != "success" and isinstance(v, (bool, int, float)):
-                        sums[k] = sums.get(k, 0.0) + float(v)
-            metrics: dict[str, float] = {"success": float(ep.success),
-                                         "num_actions": float(ep.num_actions)}
-            n_turns = max(1, len(ep.turns))
-            metrics.update({k: v / n_turns for k, v in sums.items()})
-            cache["metrics"] = {f"{ep.tag}/{k}": v for k, v in metrics.items()}
-            cache["metrics"][f"{ep.tag}/pass@{self.group_size}"] = float(
-                group_success[(ep.tag, ep.group_id)])
-        return caches
+        """The rollout cache with RAGEN's metrics added (see the module docstring)."""
+        if self.rollout_cache is None:
+            raise RuntimeError("call reset() before get_rollout_states()")
+        for entry, cache in zip(self.envs, self.rollout_cache):
+            status: EnvStatus = entry["status"]
+            env_metric: dict[str, Any] = {
+                "success": float(status.terminated and not status.truncated),
+                "num_actions": status.num_actions}
+            custom: dict[str, list[float]] = {}
+            for turn in cache["history"]:
+                for k, v in turn.get("info", {}).items():
+                    if k != "success":
+                        custom.setdefault(k, []).append(float(v))
+            for k, v in custom.items():
+                if "Webshop" not in k or k in _TURN_LVL_METRICS:
+                    env_metric[k] = np.sum(v) / (len(cache["history"]) - 1)
+                else:
+                    env_metric[k] = np.sum(v)
+            cache["history"][-1]["metrics"] = custom
+            cache["metrics"] = {f"{entry['tag']}/{k}": v for k, v in env_metric.items()}
+            if entry["tag"] == "MetamathQA":
+                cache["correct_answer"] = entry["env"].correct_answer
+        group_success: dict[tuple[str, int], list[float]] = {}
+        for entry, cache in zip(self.envs, self.rollout_cache):
+            group_success.setdefault((entry["tag"], entry["group_id"]), []).append(
+                cache["metrics"].get(f"{entry['tag']}/success", 0.0))
+        for entry, cache in zip(self.envs, self.rollout_cache):
+            key = (entry["tag"], entry["group_id"])
+            cache["metrics"][f"{entry['tag']}/pass@{self.group_size}"] = float(
+                any(group_success[key]))
+        return self.rollout_cache
 
-    @property
-    def envs(self) -> list[dict[str, Any]]:
-        """RAGEN's env entries (without env objects, which live in the pool's workers)."""
-        return [{"tag": ep.tag, "group_id": ep.group_id, "env_id": ep.env_id,
-                 "status": self._status(ep),
-                 "max_actions_per_traj": ep.prompt.spec.max_actions_per_traj}
-                for ep in self._eps]
-
-    @property
-    def rollout_cache(self) -> list[dict[str, Any]] | None:
-        return [self._cache(ep) for ep in self._eps] if self._eps else None
-
-    def render(self) -> list[str]:
-        return [ep.state for ep in self._eps]
+    def render(self) -> list[Any]:
+        return [self._render_one(i) for i in range(len(self.envs))]
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._reader.close()
             self.pool.close()
 
     def __enter__(self) -> EnvStateManager:
@@ -185,21 +335,74 @@ class EnvStateManager:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ views
-    @staticmethod
-    def _status(ep: EpisodeState) -> EnvStatus:
-        return EnvStatus(truncated=ep.done and not ep.success, terminated=ep.done,
-                         num_actions=ep.num_actions, rewards=[t.reward for t in ep.turns],
-                         seed=ep.seed)
+    # ------------------------------------------------------------------ helpers
+    def _map_actions(self, env_id: int, actions: list[str]) -> list[Any]:
+        """RAGEN's ``_extract_map_valid_actions``: names -> ids (any case), unknown dropped;
+        envs without a lookup get the strings unchanged."""
+        lookup = self._lookups[env_id]
+        if lookup is None:
+            return list(actions)
+        ids = {v.lower(): k for k, v in lookup.items()}
+        return [ids[a.lower()] for a in actions if a.lower() in ids]
+
+    def _execute(self, runs: list[tuple[int, list[Any]]]) -> list[TurnResult | None]:
+        """One pool call for every env with something to run; None where nothing ran."""
+        todo = [k for k, (_, run) in enumerate(runs) if run]
+        out: list[TurnResult | None] = [None] * len(runs)
+        # an env named twice in one call is stepped twice, in order, as RAGEN's loop does
+        while todo:
+            seen: set[int] = set()
+            now: list[int] = []
+            later: list[int] = []
+            for k in todo:
+                (later if runs[k][0] in seen else now).append(k)
+                seen.add(runs[k][0])
+            stepped = self.pool.step_turns([list(runs[k][1]) for k in now],
+                                           [runs[k][0] for k in now])
+            for k, r in zip(now, stepped):
+                out[k] = r
+            todo = later
+        return out
 
     @staticmethod
-    def _cache(ep: EpisodeState) -> dict[str, Any]:
-        history: list[dict[str, Any]] = []
-        for t in ep.turns:
-            history.append({"state": t.state, "actions_left": t.actions_left,
-                            "actions": list(t.executed), "reward": t.reward,
-                            "info": dict(t.info), "llm_response": t.llm_response,
-                            "llm_raw_response": t.llm_raw_response})
-        history.append({"state": ep.state, "actions_left": ep.actions_left})
-        return {"env_id": ep.env_id, "group_id": ep.group_id, "tag": ep.tag,
-                "penalty": ep.penalty, "history": history}
+    def _reward(info: _TagInfo, value: float) -> float | int:
+        if info.int_rewards and float(value).is_integer():
+            return int(value)
+        return value
+
+    @staticmethod
+    def _info(tag: _TagInfo, info: Mapping[str, Any]) -> dict[str, Any]:
+        keys = tag.info_keys
+        return {k: v for k, v in info.items()
+                if k not in _POOL_INFO_KEYS and (keys is None or k in keys)}
+
+    def _state_entry(self, env_id: int, actions_left: int) -> dict[str, Any]:
+        state = self._render_one(env_id)
+        if isinstance(state, str):
+            return {"state": state, "actions_left": actions_left}
+        images = [_as_image(state)]
+        return {"state": IMAGE_PLACEHOLDER * len(images), "images": images,
+                "actions_left": actions_left}
+
+    def _render_one(self, env_id: int) -> Any:
+        info = self._tags[self.envs[env_id]["tag"]]
+        text = self._state[env_id]
+        if info.visual:
+            return info.cls.frame_from_obs(text, info.kwargs)  # type: ignore[attr-defined]
+        if self._frames[env_id] is not None:  # an env that sends frames through shared memory
+            return self._reader.read(self._frames[env_id])
+        return text
+
+    def _correct_answer(self, env_id: int) -> Any:
+        info = self._tags[self.envs[env_id]["tag"]]
+        answer_for = getattr(info.cls, "answer_for_obs", None)
+        return answer_for(self._first_state[env_id], info.kwargs) if answer_for else None
+
+
+def _as_image(frame: np.ndarray) -> Any:
+    """A PIL RGB image (RAGEN's ``_handle_mm_state``), or the array without Pillow."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return frame
+    return Image.fromarray(np.ascontiguousarray(frame, dtype=np.uint8), mode="RGB")

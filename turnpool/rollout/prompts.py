@@ -161,20 +161,29 @@ def build_prefix(
 
 
 def make_env_prompt(spec: TagSpec, settings: TurnSettings) -> EnvPrompt:
-    """Resolve a tag's prompt prefix once (config keys over the env's own description)."""
-    desc = describe_env(spec.env_type, spec.env_kwargs)
+    """Resolve a tag's prompt prefix once, by RAGEN's rule (its ContextManager's).
+
+    The legend and the action list come from the env's *default* description (its class
+    attributes, which are RAGEN's default config) overlaid with the tag-level keys of
+    ``custom_envs.<tag>`` (``grid_vocab``, ``action_lookup``); the nested ``env_config`` never
+    reaches the prompt. A model trained with RAGEN saw exactly this text, so it is kept even
+    where it differs from what the env draws (RAGEN's SokobanDifferentGridVocab explains the
+    default symbols): set ``custom_envs.<tag>.grid_vocab`` to change the legend, in RAGEN and
+    here alike.
+    """
+    desc = describe_env(spec.env_type)
     instruction = desc.instruction if spec.env_instruction is None else spec.env_instruction
-    vocab = desc.grid_vocab
-    if spec.grid_vocab and not (spec.env_kwargs.get("grid_vocab")
-                                or spec.env_kwargs.get("grid_lookup")):
-        # custom_envs.<tag>.grid_vocab only reaches the prompt, never the env, so it is
-        # trusted only while the env draws with its default symbols.
-        vocab = _as_str_dict(spec.grid_vocab)
+    vocab = _as_str_dict(spec.grid_vocab) or desc.grid_vocab
     lookup = _as_lookup(spec.action_lookup) or desc.action_lookup
     names = tuple(lookup[k] for k in sorted(lookup)) if lookup else None
     prefix = build_prefix(instruction, vocab, names, spec.max_actions_per_traj,
                           settings.action_sep)
-    return EnvPrompt(spec, prefix, names, names or desc.episode_action_names)
+    # What a turn accepts follows the env as configured (its own action_lookup, if any).
+    own = describe_env(spec.env_type, spec.env_kwargs)
+    own_names = (tuple(own.action_lookup[k] for k in sorted(own.action_lookup))
+                 if own.action_lookup else None)
+    valid = own_names or names or own.episode_action_names
+    return EnvPrompt(spec, prefix, names, valid)
 
 
 # ------------------------------------------------------------------ messages
