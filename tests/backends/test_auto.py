@@ -136,8 +136,9 @@ def test_standby_waits_at_the_lowest_priority_and_is_promoted_at_ours() -> None:
         assert os.getpriority(os.PRIO_PROCESS, standby) == STANDBY_NICE
         assert {os.getpriority(os.PRIO_PROCESS, p) for p in live} == {mine}
         os.kill(live[0], signal.SIGKILL)
-        _, _, dones, infos = pool.step(["a", "b"])
-        assert dones[0] and "worker died" in infos[0]["error"]
+        _, _, _, infos = pool.step(["a", "b"])
+        # killed while idle: no env is blamed, the request ran again on the replacement
+        assert all("error" not in info for info in infos)
         pids = pool.worker_pids()
         assert pids[0] == standby  # the standby took the dead worker's place ...
         assert os.getpriority(os.PRIO_PROCESS, standby) == mine  # ... at our priority

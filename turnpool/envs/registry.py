@@ -159,7 +159,8 @@ def make(name_or_entry_point: EnvTarget, **kwargs: Any) -> TextEnv:
     """Build an env from a registered name, a gymnasium id, ``"module.path:ClassName"`` or a
     factory callable; the env's ``spec`` says how to build it again (gymnasium's `EnvSpec`)."""
     entry, merged = build_target(name_or_entry_point, kwargs)
-    cls, _ = resolve(entry)
+    cls, defaults = resolve(entry)  # an adapter's own kwargs (RAGEN classes)
+    merged = {**defaults, **merged}
     env = cls(**merged)
     if isinstance(env, TextEnv) and env.spec is None and not callable(name_or_entry_point):
         label = re.sub(r"[^\w.-]", ".", target_name(name_or_entry_point))
