@@ -7,6 +7,7 @@ import cannot hide a dependency). Importing ``a.b.c`` also imports the packages 
     webshop (the shop)  <-  envs  <-  pool (protocol, host)  <-  backends
     backends (registry, protocol)  <-  pool (api, dispatch, replay)
     envs, pool, policies  <-  rollout  <-  ragen  <-  cli
+    envs, pool, policies, rollout  <-  integrations (trainers: TRL, verl)
 
 ``turnpool/__init__.py`` names its public objects as strings (imported on first use), so it
 adds no edge.
@@ -148,6 +149,8 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("turnpool.rollout.settings", ()),
     ("turnpool.rollout", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.policies.*",
                           "turnpool.rollout.*")),
+    ("turnpool.integrations", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.policies.*",
+                               "turnpool.rollout.*", "turnpool.integrations.*")),
 ]
 
 
@@ -172,6 +175,9 @@ def test_rules_reject_what_they_should() -> None:
     assert not _allows(_rule("turnpool.pool.api") or (), "turnpool.backends.process")
     assert not _allows(_rule("turnpool.envs.sokoban") or (), "turnpool.pool")
     assert _allows(_rule("turnpool.pool.api") or (), "turnpool.backends")
+    assert not _allows(_rule("turnpool.rollout.collector") or (), "turnpool.integrations.trl")
+    assert not _allows(_rule("turnpool.integrations.trl") or (), "turnpool.ragen.config")
+    assert not _allows(_rule("turnpool.integrations.verl") or (), "turnpool.backends.process")
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
