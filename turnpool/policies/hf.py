@@ -209,7 +209,7 @@ class HFPolicy:
             for lo in range(0, len(inputs), self.batch_size):
                 chunk = inputs[lo:lo + self.batch_size]
                 for (_, new, extends), (reply, logps) in zip(
-                        chunk, self._generate_ids([ids for ids, _, _ in chunk])):
+                        chunk, self.generate_ids([ids for ids, _, _ in chunk])):
                     text = str(self.tokenizer.decode(reply, skip_special_tokens=True))
                     out.append(TokenTurn(
                         text=(self.assistant_prefix + text)[: self.max_response_chars],
@@ -218,7 +218,7 @@ class HFPolicy:
             self.stats.generate_seconds += time.perf_counter() - start
         return out
 
-    def _generate_ids(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    def generate_ids(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
         """Sample from token ids (left-padded here); each reply is cut after its first
         end-of-turn token and comes with its tokens' log-probabilities."""
         torch = self._torch
