@@ -35,6 +35,7 @@ import logging
 import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from turnpool.integrations.leases import EnvLeases, shared_leases
@@ -152,7 +153,12 @@ def environment_factory(
         if max_actions is not None and self._actions >= max_actions:
             self._done = True
             return "The action budget is spent; the episode is over."
-        res = leases().step(self._slot, [str(action)[:MAX_ACTION_CHARS]]).result(timeout=wait_s)
+        future = leases().step(self._slot, [str(action)[:MAX_ACTION_CHARS]])
+        try:
+            res = future.result(timeout=wait_s)
+        except FutureTimeout:  # the pool had no step_timeout: give up on this env here
+            self._done, self._failure = True, "timeout"
+            return f"The environment failed: no answer after {wait_s:.0f} s"
         self._actions += 1
         self._reward += float(res.reward_sum)
         if res.error:

@@ -153,7 +153,13 @@ class TurnpoolAgentLoop(AgentLoopBase):
             result: TurnResult | None = None
             if plan.to_execute:
                 t0 = time.perf_counter()
-                result = await _wait(leases.step(slot, list(plan.to_execute)), wait_s)
+                try:
+                    result = await _wait(leases.step(slot, list(plan.to_execute)), wait_s)
+                except asyncio.TimeoutError:  # the pool had no step_timeout: stop waiting
+                    result = TurnResult(obs="", reward_sum=0.0, terminated=False,
+                                        truncated=True, info={"failure": "timeout"},
+                                        n_executed=0,
+                                        error=f"no answer from the env after {wait_s:.0f} s")
                 metrics["tool_calls"] += time.perf_counter() - t0
             apply_turn(ep, plan, result, settings)
             if len(response) >= budget:
