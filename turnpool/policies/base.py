@@ -16,6 +16,7 @@ loss mask (1 for model tokens, 0 for env and template tokens).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -63,6 +64,7 @@ class TokenTurn:
     ``extends`` is False (the first turn, or a history that could not be continued), else
     only the env/template tokens that follow the given prefix. ``logprobs`` holds one
     log-probability per ``response_ids`` token under the distribution it was drawn from.
+    ``has_ids`` is False for a reply that came without tokens (only ``text`` is meaningful).
     """
 
     text: str
@@ -70,6 +72,12 @@ class TokenTurn:
     response_ids: list[int]
     logprobs: list[float]
     extends: bool
+    has_ids: bool = True
+
+    @classmethod
+    def text_only(cls, text: str) -> TokenTurn:
+        """A reply without tokens."""
+        return cls(text, [], [], [], False, has_ids=False)
 
 
 @runtime_checkable
@@ -79,9 +87,10 @@ class TokenPolicy(Policy, Protocol):
     def generate_tokens(
         self, batch: list[list[Message]], prefixes: list[list[int] | None],
         contexts: list[TurnContext] | None = None,
-    ) -> list[TokenTurn]:
-        """One `TokenTurn` per conversation; ``prefixes[i]`` is the token sequence
-        conversation ``i`` has so far (previous prompt + reply), None on its first turn."""
+    ) -> Sequence[TokenTurn]:
+        """One `TokenTurn` per conversation (``has_ids`` False where a reply came without
+        tokens); ``prefixes[i]`` is the token sequence conversation ``i`` has so far
+        (previous prompt + reply), None on its first turn."""
         ...
 
 

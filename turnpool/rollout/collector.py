@@ -225,6 +225,8 @@ class TrajectoryCollector:
             self.turns.record(ep, plan, result)
         if tokens is not None:
             for ep, tok in zip(active, tokens):
+                if not tok.has_ids:
+                    continue
                 turn = ep.turns[-1]
                 turn.prompt_ids, turn.response_ids = list(tok.prompt_ids), list(tok.response_ids)
                 turn.logprobs, turn.prompt_extends = list(tok.logprobs), bool(tok.extends)
@@ -232,7 +234,7 @@ class TrajectoryCollector:
         self._clock.turn_s += time.perf_counter() - start
 
     def _generate_tokens(self, active: Sequence[EpisodeState], messages: list[list[Message]],
-                         contexts: list[TurnContext]) -> list[TokenTurn] | None:
+                         contexts: list[TurnContext]) -> Sequence[TokenTurn] | None:
         """Token-level generation when the policy supports it (None: it does not)."""
         if not isinstance(self.policy, TokenPolicy):
             return None
