@@ -16,10 +16,13 @@ $(VENV)/.core: pyproject.toml | $(PY)
 	touch $@
 
 # Dev install: every extra. torch is pinned first so that nothing pulls a CUDA build.
+# verl (and hydra-core, which verl's agent loop imports) without their dependencies: their
+# pins would replace torch, transformers and omegaconf; the `verl` extra lists what they need.
 $(VENV)/.dev: pyproject.toml | $(PY)
 	$(PIP) install "torch==2.13.0"
 	$(PIP) install -e ".[dev]"
 	$(PIP) install --no-deps "openenv==0.10.0"
+	$(PIP) install --no-deps "verl==0.9.1" "hydra-core>=1.3,<1.4" "antlr4-python3-runtime==4.9.3"
 	touch $@ $(VENV)/.core
 
 run: $(VENV)/.core

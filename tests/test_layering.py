@@ -8,6 +8,7 @@ import cannot hide a dependency). Importing ``a.b.c`` also imports the packages 
     backends (registry, protocol)  <-  pool (api, dispatch, replay)
     envs, pool, policies  <-  rollout  <-  ragen  <-  cli, bench
     envs, pool  <-  serve  <-  cli
+    envs, pool, policies, rollout  <-  integrations (trainers: TRL, verl)
 
 ``turnpool/__init__.py`` names its public objects as strings (imported on first use), so it
 adds no edge.
@@ -155,6 +156,8 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     # the OpenEnv server: a pool behind a wire protocol (bind_socket is the shop's)
     ("turnpool.serve", ("turnpool", "turnpool.envs.*", "turnpool.pool.*", "turnpool.serve.*",
                         "turnpool.webshop", "turnpool.webshop.server")),
+    ("turnpool.integrations", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.policies.*",
+                               "turnpool.rollout.*", "turnpool.integrations.*")),
 ]
 
 
@@ -179,6 +182,9 @@ def test_rules_reject_what_they_should() -> None:
     assert not _allows(_rule("turnpool.pool.api") or (), "turnpool.backends.process")
     assert not _allows(_rule("turnpool.envs.sokoban") or (), "turnpool.pool")
     assert _allows(_rule("turnpool.pool.api") or (), "turnpool.backends")
+    assert not _allows(_rule("turnpool.rollout.collector") or (), "turnpool.integrations.trl")
+    assert not _allows(_rule("turnpool.integrations.trl") or (), "turnpool.ragen.config")
+    assert not _allows(_rule("turnpool.integrations.verl") or (), "turnpool.backends.process")
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

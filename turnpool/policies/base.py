@@ -5,10 +5,18 @@ still running. ``contexts`` carries what the collector knows about each env (its
 current observation, the legal action names, the turn index, the seed, ...), so scripted
 policies can act without parsing prompts and stay deterministic per env whatever the batch
 composition. LLM-backed policies ignore it.
+
+A policy that can also report tokens (`TokenPolicy`: the ``hf`` policy) implements
+``generate_tokens``: given, per conversation, the token ids the model has already seen and
+said (its previous prompt and reply), it extends them with the tokens of the new messages
+only, so that a multi-turn episode is one token sequence the model really saw, and returns a
+`TokenTurn` (ids, log-probabilities) per reply. Trainers need exactly that sequence with a
+loss mask (1 for model tokens, 0 for env and template tokens).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -64,6 +72,44 @@ class FailedReply(str):
 class PolicyUnreachable(ConnectionError):
     """The policy's endpoint cannot be reached at all (nothing listens, DNS fails): no reply
     can succeed, so the rollout stops instead of failing every episode."""
+
+
+@dataclass(frozen=True)
+class TokenTurn:
+    """One reply with its tokens.
+
+    ``prompt_ids`` are the tokens added before the reply: the whole prompt when
+    ``extends`` is False (the first turn, or a history that could not be continued), else
+    only the env/template tokens that follow the given prefix. ``logprobs`` holds one
+    log-probability per ``response_ids`` token under the distribution it was drawn from.
+    ``has_ids`` is False for a reply that came without tokens (only ``text`` is meaningful).
+    """
+
+    text: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    extends: bool
+    has_ids: bool = True
+
+    @classmethod
+    def text_only(cls, text: str) -> TokenTurn:
+        """A reply without tokens."""
+        return cls(text, [], [], [], False, has_ids=False)
+
+
+@runtime_checkable
+class TokenPolicy(Policy, Protocol):
+    """A policy that can also return token ids and log-probabilities (see the module doc)."""
+
+    def generate_tokens(
+        self, batch: list[list[Message]], prefixes: list[list[int] | None],
+        contexts: list[TurnContext] | None = None,
+    ) -> Sequence[TokenTurn]:
+        """One `TokenTurn` per conversation (``has_ids`` False where a reply came without
+        tokens); ``prefixes[i]`` is the token sequence conversation ``i`` has so far
+        (previous prompt + reply), None on its first turn."""
+        ...
 
 
 @dataclass

@@ -11,6 +11,11 @@ path must be a directory), so a typo never turns into a hub retry loop.
 Decoding is greedy by default, which is deterministic. With ``temperature > 0`` each call draws
 from a fresh seed ``(seed, call index)`` inside ``torch.random.fork_rng``, so the process-global
 torch RNG is untouched; sampled replies then depend on the order of calls.
+
+``generate_tokens`` (the `turnpool.policies.base.TokenPolicy` side) continues each
+conversation from the tokens it already has (`turnpool.policies.tokens.continue_chat`) and
+returns prompt and reply ids with the reply's log-probabilities; `HFPolicy.from_model` wraps
+a model already in memory (a trainer's), so rollouts sample from the weights being trained.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from turnpool.policies.base import Message, PolicyStats, TurnContext
+from turnpool.policies.base import Message, PolicyStats, TokenTurn, TurnContext
+from turnpool.policies.tokens import continue_chat, encode_text
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +91,36 @@ class HFPolicy:
             local_files_only=True)
         self.model: Any = model.to(self.device).eval()
 
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, *, max_new_tokens: int = 128,
+                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+                   batch_size: int = 64, max_input_tokens: int | None = None,
+                   assistant_prefix: str = "", max_response_chars: int = 65536) -> HFPolicy:
+        """A policy over a model and tokenizer already loaded (say, a trainer's). The model is
+        used as it is (device, dtype, train/eval mode are the caller's); generation runs under
+        ``torch.inference_mode``. The tokenizer is not modified: padding is done here."""
+        import torch
+
+        self = cls.__new__(cls)
+        self._torch = torch
+        self.model_path = ""
+        self.max_new_tokens = int(max_new_tokens)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.seed = int(seed)
+        self.batch_size = max(1, int(batch_size))
+        self.max_input_tokens = max_input_tokens
+        self.assistant_prefix = assistant_prefix
+        self.max_response_chars = int(max_response_chars)
+        self.device = next(model.parameters()).device
+        self.stats = PolicyStats()
+        self._lock = threading.Lock()
+        self._calls = 0
+        self._closed = False
+        self.tokenizer = tokenizer
+        self.model = model
+        return self
+
     # ------------------------------------------------------------------ protocol
     def generate(
         self, batch: list[list[Message]], contexts: list[TurnContext] | None = None
@@ -141,3 +177,80 @@ class HFPolicy:
         new_tokens = out[:, enc["input_ids"].shape[1]:]
         texts = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         return [(self.assistant_prefix + t)[: self.max_response_chars] for t in texts]
+
+    # ------------------------------------------------------------------ tokens
+    def generate_tokens(
+        self, batch: list[list[Message]], prefixes: list[list[int] | None],
+        contexts: list[TurnContext] | None = None,
+    ) -> list[TokenTurn]:
+        """Replies with their tokens; each conversation continues from ``prefixes[i]`` (see
+        `turnpool.policies.base.TokenPolicy`)."""
+        if len(prefixes) != len(batch):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(batch)} conversations")
+        if not batch:
+            return []
+        if self._closed:
+            raise RuntimeError("hf policy is closed")
+        forced = encode_text(self.tokenizer, self.assistant_prefix) if self.assistant_prefix else []
+        inputs: list[tuple[list[int], list[int], bool]] = []  # (input ids, new ids, extends)
+        for messages, prefix in zip(batch, prefixes):
+            new, extends = continue_chat(self.tokenizer, messages, prefix)
+            new = new + forced
+            ids = (list(prefix) if extends and prefix else []) + new
+            if self.max_input_tokens and len(ids) > int(self.max_input_tokens):
+                ids = ids[-int(self.max_input_tokens):]
+                new, extends = ids, False
+            inputs.append((ids, new, extends))
+        out: list[TokenTurn] = []
+        with self._lock:
+            start = time.perf_counter()
+            self._calls += 1
+            self.stats.calls += 1
+            for lo in range(0, len(inputs), self.batch_size):
+                chunk = inputs[lo:lo + self.batch_size]
+                for (_, new, extends), (reply, logps) in zip(
+                        chunk, self.generate_ids([ids for ids, _, _ in chunk])):
+                    text = str(self.tokenizer.decode(reply, skip_special_tokens=True))
+                    out.append(TokenTurn(
+                        text=(self.assistant_prefix + text)[: self.max_response_chars],
+                        prompt_ids=new, response_ids=reply, logprobs=logps, extends=extends))
+            self.stats.requests += len(inputs)
+            self.stats.generate_seconds += time.perf_counter() - start
+        return out
+
+    def generate_ids(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+        """Sample from token ids (left-padded here); each reply is cut after its first
+        end-of-turn token and comes with its tokens' log-probabilities."""
+        torch = self._torch
+        pad = self.tokenizer.pad_token_id
+        pad = self.tokenizer.eos_token_id if pad is None else pad
+        eos = self.tokenizer.eos_token_id
+        width = max(len(p) for p in prompts)
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts],
+                                 device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                            device=self.device)
+        gen_kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens,
+                                      "pad_token_id": pad, "eos_token_id": eos,
+                                      "output_scores": True, "return_dict_in_generate": True}
+        if self.temperature > 0:
+            gen_kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p,
+                              top_k=None)
+        else:
+            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        with torch.random.fork_rng(devices=[]), torch.inference_mode():
+            torch.manual_seed((self.seed * 1_000_003 + self._calls) % (2**63))
+            res = self.model.generate(input_ids=input_ids, attention_mask=mask, **gen_kwargs)
+            new = res.sequences[:, width:]
+            steps = min(len(res.scores), new.shape[1])
+            logps = torch.stack([torch.log_softmax(res.scores[t].float(), dim=-1)
+                                 .gather(1, new[:, t:t + 1]).squeeze(1)
+                                 for t in range(steps)], dim=1) if steps else None
+        replies: list[tuple[list[int], list[float]]] = []
+        for b in range(new.shape[0]):
+            ids = [int(i) for i in new[b, :steps].tolist()]
+            if eos in ids:
+                ids = ids[: ids.index(eos) + 1]
+            lp = [] if logps is None else [float(x) for x in logps[b, : len(ids)].tolist()]
+            replies.append((ids, lp))
+        return replies

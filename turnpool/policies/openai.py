@@ -12,6 +12,13 @@ later call could succeed, and a rollout must not spend its time failing every ep
 Response bodies are read up to ``max_body_bytes`` and replies are cut to
 ``max_response_chars``: the server's text is hostile input like any model output.
 
+Tokens: with ``return_token_ids=True`` the request also asks for ``logprobs`` and vLLM's
+``return_token_ids``; when the server answers with ``prompt_token_ids`` and the choice's
+``token_ids``, `OpenAIPolicy.generate_tokens` returns them (`turnpool.policies.base.TokenTurn`)
+and the collector records them per turn. A chat endpoint tokenizes the whole chat itself, so
+each turn's ``prompt_ids`` is a whole prompt (``extends=False``): single-turn episodes give a
+training sequence, multi-turn ones a record per turn.
+
 Example:
     >>> policy = OpenAIPolicy(base_url="http://127.0.0.1:8000/v1", model="qwen",
     ...                       concurrency=8)                                   # doctest: +SKIP
@@ -36,6 +43,7 @@ from turnpool.policies.base import (
     Message,
     PolicyStats,
     PolicyUnreachable,
+    TokenTurn,
     TurnContext,
 )
 
@@ -46,6 +54,12 @@ _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 class PolicyRequestError(RuntimeError):
     """Raised by ``generate`` for a failed request when ``on_error="raise"``."""
+
+
+class _Reply(str):
+    """A reply text that also carries the server's token ids (when it sent them)."""
+
+    tokens: TokenTurn | None = None
 
 
 class _Failure(Exception):
@@ -88,6 +102,7 @@ class OpenAIPolicy:
         extra_body: dict[str, Any] | None = None,
         max_response_chars: int = 65536,
         max_body_bytes: int = 8 * 2**20,
+        return_token_ids: bool = False,
     ) -> None:
         if on_error not in ("empty", "raise"):
             raise ValueError(f"on_error must be 'empty' or 'raise', got {on_error!r}")
@@ -110,6 +125,7 @@ class OpenAIPolicy:
         self.extra_body = dict(extra_body or {})
         self.max_response_chars = int(max_response_chars)
         self.max_body_bytes = int(max_body_bytes)
+        self.return_token_ids = bool(return_token_ids)
         self.stats = PolicyStats()
         self._stats_lock = threading.Lock()
         self._closing = threading.Event()
@@ -169,6 +185,17 @@ class OpenAIPolicy:
                                      f"first: {failures[0]}")
         return replies
 
+    def generate_tokens(
+        self, batch: list[list[Message]], prefixes: list[list[int] | None],
+        contexts: list[TurnContext] | None = None,
+    ) -> list[TokenTurn]:
+        """`generate` plus the server's token ids per reply (``has_ids`` False where it sent
+        none, or without ``return_token_ids``); a chat endpoint cannot use ``prefixes``.
+        A failed request keeps its `FailedReply` as the text, so the collector still sees a
+        ``policy_error`` and never scores it."""
+        return [getattr(reply, "tokens", None) or TokenTurn.text_only(reply)
+                for reply in self.generate(batch, contexts)]
+
     def close(self) -> None:
         """Stop the thread pool and the HTTP client (idempotent; in-flight requests abort)."""
         if self._closed:
@@ -199,6 +226,8 @@ class OpenAIPolicy:
                            ("stop", self.stop)):
             if value is not None:
                 body[key] = value
+        if self.return_token_ids:
+            body.update(logprobs=True, return_token_ids=True)
         body.update(self.extra_body)
         return body
 
@@ -263,7 +292,8 @@ class OpenAIPolicy:
             raise _Failure(f"malformed response: {type(exc).__name__}", retryable=False) from None
         if not isinstance(content, str):
             return ""
-        return content[: self.max_response_chars]
+        text = content[: self.max_response_chars]
+        return _with_tokens(text, data) if self.return_token_ids else text
 
     def _count(self, requests: int = 0, failures: int = 0, retries: int = 0,
                timeouts: int = 0, error: str | None = None) -> None:
@@ -275,3 +305,20 @@ class OpenAIPolicy:
             if error is not None:
                 self.stats.errors.append(error[:200])
                 del self.stats.errors[:-100]
+
+
+def _with_tokens(text: str, data: Any) -> str:
+    """``text`` as a `_Reply` carrying the response's token ids, when it has usable ones."""
+    try:
+        choice = data["choices"][0]
+        prompt = [int(i) for i in data["prompt_token_ids"]]
+        ids = [int(i) for i in choice["token_ids"]]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        logprobs = [float(c["logprob"]) for c in content][: len(ids)]
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        return text
+    reply = _Reply(text)
+    reply.tokens = TokenTurn(text=text, prompt_ids=prompt, response_ids=ids,
+                             logprobs=logprobs + [0.0] * (len(ids) - len(logprobs)),
+                             extends=False)
+    return reply

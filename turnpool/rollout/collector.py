@@ -32,6 +32,12 @@ Scores follow RAGEN (see `turnpool.rollout.scoring`); the group filter reads the
 unnormalized sums. GiGPO step groups: every turn gets ``step_group_uid``, equal for turns of
 one group whose ``anchor_obs`` are equal.
 
+Token level: with a policy that reports tokens (`turnpool.policies.base.TokenPolicy`, e.g.
+``hf``), the lock-step loop hands each episode's token sequence so far to
+``generate_tokens`` and records prompt/response ids and log-probabilities on every turn
+(`turnpool.rollout.trajectory.Turn`, `Trajectory.token_view`). With ``max_context_window > 0``
+each turn is a whole prompt of its own. The async driver records text only.
+
 Seeds follow `turnpool.rollout.episode.SeedSchedule` (``seed_base``, ``mode``); each
 trajectory records the seed the pool gave its env.
 
@@ -61,7 +67,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from turnpool.policies import make_policy
-from turnpool.policies.base import Policy
+from turnpool.policies.base import Message, Policy, TokenPolicy, TokenTurn, TurnContext
 from turnpool.pool import EnvGroupSpec, EnvPool
 from turnpool.pool.protocol import FAILURE_CLASSES
 from turnpool.rollout.async_driver import play_async
@@ -76,7 +82,7 @@ from turnpool.rollout.episode import (
 from turnpool.rollout.prompts import build_messages, env_prompts
 from turnpool.rollout.scoring import compute_scores
 from turnpool.rollout.settings import CollectorSettings, RolloutPlan, TagSpec
-from turnpool.rollout.trajectory import Trajectory, write_jsonl
+from turnpool.rollout.trajectory import Trajectory, Turn, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +272,9 @@ class TrajectoryCollector:
         start = time.perf_counter()
         messages, contexts = self.turns.prompts(active)
         t0 = time.perf_counter()
-        replies = self.turns.generate(messages, contexts)
+        tokens = self._generate_tokens(active, messages, contexts)
+        replies = ([t.text for t in tokens] if tokens is not None
+                   else self.turns.generate(messages, contexts))
         self._clock.policy_s += time.perf_counter() - t0
         plans = self.turns.plan(active, replies)
         t0 = time.perf_counter()
@@ -275,8 +283,29 @@ class TrajectoryCollector:
             self._clock.env_s += time.perf_counter() - t0
         for ep, plan, result in zip(active, plans, results):
             self.turns.record(ep, plan, result)
+        if tokens is not None:
+            for ep, tok in zip(active, tokens):
+                if not tok.has_ids:
+                    continue
+                turn = ep.turns[-1]
+                turn.prompt_ids, turn.response_ids = list(tok.prompt_ids), list(tok.response_ids)
+                turn.logprobs, turn.prompt_extends = list(tok.logprobs), bool(tok.extends)
         self._clock.turns += 1
         self._clock.turn_s += time.perf_counter() - start
+
+    def _generate_tokens(self, active: Sequence[EpisodeState], messages: list[list[Message]],
+                         contexts: list[TurnContext]) -> Sequence[TokenTurn] | None:
+        """Token-level generation when the policy supports it (None: it does not)."""
+        if not isinstance(self.policy, TokenPolicy):
+            return None
+        window = self.settings.turn.max_context_window
+        prefixes = [token_prefix(ep.turns) if window is None or window <= 0 else None
+                    for ep in active]
+        out = self.policy.generate_tokens(messages, prefixes, contexts)
+        if len(out) != len(active):
+            raise RuntimeError(f"policy returned {len(out)} replies for {len(active)} "
+                               f"conversations")
+        return out
 
     def _play_async(self, eps: list[EpisodeState], gen_batch: int) -> None:
         on_turn = self.on_turn
@@ -428,6 +457,20 @@ class TrajectoryCollector:
         m["env_steps"] = float(c.env_steps)
         m["env_steps_per_s"] = c.env_steps / c.env_s if c.env_s > 0 else 0.0
         return m
+
+
+def token_prefix(turns: Sequence[Turn]) -> list[int] | None:
+    """The token sequence an episode has so far (its last prompt and reply), None when a
+    turn has no tokens or there are no turns yet."""
+    seq: list[int] = []
+    for turn in turns:
+        if turn.prompt_ids is None or turn.response_ids is None:
+            return None
+        if not turn.prompt_extends:
+            seq = []
+        seq += turn.prompt_ids
+        seq += turn.response_ids
+    return seq or None
 
 
 def step_group_uid(group_uid: str, anchor_obs: str) -> str:

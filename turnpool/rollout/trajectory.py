@@ -7,6 +7,13 @@ byte-identical file on every backend, worker count and start method.
     ...                env_type="sokoban", seed=10000)
     >>> Trajectory.from_dict(t.to_dict()) == t
     True
+
+Token level: when the policy reports tokens (`turnpool.policies.base.TokenPolicy`), each
+`Turn` carries ``prompt_ids`` (the tokens added before its reply: the whole prompt on the first
+turn, the env/template tokens since the previous reply after that), ``response_ids`` and
+``logprobs``; `Trajectory.token_view` joins them into the one sequence a trainer consumes,
+with ``loss_mask`` 1 on model tokens and 0 on env/template tokens, and the JSONL line carries
+it under ``tokens``. Text-only turns leave these fields out of the JSONL altogether.
 """
 
 from __future__ import annotations
@@ -40,6 +47,31 @@ class Turn:
     info: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     step_group_uid: str = ""
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    #: False when ``prompt_ids`` is a whole prompt that does not continue the earlier turns
+    prompt_extends: bool | None = None
+
+
+#: Turn fields that exist only for token-level turns (left out of text-only JSONL).
+TOKEN_FIELDS = ("prompt_ids", "response_ids", "logprobs", "prompt_extends")
+
+
+@dataclass(frozen=True)
+class TokenView:
+    """A token-level trajectory as one sequence: ``prompt_ids`` (the first prompt) then
+    ``response_ids`` (replies and the env/template tokens between them), ``loss_mask`` and
+    ``logprobs`` aligned to ``response_ids`` (0.0 under env/template tokens)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+
+    def to_dict(self) -> dict[str, list[int] | list[float]]:
+        return {"prompt_ids": self.prompt_ids, "response_ids": self.response_ids,
+                "loss_mask": self.loss_mask, "logprobs": self.logprobs}
 
 
 @dataclass
@@ -77,9 +109,52 @@ class Trajectory:
         """Executed actions, per turn."""
         return [t.executed for t in self.turns]
 
+    @property
+    def has_tokens(self) -> bool:
+        """True when every turn carries token ids (and there is at least one turn)."""
+        return bool(self.turns) and all(t.response_ids is not None and t.prompt_ids is not None
+                                        for t in self.turns)
+
+    def token_view(self) -> TokenView:
+        """The episode as one token sequence (see `TokenView`).
+
+        Raises ``ValueError`` when a turn has no tokens or starts over from a whole prompt
+        (its history could not be continued in token space), since a single sequence would
+        then claim the model saw what it did not.
+        """
+        if not self.has_tokens:
+            raise ValueError(f"trajectory of env {self.env_id} has no token ids "
+                             f"(the policy does not report tokens)")
+        first = self.turns[0]
+        prompt = list(first.prompt_ids or [])
+        response: list[int] = []
+        mask: list[int] = []
+        logps: list[float] = []
+        for k, turn in enumerate(self.turns):
+            if k > 0:
+                if not turn.prompt_extends:
+                    raise ValueError(f"turn {k} of env {self.env_id} restarts from a whole "
+                                     f"prompt; the episode is not one token sequence")
+                env_ids = list(turn.prompt_ids or [])
+                response += env_ids
+                mask += [0] * len(env_ids)
+                logps += [0.0] * len(env_ids)
+            ids = list(turn.response_ids or [])
+            lp = list(turn.logprobs or [])
+            response += ids
+            mask += [1] * len(ids)
+            logps += (lp + [0.0] * len(ids))[: len(ids)]
+        return TokenView(prompt, response, mask, logps)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["rewards"] = self.rewards
+        for turn in d["turns"]:
+            if turn.get("response_ids") is None:
+                for key in TOKEN_FIELDS:
+                    turn.pop(key, None)
+        if self.has_tokens and all(t.prompt_extends for t in self.turns[1:]):
+            d["tokens"] = self.token_view().to_dict()
         return _jsonable(d)  # type: ignore[no-any-return]
 
     @classmethod

@@ -1,0 +1,198 @@
+"""turnpool inside a real TRL GRPOTrainer (CPU, the tiny offline model): rollout_func and
+environment_factory each train 2 optimisation steps; a hanging env is cut at step_timeout."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import get_json_schema
+from trl import GRPOConfig, GRPOTrainer
+
+from turnpool.integrations.leases import shared_leases
+from turnpool.integrations.trl import (
+    TurnpoolRollout,
+    environment_factory,
+    seed_of_row,
+    turnpool_reward,
+)
+from turnpool.rollout.settings import CollectorSettings
+
+HANG = {"sleep_ms": 3_600_000}
+PROCESS = {"backend": "process", "num_workers": 1, "step_timeout": 2.0}
+
+
+class RecordingTrainer(GRPOTrainer):
+    """A GRPOTrainer that keeps what each generation batch handed to the loss."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches: list[dict[str, Any]] = []
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        out = super()._generate_and_score_completions(inputs)
+        self.batches.append({k: out[k] for k in ("tool_mask", "completion_mask", "advantages")
+                             if k in out})
+        return out
+
+
+def _config(tmp_path: Path, **kw: Any) -> GRPOConfig:
+    base: dict[str, Any] = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+                                num_generations=2, max_steps=2, learning_rate=1e-3,
+                                report_to=[], use_cpu=True, logging_steps=1,
+                                save_strategy="no", seed=0, disable_tqdm=True)
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def test_rollout_func_trains_two_steps_with_env_masks(tiny_model_dir: Path,
+                                                      tmp_path: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    rollout = TurnpoolRollout("sokoban", {"dim_room": (6, 6)},
+                              settings=CollectorSettings(max_turn=2),
+                              pool_options={"backend": "thread", "num_workers": 2},
+                              max_new_tokens=16, seed=7)
+    seen: list[list[Any]] = []
+    trajectories: list[Any] = []
+
+    def reward(completions: list[Any], turnpool_score: list[float | None],
+               **kw: Any) -> list[float | None]:
+        seen.append(list(turnpool_score))
+        trajectories.append(list(rollout.last_trajectories))
+        return turnpool_reward(completions, turnpool_score, **kw)
+
+    trainer = RecordingTrainer(
+        model=model, reward_funcs=[reward], args=_config(tmp_path, max_completion_length=64),
+        train_dataset=Dataset.from_dict({"prompt": ["play"] * 8}), processing_class=tok,
+        rollout_func=rollout)
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+    assert trainer.state.global_step == 2 and len(trainer.batches) == 2
+    logged = [h["rewards/reward/mean"] for h in trainer.state.log_history
+              if "rewards/reward/mean" in h]
+    for batch, scores, trajs, mean in zip(trainer.batches, seen, trajectories, logged):
+        assert scores == [t.score + t.penalty for t in trajs]
+        assert mean == pytest.approx(sum(scores) / len(scores), abs=1e-5)
+        # groups of 2: same seed, same first state
+        assert [t.seed for t in trajs[0::2]] == [t.seed for t in trajs[1::2]]
+        assert trajs[0].turns[0].state == trajs[1].turns[0].state
+        mask = batch["tool_mask"] * batch["completion_mask"]
+        for row, t in zip(mask.tolist(), trajs):
+            ones = sum(len(turn.response_ids) for turn in t.turns)
+            zeros = sum(len(turn.prompt_ids) for turn in t.turns[1:])
+            assert sum(row) == ones
+            assert sum(batch_row for batch_row in row[: ones + zeros]) == ones
+            if len(t.turns) > 1:  # env/template tokens between the replies are masked
+                first = len(t.turns[0].response_ids)
+                assert row[first] == 0 and row[first + zeros] == 1
+
+
+def test_rollout_func_hanging_env_is_cut_and_unscored(tiny_model_dir: Path,
+                                                      tmp_path: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    rollout = TurnpoolRollout("sleep", HANG, settings=CollectorSettings(max_turn=2),
+                              pool_options=PROCESS, max_new_tokens=16)
+    trainer = GRPOTrainer(model=model, reward_funcs=[turnpool_reward],
+                          args=_config(tmp_path, max_completion_length=32),
+                          train_dataset=Dataset.from_dict({"prompt": ["play"] * 4}),
+                          processing_class=tok, rollout_func=rollout)
+    try:
+        start = time.monotonic()
+        out = rollout(["play"] * 4, trainer)
+        elapsed = time.monotonic() - start
+    finally:
+        rollout.close()
+    assert elapsed < 60
+    assert out["turnpool_score"] == [None] * 4  # unscored, never 0
+    assert all(f is not None for f in out["turnpool_failure"])
+    assert all(sum(m) == 0 for m in out["env_mask"])
+    assert all(len(m) == len(c) == len(lp) for m, c, lp in
+               zip(out["env_mask"], out["completion_ids"], out["logprobs"]))
+    assert all("timeout" in (t.error or "") for t in rollout.last_trajectories)
+    assert turnpool_reward([], out["turnpool_score"]) == [None] * 4
+
+
+def test_environment_factory_tools_are_typed_and_act_on_the_env() -> None:
+    Sokoban = environment_factory("sokoban", {"dim_room": (6, 6)},
+                                  pool_options={"backend": "sequential"}, capacity=2)
+    env = Sokoban()
+    assert {"up", "down", "left", "right"} <= set(vars(Sokoban))
+    schema = get_json_schema(env.up)
+    assert schema["function"]["name"] == "up" and not schema["function"]["parameters"].get(
+        "required")
+    first = env.reset(prompt="p", seed=5)
+    assert "Sokoban" in first and "Turn" not in first
+    assert "Reward: " in env.up()
+    assert env.get_reward() is not None
+    Count = environment_factory("countdown", pool_options={"backend": "sequential"},
+                                capacity=1)
+    counter = Count()
+    schema = get_json_schema(counter.act)
+    assert schema["function"]["parameters"]["properties"]["action"]["type"] == "string"
+    counter.reset(prompt="p")
+    assert "episode is over" in counter.act("1+2")
+    assert counter.get_reward() == pytest.approx(counter._reward)
+    assert "episode is over" in counter.act("x" * 10_000_000)  # no second step, no crash
+    # same row -> same seed (a GRPO group shares its start state)
+    assert seed_of_row({"prompt": "a"}) == seed_of_row({"prompt": "a"})
+    assert seed_of_row({"prompt": "a", "seed": 3}) == 3
+
+
+def test_environment_factory_hang_is_cut_and_slots_are_given_back() -> None:
+    Sleep = environment_factory("sleep", HANG, pool_options=PROCESS, capacity=2)
+    leases = shared_leases("sleep", HANG, 2, PROCESS)
+    env, other = Sleep(), Sleep()
+    env.reset(seed=1)
+    other.reset(seed=1)
+    assert leases.leased == 2
+    start = time.monotonic()
+    reply = env.act("go")
+    assert time.monotonic() - start < 60
+    assert "failed" in reply and "timeout" in reply
+    assert env.get_reward() is None  # a failed env is unscored, not 0
+    assert "episode is over" in env.act("again")
+    env.reset(seed=2)  # gives its slot back and leases one again
+    assert leases.leased == 2 and env.get_reward() == 0.0
+    del other
+    assert leases.leased == 1
+
+
+def test_environment_factory_trains_two_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = qwen2_5_chat_template  # renders tools; the tiny model's does not
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    Bandit = environment_factory("bandit", pool_options={"backend": "thread"}, capacity=8)
+    resets: list[dict[str, Any]] = []
+
+    class Recorded(Bandit):  # type: ignore[misc, valid-type]
+        def reset(self, **row: Any) -> str:
+            resets.append(dict(row))
+            return str(super().reset(**row))
+
+    trainer = RecordingTrainer(
+        model=model, args=_config(tmp_path, max_completion_length=16,
+                                  max_tool_calling_iterations=1),
+        train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": "Play."}]] * 8,
+                                         "seed": [0, 0, 1, 1, 2, 2, 3, 3]}),
+        processing_class=tok, environment_factory=Recorded)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert len(resets) == 8 and all("seed" in r for r in resets)
+    rewards = [h for h in trainer.state.log_history if "rewards/Recorded/mean" in h]
+    assert len(rewards) == 2  # the env's get_reward is the reward source TRL logged
+    envs = trainer.environments
+    assert [e.get_reward() for e in envs] == [float(e._reward) for e in envs]
+    leases = shared_leases("bandit", {}, 8, {"backend": "thread"})
+    assert leases.leased <= 4 + 1  # the batch's instances (+ TRL's probe) hold slots
+    for batch in trainer.batches:
+        assert batch["tool_mask"].shape == batch["completion_mask"].shape

@@ -1,0 +1,115 @@
+"""verl's agent loop on turnpool: the registered ``turnpool`` loop, built the way verl's
+AgentLoopWorker builds it, runs a batch with a generate function backed by the tiny model
+(no vLLM here), and a hanging env is cut at step_timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pytest
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopOutput,
+    DictConfigWrap,
+    _agent_loop_registry,
+)
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.replica import TokenOutput
+
+import turnpool.integrations.verl  # noqa: F401 - registers "turnpool"
+from turnpool.policies.hf import HFPolicy
+
+
+class TinyServer:
+    """verl's server_manager.generate, answered by the tiny model on CPU."""
+
+    def __init__(self, model_dir: Path) -> None:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        self.policy = HFPolicy.from_model(model, tok, max_new_tokens=16, temperature=1.0)
+        self.calls = 0
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int],
+                       sampling_params: dict[str, Any], **kw: Any) -> TokenOutput:
+        self.calls += 1
+        [(ids, logprobs)] = self.policy.generate_ids([list(prompt_ids)])
+        return TokenOutput(token_ids=ids, log_probs=logprobs)
+
+
+def _run_batch(model_dir: Path, section: dict[str, Any], rows: list[dict[str, Any]]
+               ) -> tuple[list[AgentLoopOutput], Any, float]:
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    server = TinyServer(model_dir)
+    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 2048,
+                                                              "response_length": 512}},
+                            "data": {}, "turnpool": section})
+
+    async def one(row: dict[str, Any]) -> AgentLoopOutput:
+        loop = hydra.utils.instantiate(
+            _agent_loop_registry["turnpool"], trainer_config=DictConfigWrap(cfg),
+            server_manager=server, tokenizer=tok, processor=None, dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(cfg.data))
+        out: AgentLoopOutput = await loop.run({"temperature": 1.0}, raw_prompt=[], **row)
+        return out
+
+    async def batch() -> list[AgentLoopOutput]:
+        return list(await asyncio.gather(*[one(r) for r in rows]))
+
+    start = time.monotonic()
+    outs = asyncio.run(batch())
+    return outs, tok, time.monotonic() - start
+
+
+def test_agent_loop_runs_a_batch(tiny_model_dir: Path) -> None:
+    section = {"env_type": "sokoban", "env_kwargs": {"dim_room": [6, 6]}, "capacity": 4,
+               "max_turn": 2, "pool": {"backend": "thread", "num_workers": 2}}
+    rows = [{"index": i, "extra_info": {"seed": 40 + i // 2}} for i in range(6)]
+    outs, tok, _ = _run_batch(tiny_model_dir, section, rows)
+    assert len(outs) == 6
+    for out in outs:
+        n = len(out.response_ids)
+        assert n > 0 and len(out.response_mask) == n and len(out.response_logprobs or []) == n
+        assert set(out.response_mask) <= {0, 1} and out.response_mask[0] == 1
+        assert out.extra_fields["turnpool_failure"] is None
+        assert out.reward_score is not None and out.num_turns >= 3
+        zeros = [t for t, m in zip(out.response_ids, out.response_mask) if m == 0]
+        if zeros:  # a second turn: the env's answer sits between the replies, masked
+            assert "Reward:" in tok.decode(zeros) and "Turn 2" in tok.decode(zeros)
+        assert all(lp == 0.0 for lp, m in zip(out.response_logprobs or [], out.response_mask)
+                   if m == 0)
+        assert all(lp < 0.0 for lp, m in zip(out.response_logprobs or [], out.response_mask)
+                   if m == 1)
+        tensors = out.as_dict()
+        assert tensors["responses"].shape == tensors["response_mask"].shape
+    # members of a group (same seed) see the same first prompt; other groups do not
+    assert outs[0].prompt_ids == outs[1].prompt_ids != outs[2].prompt_ids
+    assert [o.extra_fields["turnpool_seed"] for o in outs] == [40, 40, 41, 41, 42, 42]
+
+
+def test_agent_loop_hanging_env_is_cut(tiny_model_dir: Path) -> None:
+    section = {"env_type": "sleep", "env_kwargs": {"sleep_ms": 3_600_000}, "capacity": 2,
+               "max_turn": 3, "pool": {"backend": "process", "num_workers": 1,
+                                       "step_timeout": 2.0}}
+    outs, _, elapsed = _run_batch(tiny_model_dir, section,
+                                  [{"index": i, "seed": 3} for i in range(2)])
+    assert elapsed < 90
+    for out in outs:
+        assert out.extra_fields["turnpool_failure"] is not None
+        assert "timeout" in out.extra_fields["turnpool_error"]
+        assert sum(out.response_mask) == 0  # marked: no gradient from a failed env
+        assert out.num_turns == 3  # one turn, then the env was cut
+
+
+def test_loop_options_need_an_env() -> None:
+    from turnpool.integrations.verl import loop_options
+
+    with pytest.raises(ValueError, match="env_type"):
+        loop_options(OmegaConf.create({}), {})
+    opts = loop_options(OmegaConf.create({"turnpool": {"env_type": "bandit"}}),
+                        {"extra_info": {"seed": 9, "env_kwargs": {"lo_arm_score": 0.2}}})
+    assert opts["seed"] == 9 and opts["env_kwargs"] == {"lo_arm_score": 0.2}

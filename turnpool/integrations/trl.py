@@ -1,0 +1,337 @@
+"""turnpool inside TRL's ``GRPOTrainer``: an ``environment_factory`` class and a ``rollout_func``.
+
+Two ways in, both over turnpool's pool (envs in worker processes, ``step_timeout`` enforced,
+faults isolated) instead of env code running in the trainer's process:
+
+* `environment_factory` returns a class for ``GRPOTrainer(environment_factory=...)``. TRL
+  builds instances with no arguments, calls ``reset(**row)`` before each rollout and exposes
+  the public methods as tools. Each instance leases one env slot from this process's pool
+  (`turnpool.integrations.leases.shared_leases`) on ``reset``, gives the previous one back
+  first, and gives it back when the instance goes away. A discrete env's actions become one
+  tool each (``up()``, ``left()``, ...); other envs get one ``act(action: str)`` tool.
+  ``get_reward()`` returns the episode's reward sum, or None for a failed env (TRL then
+  leaves the rollout unscored instead of scoring it 0). The dataset row's ``seed`` column
+  (or, without one, a digest of the row) is the episode's seed, so the repeated rows of a
+  GRPO group share their start state.
+
+* `TurnpoolRollout` is a ``rollout_func``: it runs turnpool's multi-turn collector with the
+  trainer's model as the policy (`turnpool.policies.hf.HFPolicy.from_model`, sampling with the
+  trainer's temperature and top-p) and returns ``prompt_ids``, ``completion_ids`` (replies and
+  the env/template tokens between them), ``logprobs``, ``env_mask`` (1 on model tokens) and
+  the extra keys ``turnpool_score``, ``turnpool_success``, ``turnpool_failure``,
+  ``turnpool_num_turns`` for reward functions; `turnpool_reward` is the reward function that
+  reads them. Each run of ``num_generations`` identical prompts is one turnpool group (one
+  seed); the prompt text itself is not shown to the model, the env's own prompt is. A failed
+  trajectory (env error, timeout, lost worker) keeps its place but gets reward None and an
+  all-zero ``env_mask``, so it is neither scored 0 nor trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import keyword
+import logging
+import re
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from turnpool.integrations.leases import EnvLeases, shared_leases
+from turnpool.policies.hf import HFPolicy
+from turnpool.pool import EnvPool
+from turnpool.rollout.collector import TrajectoryCollector, build_pool
+from turnpool.rollout.prompts import describe_env, make_env_prompt
+from turnpool.rollout.settings import CollectorSettings, TagSpec, TurnSettings
+from turnpool.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+#: Longest action text a tool call may pass to an env (LLM text is hostile).
+MAX_ACTION_CHARS = 4096
+#: Seconds a tool call waits for its env beyond the pool's own ``step_timeout``.
+WAIT_MARGIN_S = 60.0
+_RESERVED = {"reset", "get_reward"}
+
+
+def seed_of_row(row: Mapping[str, Any], key: str = "seed") -> int:
+    """The episode seed for a dataset row: its ``key`` column, else a digest of the row (so
+    identical rows, such as a GRPO group's, get the same seed in every process)."""
+    if key in row and row[key] is not None:
+        return int(row[key])
+    text = json.dumps(row, sort_keys=True, default=repr, ensure_ascii=False)
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:4],
+                          "big")
+
+
+def failure_of(trajectory: Trajectory) -> str | None:
+    """The failure class of a failed trajectory (``info["failure"]``, default "env_error")."""
+    if trajectory.error is None:
+        return None
+    info = trajectory.turns[-1].info if trajectory.turns else {}
+    return str(info.get("failure") or "env_error")
+
+
+def _tool_name(action: str, taken: set[str]) -> str:
+    name = re.sub(r"\W+", "_", action.strip().lower()).strip("_") or "action"
+    if name[0].isdigit() or keyword.iskeyword(name) or name in _RESERVED:
+        name = f"action_{name}"
+    base, k = name, 2
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def environment_factory(
+    env_type: str, env_kwargs: Mapping[str, Any] | None = None, *, capacity: int = 64,
+    pool_options: Mapping[str, Any] | None = None, seed_key: str = "seed",
+    max_actions: int | None = None, class_name: str | None = None,
+) -> type:
+    """A class for ``GRPOTrainer(environment_factory=...)`` over turnpool env ``env_type``.
+
+    Args:
+        env_type: a registered env name or ``"module:Class"``.
+        env_kwargs: the env's constructor arguments.
+        capacity: env slots in this process's pool (at least TRL's generation batch size).
+        pool_options: `turnpool.pool.EnvPool` keyword arguments (``backend``,
+            ``num_workers``, ``step_timeout``, ...).
+        seed_key: the dataset column holding the episode seed.
+        max_actions: actions one episode may take (default: unlimited; the env's own
+            termination still applies).
+        class_name: the class's name (TRL logs the env reward under it).
+    """
+    kwargs = dict(env_kwargs or {})
+    options = dict(pool_options or {})
+    spec = TagSpec(tag=env_type, env_type=env_type, env_kwargs=kwargs,
+                   max_actions_per_traj=max_actions or 10)
+    prompt = make_env_prompt(spec, TurnSettings())
+    desc = describe_env(env_type, kwargs)
+    names = prompt.valid_names
+    wait_s = float(options.get("step_timeout") or 0.0) + WAIT_MARGIN_S
+
+    def leases() -> EnvLeases:
+        return shared_leases(env_type, kwargs, capacity, options)
+
+    def __init__(self: Any) -> None:
+        self._slot = None
+        self._reward = 0.0
+        self._done = False
+        self._failure = None
+        self._actions = 0
+        self._release = None
+
+    def reset(self: Any, **row: Any) -> str:
+        """Start a new episode (gives the previous env slot back first)."""
+        self._give_back()
+        pool = leases()
+        slot = pool.lease()
+        self._slot = slot
+        self._release = weakref.finalize(self, pool.release, slot)
+        self._reward, self._done, self._failure, self._actions = 0.0, False, None, 0
+        obs, info = pool.reset(slot, seed_of_row(row, seed_key)).result(timeout=wait_s)
+        if info.get("error"):
+            self._done, self._failure = True, str(info.get("failure") or "env_error")
+            return f"The environment failed to start: {info['error']}"
+        return f"{prompt.prefix}\n{obs}"
+
+    def get_reward(self: Any) -> float | None:
+        """The episode's reward so far; None when the env failed (TRL leaves it unscored)."""
+        return None if self._failure is not None else float(self._reward)
+
+    def _give_back(self: Any) -> None:
+        if self._release is not None:
+            self._release()
+        self._slot, self._release = None, None
+
+    def _act(self: Any, action: str) -> str:
+        if self._slot is None:
+            return "No episode is running."
+        if self._done:
+            return "The episode is over; no more actions are accepted."
+        if max_actions is not None and self._actions >= max_actions:
+            self._done = True
+            return "The action budget is spent; the episode is over."
+        future = leases().step(self._slot, [str(action)[:MAX_ACTION_CHARS]])
+        try:
+            res = future.result(timeout=wait_s)
+        except FutureTimeout:  # the pool had no step_timeout: give up on this env here
+            self._done, self._failure = True, "timeout"
+            return f"The environment failed: no answer after {wait_s:.0f} s"
+        self._actions += 1
+        self._reward += float(res.reward_sum)
+        if res.error:
+            self._done = True
+            self._failure = str(res.info.get("failure") or "env_error")
+            return f"The environment failed: {res.error}"
+        self._done = bool(res.terminated or res.truncated)
+        text = f"{res.obs}\nReward: {res.reward_sum}"
+        if res.info.get("action_is_valid") is False:
+            text += "\nThat action was not valid."
+        return text + ("\nThe episode is over." if self._done else "")
+
+    members: dict[str, Any] = {"__init__": __init__, "reset": reset, "get_reward": get_reward,
+                               "_give_back": _give_back, "_act": _act,
+                               "__doc__": f"turnpool env {env_type!r} as a TRL environment."}
+    if names:
+        taken = set(_RESERVED)
+        for action in names:
+            members[_tool_name(action, taken)] = _action_tool(action, env_type)
+    else:
+        members["act"] = _text_tool(env_type, desc.instruction)
+    name = class_name or re.sub(r"\W", "", env_type.title()) + "Env"
+    cls = type(name, (), members)
+    cls.__module__ = __name__
+    return cls
+
+
+def _action_tool(action: str, env_type: str) -> Callable[[Any], str]:
+    def tool(self: Any) -> str:
+        return str(self._act(action))
+
+    tool.__name__ = tool.__qualname__ = _tool_name(action, set(_RESERVED))
+    tool.__doc__ = (f"Take the action {action!r} in the {env_type} environment.\n\n"
+                    f"Returns:\n    The new observation, the reward and whether the episode "
+                    f"is over.\n")
+    tool.__annotations__ = {"return": str}
+    return tool
+
+
+def _text_tool(env_type: str, instruction: str) -> Callable[[Any, str], str]:
+    def act(self: Any, action: str) -> str:
+        return str(self._act(action))
+
+    act.__doc__ = (f"Take one action in the {env_type} environment.\n\n"
+                   f"Args:\n    action: The action text ({instruction[:200].strip() or 'free text'}"
+                   f").\n\nReturns:\n    The new observation, the reward and whether the episode "
+                   f"is over.\n")
+    act.__annotations__ = {"action": str, "return": str}
+    return act
+
+
+# ---------------------------------------------------------------------- rollout_func
+def turnpool_reward(completions: Sequence[Any], turnpool_score: Sequence[float | None],
+                    **kwargs: Any) -> list[float | None]:
+    """Reward function for `TurnpoolRollout`: turnpool's score (reward sum plus format
+    penalty), None for failed trajectories (TRL leaves those unscored)."""
+    return list(turnpool_score)
+
+
+class TurnpoolRollout:
+    """A ``rollout_func`` for ``GRPOTrainer`` that plays multi-turn turnpool episodes.
+
+    Args:
+        env_type: a registered env name or ``"module:Class"`` (or pass ``tags``).
+        env_kwargs: its constructor arguments.
+        tags: several env types, as `turnpool.rollout.settings.TagSpec` (``n_groups`` is
+            ignored: each batch's groups fill the first tag's slots in order).
+        settings: turns per episode, action separator, format penalty, ... (the
+            ``max_context_window`` is forced to -1: an episode is one token sequence).
+        pool_options: `turnpool.pool.EnvPool` keyword arguments (backend, step_timeout, ...).
+        max_new_tokens: tokens per reply (default: the trainer's ``max_completion_length``).
+        seed: base of the episode seeds; batch ``k`` of process ``p`` uses a block of seeds
+            of its own, group ``g`` one seed of that block.
+    """
+
+    def __init__(self, env_type: str | None = None, env_kwargs: Mapping[str, Any] | None = None,
+                 *, tags: Sequence[TagSpec] | None = None,
+                 settings: CollectorSettings | None = None,
+                 pool_options: Mapping[str, Any] | None = None,
+                 max_new_tokens: int | None = None, seed: int = 0,
+                 max_actions_per_traj: int = 10) -> None:
+        if tags is None:
+            if env_type is None:
+                raise ValueError("pass env_type or tags")
+            tags = [TagSpec(tag=env_type, env_type=env_type, env_kwargs=dict(env_kwargs or {}),
+                            max_actions_per_traj=max_actions_per_traj)]
+        self.tags = list(tags)
+        s = settings or CollectorSettings()
+        turn = TurnSettings(**{**s.turn.__dict__, "max_context_window": -1})
+        self.settings = CollectorSettings(**{**s.__dict__, "turn": turn,
+                                             "collector_mode": "lockstep",
+                                             "filter_groups": False})
+        self.pool_options = dict(pool_options or {})
+        self.max_new_tokens = max_new_tokens
+        self.seed = int(seed)
+        self.calls = 0
+        self.last_trajectories: list[Trajectory] = []
+        self._pools: dict[tuple[int, int], EnvPool] = {}
+        self.__name__ = "turnpool_rollout"
+
+    def _pool(self, n_groups: int, group_n: int) -> EnvPool:
+        key = (n_groups, group_n)
+        if key not in self._pools:
+            first = self.tags[0]
+            tags = [TagSpec(**{**first.__dict__, "n_groups": n_groups})]
+            self._pools[key] = build_pool(tags, group_n, self.pool_options, seed=self.seed)
+        return self._pools[key]
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        training = bool(trainer.model.training)
+        g = int(trainer.num_generations if training else trainer.num_generations_eval)
+        n = len(prompts)
+        if g < 1 or n % g:
+            raise ValueError(f"{n} prompts do not split into groups of {g}")
+        for k in range(0, n, g):
+            if any(p != prompts[k] for p in prompts[k:k + g]):
+                raise ValueError("the prompts of a GRPO group differ: each process must get "
+                                 "whole groups of num_generations identical prompts")
+        n_groups = n // g
+        pool = self._pool(n_groups, g)
+        first = self.tags[0]
+        tags = [TagSpec(**{**first.__dict__, "n_groups": n_groups})]
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        policy = HFPolicy.from_model(
+            model, tokenizer,
+            max_new_tokens=int(self.max_new_tokens or trainer.max_completion_length),
+            temperature=float(trainer.temperature if training else trainer.temperature),
+            top_p=float(trainer.top_p), seed=self.seed + self.calls)
+        procs, rank = int(trainer.accelerator.num_processes), int(trainer.accelerator.process_index)
+        base = self.seed + (self.calls * procs + rank) * n_groups
+        self.calls += 1
+        was_training = model.training
+        model.eval()
+        try:
+            collector = TrajectoryCollector(pool, policy, tags, self.settings)
+            batch = collector.collect(seed=base)
+        finally:
+            model.train(was_training)
+        self.last_trajectories = batch.trajectories
+        return self.to_trl(batch.trajectories, tokenizer)
+
+    @staticmethod
+    def to_trl(trajectories: Sequence[Trajectory], tokenizer: Any) -> dict[str, Any]:
+        """The dict GRPOTrainer expects from a rollout_func, one row per trajectory."""
+        eos = int(tokenizer.eos_token_id)
+        out: dict[str, list[Any]] = {k: [] for k in (
+            "prompt_ids", "completion_ids", "logprobs", "env_mask", "turnpool_score",
+            "turnpool_success", "turnpool_failure", "turnpool_num_turns")}
+        for t in trajectories:
+            failure = failure_of(t)
+            if t.has_tokens:
+                view = t.token_view()
+                prompt, resp, mask, lp = (view.prompt_ids, view.response_ids, view.loss_mask,
+                                          view.logprobs)
+            else:  # the env failed before the model said anything
+                prompt, resp, mask, lp = [eos], [], [], []
+            if not resp:
+                resp, mask, lp = [eos], [0], [0.0]
+            if failure is not None:
+                mask = [0] * len(resp)
+            out["prompt_ids"].append(prompt)
+            out["completion_ids"].append(resp)
+            out["logprobs"].append(lp)
+            out["env_mask"].append(mask)
+            out["turnpool_score"].append(None if failure else float(t.score + t.penalty))
+            out["turnpool_success"].append(bool(t.success))
+            out["turnpool_failure"].append(failure)
+            out["turnpool_num_turns"].append(len(t.turns))
+        return out
+
+    def close(self) -> None:
+        """Close the pools (idempotent)."""
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()

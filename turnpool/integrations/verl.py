@@ -1,0 +1,196 @@
+"""turnpool as a verl agent loop: ``agent_name: turnpool`` plays one multi-turn env episode.
+
+verl's agent-loop workers build a new loop object per trajectory and ``asyncio.gather`` them
+all with no timeout, so an env that hangs inside a loop stalls the batch. `TurnpoolAgentLoop`
+(registered as ``"turnpool"``) instead leases one env slot from its worker process's pool
+(`turnpool.integrations.leases.shared_leases`: one pool per agent-loop worker, any backend),
+so env steps run in pool workers with ``step_timeout`` enforced and a hang comes back as a
+failed env, not a stuck batch.
+
+Each turn uses turnpool's own turn logic (`turnpool.rollout.prompts.build_messages`,
+`turnpool.rollout.episode.plan_turn` / `apply_turn`, the same as the collector), generates
+with verl's ``server_manager.generate`` from token ids, and extends the sequence with
+`turnpool.policies.tokens.continue_chat`, so ``response_mask`` is 1 exactly on sampled tokens
+and 0 on env/template tokens. ``reward_score`` is the episode's reward sum plus its format
+penalty. A failed env (error, timeout, lost worker) is marked, never silently scored:
+``extra_fields["turnpool_failure"]`` names the failure class and its ``response_mask`` is all
+zeros, so it carries no gradient; filter on it to drop it from group baselines.
+
+Options come from the trainer config's ``turnpool`` section (``env_type``, ``env_kwargs``,
+``capacity``, ``pool`` = EnvPool keyword arguments, ``max_turn``, ``max_actions_per_traj``,
+``format_penalty``, ``enable_think``, ...); a dataset row may override ``env_type``,
+``env_kwargs`` and ``seed`` at the top level or in its ``extra_info``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    register,
+)
+
+from turnpool.integrations.leases import EnvLeases, shared_leases
+from turnpool.policies.tokens import continue_chat
+from turnpool.pool import TurnResult
+from turnpool.rollout.episode import apply_turn, plan_turn, start_episode
+from turnpool.rollout.prompts import build_messages, make_env_prompt
+from turnpool.rollout.settings import TagSpec, TurnSettings
+
+log = logging.getLogger(__name__)
+
+#: Seconds an env call may wait beyond the pool's ``step_timeout`` (the pool enforces it).
+WAIT_MARGIN_S = 60.0
+DEFAULTS: dict[str, Any] = {"env_kwargs": {}, "capacity": 256, "pool": {}, "max_turn": 5,
+                            "max_actions_per_traj": 10, "max_actions_per_turn": 5,
+                            "action_sep": "||", "enable_think": True, "format_penalty": -0.1}
+_SLOTS: dict[tuple[int, int], asyncio.Semaphore] = {}
+
+
+def _plain(x: Any) -> Any:
+    to_container = getattr(x, "_metadata", None)
+    if to_container is not None:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(x, resolve=True)
+    return x
+
+
+def loop_options(config: Any, row: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer config's ``turnpool`` section over `DEFAULTS`, then the row's overrides."""
+    section = _plain(config.get("turnpool", None) if hasattr(config, "get") else None) or {}
+    opts = {**DEFAULTS, **dict(section)}
+    extra = _plain(row.get("extra_info")) or {}
+    for key in ("env_type", "env_kwargs", "seed"):
+        for source in (extra, row):
+            if isinstance(source, Mapping) and source.get(key) is not None:
+                opts[key] = _plain(source[key])
+    if not opts.get("env_type"):
+        raise ValueError("turnpool agent loop: set turnpool.env_type in the trainer config "
+                         "or env_type in the dataset row")
+    return opts
+
+
+@register("turnpool")
+class TurnpoolAgentLoop(AgentLoopBase):
+    """One env episode per ``run``; see the module docstring."""
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        opts = loop_options(self.config, kwargs)
+        pool_options = dict(opts.get("pool") or {})
+        # the first call of a worker starts its pool: off the event loop, which other
+        # trajectories share
+        leases = await asyncio.get_running_loop().run_in_executor(
+            None, shared_leases, str(opts["env_type"]), dict(opts["env_kwargs"] or {}),
+            int(opts["capacity"]), pool_options)
+        wait_s = float(pool_options.get("step_timeout") or 0.0) + WAIT_MARGIN_S
+        seed = int(opts.get("seed", kwargs.get("index", 0)) or 0)
+        slots = _slots(leases)
+        async with slots:
+            slot = leases.lease()
+            try:
+                return await self._play(leases, slot, seed, opts, sampling_params, wait_s)
+            finally:
+                leases.release(slot)
+
+    async def _play(self, leases: EnvLeases, slot: int, seed: int, opts: dict[str, Any],
+                    sampling_params: dict[str, Any], wait_s: float) -> AgentLoopOutput:
+        settings = TurnSettings(action_sep=str(opts["action_sep"]),
+                                max_actions_per_turn=int(opts["max_actions_per_turn"]),
+                                enable_think=bool(opts["enable_think"]),
+                                max_context_window=-1,
+                                format_penalty=float(opts["format_penalty"]))
+        env_type = str(opts["env_type"])
+        spec = TagSpec(tag=env_type, env_type=env_type, env_kwargs=dict(opts["env_kwargs"] or {}),
+                       max_actions_per_traj=int(opts["max_actions_per_traj"]))
+        prompt = make_env_prompt(spec, settings)
+        metrics = {"generate_sequences": 0.0, "tool_calls": 0.0}
+        tokenizer: Any = self.tokenizer
+        obs, info = await _wait(leases.reset(slot, seed), wait_s)
+        ep = start_episode(prompt, slot, 0, seed, obs, info)
+        budget = int(self.rollout_config.response_length)
+        request_id = uuid4().hex
+        prompt_ids: list[int] | None = None
+        response: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] = []
+        turns = 0
+        for _ in range(int(opts["max_turn"])):
+            if ep.done:
+                break
+            messages = build_messages(ep, settings)
+            prefix = None if prompt_ids is None else prompt_ids + response
+            new, extends = continue_chat(tokenizer, messages, prefix)
+            if prompt_ids is None:
+                prompt_ids = self._cap_text_prompt_length(new)
+            elif not extends or len(response) + len(new) >= budget:
+                break  # the template cannot continue in token space, or no room is left
+            else:
+                response += new
+                mask += [0] * len(new)
+                logprobs += [0.0] * len(new)
+            t0 = time.perf_counter()
+            out = await self.server_manager.generate(
+                request_id=request_id, prompt_ids=prompt_ids + response,
+                sampling_params=sampling_params)
+            metrics["generate_sequences"] += time.perf_counter() - t0
+            ids = [int(i) for i in out.token_ids][: budget - len(response)]
+            lps = list(out.log_probs or [])
+            response += ids
+            mask += [1] * len(ids)
+            logprobs += (lps + [0.0] * len(ids))[: len(ids)]
+            turns += 1
+            reply = str(tokenizer.decode(ids, skip_special_tokens=True))
+            plan = plan_turn(ep, reply, settings)
+            result: TurnResult | None = None
+            if plan.to_execute:
+                t0 = time.perf_counter()
+                try:
+                    result = await _wait(leases.step(slot, list(plan.to_execute)), wait_s)
+                except asyncio.TimeoutError:  # the pool had no step_timeout: stop waiting
+                    result = TurnResult(obs="", reward_sum=0.0, terminated=False,
+                                        truncated=True, info={"failure": "timeout"},
+                                        n_executed=0,
+                                        error=f"no answer from the env after {wait_s:.0f} s")
+                metrics["tool_calls"] += time.perf_counter() - t0
+            apply_turn(ep, plan, result, settings)
+            if len(response) >= budget:
+                break
+        failure = None
+        if ep.error is not None:
+            last = ep.turns[-1].info if ep.turns else info
+            failure = str(last.get("failure") or "env_error")
+            mask = [0] * len(mask)
+        score = sum(t.reward for t in ep.turns) + ep.penalty
+        extra = {"turnpool_failure": failure, "turnpool_success": bool(ep.success),
+                 "turnpool_seed": seed, "turnpool_end": ep.end_reason if ep.done else "max_turn",
+                 "turnpool_error": ep.error}
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids or [int(tokenizer.eos_token_id)],
+            response_ids=response[:budget], response_mask=mask[:budget],
+            response_logprobs=logprobs[:budget], reward_score=float(score),
+            num_turns=2 * turns + 1, metrics=AgentLoopMetrics(
+                generate_sequences=metrics["generate_sequences"],
+                tool_calls=metrics["tool_calls"]),
+            extra_fields=extra)
+
+
+def _slots(leases: EnvLeases) -> asyncio.Semaphore:
+    """Per event loop: at most ``capacity`` episodes hold a slot; the others wait their turn."""
+    key = (id(leases), id(asyncio.get_running_loop()))
+    sem = _SLOTS.get(key)
+    if sem is None:
+        sem = _SLOTS[key] = asyncio.Semaphore(leases.capacity)
+    return sem
+
+
+async def _wait(future: Any, timeout: float) -> Any:
+    return await asyncio.wait_for(asyncio.wrap_future(future), timeout=timeout)
