@@ -220,7 +220,8 @@ def _faulty_run(mode: str, faults: dict[int, str]) -> RolloutBatch:
                    step_timeout=2.0, fallback=False, tag="Faulty")
     settings = CollectorSettings(max_turn=4, collector_mode=mode,
                                  turn=TurnSettings(enable_think=False),
-                                 async_settings=AsyncSettings(max_batch=3))
+                                 async_settings=AsyncSettings(max_batch=3),
+                                 episode_retries=0, failed_groups="keep")
     tags = [TagSpec("Faulty", "faulty", n_groups=4)]
     with TrajectoryCollector(pool, ScriptedFaults(faults), tags, settings,
                              owns_pool=True) as col:

@@ -250,6 +250,7 @@ class TurnpoolRollout:
         turn = TurnSettings(**{**s.turn.__dict__, "max_context_window": -1})
         self.settings = CollectorSettings(**{**s.__dict__, "turn": turn,
                                              "collector_mode": "lockstep",
+                                             "failed_groups": "keep",
                                              "filter_groups": False})
         self.pool_options = dict(pool_options or {})
         self.max_new_tokens = max_new_tokens

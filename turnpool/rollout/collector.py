@@ -322,7 +322,8 @@ class TrajectoryCollector:
 
     # ------------------------------------------------------------------ sampling
     def _groups_of(self, eps: list[EpisodeState]) -> list[list[Trajectory]]:
-        """The batch's groups, without those that hold a failed episode (dropped whole)."""
+        """The batch's groups, without those that hold a failed episode (dropped whole),
+        unless ``failed_groups="keep"``."""
         members: dict[int, list[EpisodeState]] = {}
         for ep in eps:
             members.setdefault(ep.group_id, []).append(ep)
@@ -330,8 +331,11 @@ class TrajectoryCollector:
         for group_id, group in members.items():
             failed = [ep for ep in group if ep.error is not None]
             if failed:
-                self._failures["dropped_groups"] += 1
                 self._failures["unrecovered"] += len(failed)
+                if self.settings.failed_groups == "keep":
+                    groups.append([self._trajectory(ep) for ep in group])
+                    continue
+                self._failures["dropped_groups"] += 1
                 log.warning("dropping group %d: %d episode(s) failed (%s: %s)", group_id,
                             len(failed), failed[0].failure, failed[0].error)
                 continue

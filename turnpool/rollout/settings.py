@@ -99,8 +99,15 @@ class CollectorSettings:
     #: most this many times; a group that still holds a failed episode is dropped (a failure
     #: is never scored as reward 0 in a group)
     episode_retries: int = 2
+    #: what happens to a group that still holds a failed episode after the retries: "drop"
+    #: (left out of the batch, counted) or "keep" (kept with its failed trajectories marked by
+    #: ``error`` / ``failure``, for trainers that need one output per prompt and mask failures)
+    failed_groups: str = "drop"
 
     def __post_init__(self) -> None:
+        if self.failed_groups not in ("drop", "keep"):
+            raise ValueError(f"failed_groups must be 'drop' or 'keep', got "
+                             f"{self.failed_groups!r}")
         if isinstance(self.episode_retries, bool) or not isinstance(self.episode_retries, int):
             raise TypeError(f"episode_retries must be an int, got {self.episode_retries!r}")
         if self.episode_retries < 0:
