@@ -108,6 +108,16 @@ def test_envs_an_actor_cannot_build_or_import_fail_the_constructor(tmp_path: Any
         sys.modules.pop("driver_only_envs", None)
 
 
+def test_soak_on_ray() -> None:
+    from turnpool.bench.soak import FAULTS, Settings, run_backend
+
+    result = run_backend("ray", Settings(steps=600, fault_rate=0.04))
+    assert result.ok, result
+    assert result.transitions_returned == result.transitions_requested >= 600
+    assert result.innocent_mismatches == 0 and result.misclassified == 0 and result.hangs == 0
+    assert set(result.faults) <= set(FAULTS) and sum(result.faults.values()) > 5
+
+
 _DRIVER = textwrap.dedent("""
     import json, sys
     import ray

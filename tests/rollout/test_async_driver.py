@@ -215,13 +215,14 @@ class ScriptedFaults:
         pass
 
 
-def _faulty_run(mode: str, faults: dict[int, str]) -> RolloutBatch:
+def _faulty_run(mode: str, faults: dict[int, str], failed_groups: str = "drop"
+                ) -> RolloutBatch:
     pool = EnvPool("faulty", env_num=4, group_n=2, seed=3, backend="process", num_workers=2,
                    step_timeout=2.0, fallback=False, tag="Faulty")
     settings = CollectorSettings(max_turn=4, collector_mode=mode,
                                  turn=TurnSettings(enable_think=False),
-                                 async_settings=AsyncSettings(max_batch=3),
-                                 episode_retries=0, failed_groups="keep")
+                                 async_settings=AsyncSettings(max_batch=3), episode_retries=0,
+                                 failed_groups=failed_groups)
     tags = [TagSpec("Faulty", "faulty", n_groups=4)]
     with TrajectoryCollector(pool, ScriptedFaults(faults), tags, settings,
                              owns_pool=True) as col:
@@ -232,14 +233,26 @@ def test_env_faults_in_async_mode_isolate_exactly_as_in_lockstep() -> None:
     faults = {1: "hang", 2: "raise", 6: "exit"}
     lock, asyn = _faulty_run("lockstep", faults), _faulty_run("async", faults)
     assert _jsonl(asyn) == _jsonl(lock)
-    errors = {t.env_id: t.error for t in asyn.trajectories if t.error}
-    assert sorted(errors) == [1, 2, 6]
-    assert "step timeout" in errors[1] and "RuntimeError" in errors[2]
-    assert "worker died" in errors[6]
+    # A failed episode is never scored: without retries its group is dropped whole.
+    assert sorted(t.env_id for t in asyn.trajectories) == [4, 5]
     for t in asyn.trajectories:
+        assert t.error is None and t.end_reason == "max_turn" and len(t.turns) == 4
+    m = asyn.metrics
+    assert (m["failures/timeout"], m["failures/env_error"], m["failures/worker_lost"]) == (
+        1.0, 1.0, 1.0)
+    assert m["failures/dropped_groups"] == 3.0 and m["errors"] == 0.0
+
+
+def test_kept_failed_groups_mark_only_the_culprits() -> None:
+    faults = {1: "hang", 2: "raise", 6: "exit"}
+    batch = _faulty_run("async", faults, failed_groups="keep")
+    assert len(batch.trajectories) == 8 and batch.metrics["failures/dropped_groups"] == 0.0
+    errors = {t.env_id: t for t in batch.trajectories if t.error}
+    assert sorted(errors) == [1, 2, 6]
+    assert [errors[i].failure for i in (1, 2, 6)] == ["timeout", "env_error", "worker_lost"]
+    for t in batch.trajectories:
         if t.env_id not in faults:
             assert t.end_reason == "max_turn" and len(t.turns) == 4
-    assert asyn.metrics["errors"] == 3.0
 
 
 class FailingPolicy:

@@ -123,6 +123,11 @@ class Backend(ABC):
         """OS process ids of the workers, where they are processes (tests and diagnostics)."""
         return []
 
+    def worker_dead(self, worker: int) -> bool:
+        """Is the worker's process known to be gone (so a late reply is a death, not a
+        hang)? False when unknown."""
+        return False
+
 
 def raise_build_errors(errors: dict[int, str]) -> None:
     """Raise `EnvBuildError` if a worker reported envs it could not build (every backend

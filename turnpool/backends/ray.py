@@ -307,6 +307,12 @@ class RayBackend(Backend):
     def worker_pids(self) -> list[int]:
         return [a.pid for a in self._actors if a is not None and a.local and a.pid > 0]
 
+    def worker_dead(self, worker: int) -> bool:
+        # Ray can take longer than a step deadline to report a dead actor; on this host the
+        # process table answers at once.
+        actor = self._actors[worker]
+        return actor is not None and actor.local and actor.pid > 0 and not _alive(actor.pid)
+
 
 def _wait_gone(pids: list[int], timeout: float) -> None:
     """Block (bounded) until these local processes have exited; Ray kills actors

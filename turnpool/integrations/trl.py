@@ -66,11 +66,10 @@ def seed_of_row(row: Mapping[str, Any], key: str = "seed") -> int:
 
 
 def failure_of(trajectory: Trajectory) -> str | None:
-    """The failure class of a failed trajectory (``info["failure"]``, default "env_error")."""
+    """The failure class of a failed trajectory (None when it did not fail)."""
     if trajectory.error is None:
         return None
-    info = trajectory.turns[-1].info if trajectory.turns else {}
-    return str(info.get("failure") or "env_error")
+    return trajectory.failure or "env_error"
 
 
 def _tool_name(action: str, taken: set[str]) -> str:

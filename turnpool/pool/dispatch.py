@@ -253,6 +253,9 @@ class Dispatcher:
                 head.clock = since
                 if since + limit > now:
                     return since + limit
+        if self._backend.worker_dead(worker):  # died, and its death is not reported yet
+            self._recover(worker, "worker died", "worker_lost")
+            return None
         what = "reset timeout" if head.op == "reset" else "step timeout"
         self._recover(worker, f"{what} ({limit:g} s)", "timeout")
         return None

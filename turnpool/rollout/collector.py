@@ -398,7 +398,8 @@ class TrajectoryCollector:
             messages=build_messages(ep, full, for_update=True), turns=list(ep.turns),
             final_state=ep.state, num_actions=ep.num_actions, penalty=ep.penalty,
             success=ep.success, terminated=ep.terminated, truncated=ep.truncated,
-            end_reason=end, error=ep.error, score=sum(t.reward for t in ep.turns),
+            end_reason=end, error=ep.error, failure=ep.failure,
+            score=sum(t.reward for t in ep.turns),
             gen_batch=gen_batch)
 
     def _score(self, trajectories: list[Trajectory]) -> None:
