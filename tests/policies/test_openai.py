@@ -296,3 +296,10 @@ def test_full_rollout_through_the_openai_policy(served_model: str, tmp_path: Pat
         assert replies == [turn.llm_response for turn in traj.turns]
     assert batch.metrics["SimpleSokoban/valid_action_ratio"] > 0.5
     assert batch.metrics["env_steps"] >= 4
+
+
+def test_a_misspelled_policy_option_names_the_intended_one() -> None:
+    with pytest.raises(TypeError, match="'base_ur' \\(did you mean 'base_url'\\?\\)"):
+        make_policy({"name": "openai", "base_ur": "http://127.0.0.1:1/v1"})
+    with pytest.raises(ValueError, match="timeout"):
+        make_policy({"name": "openai", "base_url": "http://127.0.0.1:1/v1", "timeout": -1})

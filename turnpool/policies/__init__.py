@@ -17,6 +17,7 @@ Adding a policy is one module with a class taking keyword options and one ``_KIN
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import logging
@@ -73,6 +74,13 @@ def make_policy(cfg: dict[str, Any]) -> Policy:
                     name, key)
         del options[key]
     cls = _policy_class(name)
+    unknown = sorted(set(options) - own)
+    if unknown and own:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(own), n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise TypeError(f"policy {name!r} got unexpected option(s) {', '.join(hints)}")
     try:
         policy: Policy = cls(**options)
     except TypeError as exc:
