@@ -11,6 +11,10 @@ import pytest
 # Nothing in the tests may reach a model hub; local directories load fine offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Ray reads these when it is imported; every Ray test module also binds tests.ray_cluster
+for _key, _value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
+                     "RAY_USAGE_STATS_ENABLED": "0"}.items():
+    os.environ.setdefault(_key, _value)
 
 
 @pytest.fixture(scope="session")

@@ -27,11 +27,33 @@ def _blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", README, re.DOTALL)
 
 
+#: First line of a snippet that is an excerpt of a runnable script (it names the script).
+EXCERPT = "# excerpt of examples/"
+
+
+def _check_excerpt(source: str) -> None:
+    """An excerpt parses, its script exists, and every turnpool name it imports exists."""
+    import ast
+    import importlib
+
+    script = source.splitlines()[0].removeprefix("# excerpt of ").split()[0]
+    assert (ROOT / script).is_file(), script
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("turnpool"):
+            module = importlib.import_module(node.module or "")
+            for alias in node.names:
+                assert hasattr(module, alias.name), f"{node.module}.{alias.name}"
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("index", range(len(_blocks("python"))))
 def test_python_snippets_run_as_plain_scripts(index: int, tmp_path: Path) -> None:
+    source = _blocks("python")[index]
+    if source.startswith(EXCERPT):  # an excerpt of a script in examples/: imports must hold
+        _check_excerpt(source)
+        return
     script = tmp_path / "snippet.py"
-    script.write_text(_blocks("python")[index], encoding="utf-8")
+    script.write_text(source, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=240, cwd=tmp_path, env=env)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -29,18 +30,26 @@ def test_joblib_n_jobs() -> None:
         JoblibBackend(builds, joblib_backend="dask")
 
 
-def test_joblib_start_failure_leaves_nothing_behind() -> None:
+def test_joblib_start_failure_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress files this backend made are gone (only its own: other turnpool runs on the
+    machine may have theirs in /dev/shm at the same time)."""
+    import turnpool.backends.joblib as joblib_module
+    from turnpool.backends._worker import ProgressSlot
     from turnpool.pool.protocol import BackendUnavailable
 
-    def progress_files() -> set[str]:
-        return {f for f in os.listdir("/dev/shm") if f.startswith("turnpool-progress-")}
+    made: list[str] = []
 
-    before = progress_files()
+    class RecordingSlot(ProgressSlot):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self.path)
+
+    monkeypatch.setattr(joblib_module, "ProgressSlot", RecordingSlot)
     builds = [EnvBuild(i, "turnpool.envs.synthetic:TrivialEnv") for i in range(4)]
     backend = JoblibBackend(builds, 2, joblib_backend="threading")
     with pytest.raises(BackendUnavailable, match="did not"):
         backend.start(timeout=0.0)  # no worker can connect in no time
-    assert progress_files() - before == set()
+    assert made and not [p for p in made if os.path.exists(p)]
 
 
 @pytest.mark.parametrize("flavour", ["multiprocessing", "threading"])

@@ -12,10 +12,6 @@ import textwrap
 from collections.abc import Iterator
 from typing import Any
 
-for _key, _value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-                     "RAY_USAGE_STATS_ENABLED": "0"}.items():
-    os.environ.setdefault(_key, _value)  # read by Ray when it is imported
-
 import pytest  # noqa: E402
 import ray  # noqa: E402
 
@@ -25,6 +21,7 @@ from tests.faults import (  # noqa: E402
     faulty_pool,
     wait_gone,
 )
+from tests.ray_cluster import local_ray  # noqa: E402
 from tests.traces import mixed_pool, run_trace  # noqa: E402
 from turnpool.pool import EnvPool  # noqa: E402
 from turnpool.pool.api import EnvConstructionError  # noqa: E402
@@ -32,14 +29,7 @@ from turnpool.pool.api import EnvConstructionError  # noqa: E402
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_runtime() -> Iterator[None]:
-    if ray.is_initialized():  # not ours to share: its settings may differ
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20,
-             log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+ray_runtime = pytest.fixture(scope="module", autouse=True)(local_ray)
 
 
 def test_the_cluster_listens_on_loopback_only() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import gymnasium
@@ -17,6 +16,7 @@ from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env
 
 import turnpool
+from tests.ray_cluster import local_ray
 from turnpool.envs.base import TextSpace
 from turnpool.envs.gym_adapter import GymTextEnv, obs_to_text
 from turnpool.envs.registry import registered
@@ -99,17 +99,7 @@ def _trace(pool: EnvPool, steps: int = 6) -> list[Any]:
     return out
 
 
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    """A local Ray cluster for this module (the ray backend's tests use the same settings)."""
-    import ray
-
-    if ray.is_initialized():  # not ours to share: its settings may differ
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20,
-             log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+ray_local = pytest.fixture(scope="module")(local_ray)
 
 
 @pytest.fixture(scope="module")

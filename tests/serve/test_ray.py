@@ -5,31 +5,19 @@ session, and closing the server leaves no actor behind."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-
-for _key, _value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-                     "RAY_USAGE_STATS_ENABLED": "0"}.items():
-    os.environ.setdefault(_key, _value)  # read by Ray when it is imported
 
 import pytest  # noqa: E402
-import ray  # noqa: E402
 
 import turnpool  # noqa: E402
 from tests.faults import wait_gone  # noqa: E402
+from tests.ray_cluster import local_ray  # noqa: E402
 from tests.serve.conftest import client, expected_failure  # noqa: E402
 from turnpool.serve import ServeSettings, TurnpoolServer  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_runtime() -> Iterator[None]:
-    if ray.is_initialized():  # not ours to share: its settings may differ
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20,
-             log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+ray_runtime = pytest.fixture(scope="module", autouse=True)(local_ray)
 
 
 def test_sessions_on_ray_actors() -> None:

@@ -64,22 +64,8 @@ class HFPolicy:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self._torch = torch
-        self.model_path = str(path)
-        self.max_new_tokens = int(max_new_tokens)
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.seed = int(seed)
-        self.batch_size = max(1, int(batch_size))
-        self.max_input_tokens = max_input_tokens
-        self.assistant_prefix = assistant_prefix
-        self.max_response_chars = int(max_response_chars)
-        self.device = torch.device(device)
-        self.stats = PolicyStats()
-        self._lock = threading.Lock()
-        self._calls = 0
-        self._closed = False
-
+        self._settings(str(path), torch.device(device), max_new_tokens, temperature, top_p,
+                       seed, batch_size, max_input_tokens, assistant_prefix, max_response_chars)
         self.tokenizer = AutoTokenizer.from_pretrained(
             self.model_path, padding_side="left", local_files_only=True)
         self.tokenizer.padding_side = "left"
@@ -99,11 +85,21 @@ class HFPolicy:
         """A policy over a model and tokenizer already loaded (say, a trainer's). The model is
         used as it is (device, dtype, train/eval mode are the caller's); generation runs under
         ``torch.inference_mode``. The tokenizer is not modified: padding is done here."""
+        self = cls.__new__(cls)
+        self._settings("", next(model.parameters()).device, max_new_tokens, temperature, top_p,
+                       seed, batch_size, max_input_tokens, assistant_prefix, max_response_chars)
+        self.tokenizer = tokenizer
+        self.model = model
+        return self
+
+    def _settings(self, model_path: str, device: Any, max_new_tokens: int, temperature: float,
+                  top_p: float, seed: int, batch_size: int, max_input_tokens: int | None,
+                  assistant_prefix: str, max_response_chars: int) -> None:
+        """The generation settings and bookkeeping both constructors share."""
         import torch
 
-        self = cls.__new__(cls)
         self._torch = torch
-        self.model_path = ""
+        self.model_path = model_path
         self.max_new_tokens = int(max_new_tokens)
         self.temperature = float(temperature)
         self.top_p = float(top_p)
@@ -112,14 +108,11 @@ class HFPolicy:
         self.max_input_tokens = max_input_tokens
         self.assistant_prefix = assistant_prefix
         self.max_response_chars = int(max_response_chars)
-        self.device = next(model.parameters()).device
+        self.device = device
         self.stats = PolicyStats()
         self._lock = threading.Lock()
         self._calls = 0
         self._closed = False
-        self.tokenizer = tokenizer
-        self.model = model
-        return self
 
     # ------------------------------------------------------------------ protocol
     def generate(
