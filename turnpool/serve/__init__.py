@@ -27,7 +27,7 @@ from typing import Any
 
 from turnpool.serve.app import create_app
 from turnpool.serve.engine import PoolEngine, ServeSettings
-from turnpool.webshop.server import bind_socket
+from turnpool.webshop.server import UvicornThread, bind_socket
 
 log = logging.getLogger(__name__)
 
@@ -78,24 +78,13 @@ class TurnpoolServer:
         except OSError:
             self.engine.close()
             raise
-        self.host, self.port = self._sock.getsockname()[:2]
-        self.url = f"http://{self.host}:{self.port}"
-        self._server = _uvicorn_server(create_app(self.engine, token))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name=f"turnpool-serve-{self.port}", daemon=True)
-        self._thread.start()
-        self._stopped = False
+        self._runner = UvicornThread(_uvicorn_server(create_app(self.engine, token)),
+                                     self._sock, "turnpool-serve")
+        self.host, self.port, self.url = self._runner.host, self._runner.port, self._runner.url
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("turnpool serve thread did not stop within %.1f s", timeout)
-        self._sock.close()
-        self.engine.close()
+        if self._runner.stop(timeout):
+            self.engine.close()
 
     def __enter__(self) -> TurnpoolServer:
         return self

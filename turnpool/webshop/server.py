@@ -246,6 +246,34 @@ def _uvicorn_server(app: Any) -> Any:
     return uvicorn.Server(config)
 
 
+class UvicornThread:
+    """A uvicorn ``server`` run on a daemon thread over an already bound socket (which it
+    owns from here on); `stop` is idempotent and bounded. The shop and ``turnpool serve``
+    both run this way in tests and benchmarks."""
+
+    def __init__(self, server: Any, sock: socket.socket, name: str) -> None:
+        self._sock = sock
+        self.host, self.port = sock.getsockname()[:2]
+        self.url = f"http://{self.host}:{self.port}"
+        self._server = server
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                                        name=f"{name}-{self.port}", daemon=True)
+        self._thread.start()
+        self._stopped = False
+
+    def stop(self, timeout: float) -> bool:
+        """Ask the server to exit and wait up to ``timeout`` s; False if already stopped."""
+        if self._stopped:
+            return False
+        self._stopped = True
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("%s thread did not stop within %.1f s", self._thread.name, timeout)
+        self._sock.close()
+        return True
+
+
 class ShopServer:
     """The shop on ``host:port`` in a background thread; ``stop()`` is idempotent.
 
@@ -258,24 +286,12 @@ class ShopServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
                  catalog_path: str | None = None, latency_ms: float = 0.0) -> None:
-        self._sock = bind_socket(host, port)
-        self.host, self.port = self._sock.getsockname()[:2]
-        self.url = f"http://{self.host}:{self.port}"
-        self._server = _uvicorn_server(create_app(catalog_path, latency_ms))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name=f"webshop-{self.port}", daemon=True)
-        self._thread.start()
-        self._stopped = False
+        self._runner = UvicornThread(_uvicorn_server(create_app(catalog_path, latency_ms)),
+                                     bind_socket(host, port), "webshop")
+        self.host, self.port, self.url = self._runner.host, self._runner.port, self._runner.url
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("webshop server thread did not stop within %.1f s", timeout)
-        self._sock.close()
+        self._runner.stop(timeout)
 
     def __enter__(self) -> ShopServer:
         return self
