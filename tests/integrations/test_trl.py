@@ -98,7 +98,8 @@ def test_rollout_func_hanging_env_is_cut_and_unscored(tiny_model_dir: Path,
                                                       tmp_path: Path) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    rollout = TurnpoolRollout("sleep", HANG, settings=CollectorSettings(max_turn=2),
+    rollout = TurnpoolRollout("sleep", HANG,  # no retries: each would hang again
+                              settings=CollectorSettings(max_turn=2, episode_retries=0),
                               pool_options=PROCESS, max_new_tokens=16)
     trainer = GRPOTrainer(model=model, reward_funcs=[turnpool_reward],
                           args=_config(tmp_path, max_completion_length=32),
