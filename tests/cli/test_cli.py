@@ -56,6 +56,8 @@ def test_rollout_config_errors_are_usage_errors(tmp_path: Path) -> None:
     bad.write_text("es_manager:\n  format_penalty: lots\n")
     res = CliRunner().invoke(main, ["rollout", "--config", str(bad)])
     assert res.exit_code == 2 and str(bad) in res.output.replace("\n", "")
+    res = CliRunner().invoke(main, ["rollout", "--no-progress", "turnpool.step_timeout=-1"])
+    assert res.exit_code == 2 and "step_timeout must be > 0" in res.output
 
 
 def test_envs_lists_registered_envs_and_tags(tmp_path: Path) -> None:

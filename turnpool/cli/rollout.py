@@ -37,6 +37,7 @@ from turnpool.backends import BACKENDS
 from turnpool.cli.layout import fit, make_table
 from turnpool.policies import policy_names
 from turnpool.policies.base import PolicyUnreachable
+from turnpool.pool.api import EnvConstructionError
 from turnpool.pool.protocol import FAILURE_CLASSES
 from turnpool.ragen.config import ConfigError, load_config, rollout_plan
 from turnpool.rollout.collector import BudgetExhausted, RolloutBatch, TrajectoryCollector
@@ -45,6 +46,7 @@ from turnpool.rollout.trajectory import write_jsonl
 log = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
+EXIT_USAGE = 2  # click's code for usage errors: invalid config or arguments
 EXIT_POLICY_UNREACHABLE = 3
 EXIT_TOO_MANY_FAILURES = 4
 EXIT_INTERRUPTED = 130
@@ -110,8 +112,10 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
     t0 = time.perf_counter()
     try:
         collector = TrajectoryCollector.from_plan(plan)
-    except (ValueError, TypeError) as exc:
+    except EnvConstructionError as exc:  # the config is fine; its envs cannot be built
         raise RolloutFailed(str(exc)) from exc
+    except (ValueError, TypeError) as exc:  # a value the pool or collector refuses
+        raise RolloutFailed(str(exc), EXIT_USAGE) from exc
     out_file = open(out_path, "w", encoding="utf-8") if out_path else None  # noqa: SIM115
     results: list[RolloutBatch] = []
     try:
