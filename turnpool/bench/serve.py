@@ -372,8 +372,7 @@ def _client_main(argv: list[str]) -> None:
 def _client(args: list[str], timeout: float, on_mark: Any = None) -> dict[str, Any]:
     """Run a load client; ``on_mark("started" | "stopped")`` is called when its sessions
     start and stop stepping."""
-    proc = subprocess.Popen([sys.executable, "-m", "turnpool.bench.serve", "client", *args],
-                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+    proc = _start_client(args)
     try:
         line = _read_line(proc, timeout)
         while line.strip() in ("started", "stopped"):
@@ -385,19 +384,30 @@ def _client(args: list[str], timeout: float, on_mark: Any = None) -> dict[str, A
         result: dict[str, Any] = json.loads(line)
         return result
     finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        _end_client(proc, "", 60)
+
+
+def _start_client(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "turnpool.bench.serve", "client", *args],
+                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+
+
+def _end_client(proc: subprocess.Popen[str], last_input: str, timeout: float) -> None:
+    """Send ``last_input``, close the client's stdin (its cue to finish) and wait for it;
+    kill it if it outlives ``timeout``."""
+    if proc.stdin is not None:
+        if last_input:
+            proc.stdin.write(last_input)
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 def _hold_on(server: ServerProcess, sessions: int) -> dict[str, Any]:
-    proc = subprocess.Popen([sys.executable, "-m", "turnpool.bench.serve", "client", "hold",
-                             server.url, str(sessions)],
-                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+    proc = _start_client(["hold", server.url, str(sessions)])
     try:
         line = _read_line(proc, 900)
         result: dict[str, Any] = json.loads(line) if line.strip() else \
@@ -405,14 +415,7 @@ def _hold_on(server: ServerProcess, sessions: int) -> dict[str, Any]:
         result["rss_mb"] = server.rss_mb()
         return result
     finally:
-        if proc.stdin is not None:
-            proc.stdin.write("\n")
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        _end_client(proc, "\n", 120)
 
 
 # ---------------------------------------------------------------------- the benchmark

@@ -144,7 +144,8 @@ class OpenAIPolicy:
     def generate(
         self, batch: list[list[Message]], contexts: list[TurnContext] | None = None
     ) -> list[str]:
-        """One reply per conversation; failed requests give ``""`` (or raise, see on_error)."""
+        """One reply per conversation; a failed request gives a `FailedReply` (empty text with
+        the reason; or raises, see on_error)."""
         if not batch:
             return []
         if self._closed:
