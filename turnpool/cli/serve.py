@@ -2,7 +2,10 @@
 
     turnpool serve --env sokoban                        # 127.0.0.1:8000, process backend
     turnpool serve --config serve.yaml --port 0         # settings from YAML, a free port
-    turnpool serve --env sokoban --host 0.0.0.0 --allow-remote --token "$TOKEN"
+    turnpool serve --env sokoban --host 0.0.0.0 --allow-remote --token "$TOKEN"  # opt-in only
+
+Any host other than loopback is refused unless both ``--allow-remote`` and ``--token`` are
+given.
 
 The YAML holds `turnpool.serve.ServeSettings` fields (``env``, ``env_kwargs``, ``backend``,
 ``num_workers``, ``max_sessions``, ``step_timeout``, ``reset_timeout``, ``session_timeout``,
