@@ -121,7 +121,7 @@ def test_graph_is_read() -> None:
                  "turnpool.rollout.collector", "turnpool.ragen.config"):
         assert name in MODULES, name
     assert "turnpool.envs.base" in GRAPH["turnpool.envs.registry"]
-    assert "turnpool.pool.protocol" in GRAPH["turnpool.pool.host"]
+    assert "turnpool.worker.protocol" in GRAPH["turnpool.worker.host"]
 
 
 def test_no_import_cycles() -> None:
@@ -140,13 +140,13 @@ def test_cycle_finder_finds_a_cycle() -> None:
 ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("turnpool.webshop", ("turnpool.webshop.*",)),  # the shop the WebShop env talks to
     ("turnpool.envs", ("turnpool.envs.*", "turnpool.webshop.*")),
-    ("turnpool.pool.protocol", ("turnpool.envs.*", "turnpool.pool", "turnpool.pool.protocol")),
-    ("turnpool.pool.interrupt", ("turnpool.pool",)),
-    ("turnpool.pool.host", ("turnpool.envs.*", "turnpool.pool", "turnpool.pool.protocol",
-                            "turnpool.pool.interrupt")),
+    ("turnpool.worker.protocol", ("turnpool.envs.*", "turnpool.pool", "turnpool.worker.protocol")),
+    ("turnpool.worker.deadline", ("turnpool.pool",)),
+    ("turnpool.worker.host", ("turnpool.envs.*", "turnpool.pool", "turnpool.worker.protocol",
+                            "turnpool.worker.deadline")),
     ("turnpool.backends", ("turnpool.envs.*", "turnpool.backends.*", "turnpool.pool",
-                           "turnpool.pool.protocol", "turnpool.pool.interrupt",
-                           "turnpool.pool.host")),
+                           "turnpool.worker.protocol", "turnpool.worker.deadline",
+                           "turnpool.worker.host")),
     ("turnpool.pool", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.backends",
                        "turnpool.backends.base")),
     ("turnpool.policies", ("turnpool.envs.*", "turnpool.policies.*")),
@@ -203,9 +203,9 @@ def test_imports_follow_the_layers(module: str) -> None:
 
 def test_pool_core_reaches_backends_only_through_the_registry() -> None:
     for module in MODULES:
-        if _in(module, "turnpool.pool") and not _in(module, "turnpool.pool.protocol",
-                                                     "turnpool.pool.interrupt",
-                                                     "turnpool.pool.host"):
+        if _in(module, "turnpool.pool") and not _in(module, "turnpool.worker.protocol",
+                                                     "turnpool.worker.deadline",
+                                                     "turnpool.worker.host"):
             concrete = [t for t in GRAPH[module] if _in(t, "turnpool.backends")
                         and t not in ("turnpool.backends", "turnpool.backends.base")]
             assert not concrete, f"{module} imports concrete backends {concrete}"

@@ -32,7 +32,7 @@ _LAZY: dict[str, str] = {
     "SharedLLMInferenceManager": "turnpool.ragen.rollout_manager",
     "project_actions": "turnpool.rollout.projection",
     "EnvGroupSpec": "turnpool.pool.api",
-    "TurnResult": "turnpool.pool.protocol",
+    "TurnResult": "turnpool.worker.protocol",
     "EnvError": "turnpool.pool.api",
 }
 

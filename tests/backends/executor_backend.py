@@ -12,8 +12,8 @@ from collections.abc import Collection
 from typing import ClassVar
 
 from turnpool.backends.base import Backend
-from turnpool.pool.host import EnvHost
-from turnpool.pool.protocol import Reply, Request
+from turnpool.worker.host import EnvHost
+from turnpool.worker.protocol import Reply, Request
 
 
 class ExecutorBackend(Backend):

@@ -13,8 +13,8 @@ from tests.faults import ALL_FAULTS_ENV
 from turnpool.backends.auto import EnvProfile, choose
 from turnpool.pool import EnvPool
 from turnpool.pool.api import EnvConstructionError
-from turnpool.pool.interrupt import InProcessDeadline, StepInterrupted
-from turnpool.pool.protocol import (
+from turnpool.worker.deadline import InProcessDeadline, StepInterrupted
+from turnpool.worker.protocol import (
     FAILURE_CLASSES,
     MAX_ERROR_CHARS,
     bounded,

@@ -13,7 +13,7 @@ constants below):
 
 Deadlines: with a ``step_timeout`` set, ``sequential`` is a candidate only where it can stop a
 hung env in-process with a timer signal (the main thread, ``SIGALRM`` unused by the program,
-see `turnpool.pool.interrupt`); elsewhere auto picks the better of ``thread`` and ``process``,
+see `turnpool.worker.deadline`); elsewhere auto picks the better of ``thread`` and ``process``,
 which return within the deadline whatever the env does.
 
 A parallel choice must beat sequential by 20% on these estimates, so a close call stays
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from turnpool.backends.base import Backend, BackendUnavailable, one_per_core, raise_build_errors
-from turnpool.pool.interrupt import signal_timer_free
-from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
+from turnpool.worker.deadline import signal_timer_free
+from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 A backend decides *where* envs run; the pool decides *what* runs (see ``turnpool/pool/``).
 Worker ``k`` owns ``slices[k]`` for its whole life and serves it with one
-`turnpool.pool.host.EnvHost`; the backend moves opaque requests to a worker and replies back
-(formats in `turnpool.pool.protocol`). Adding a backend is one file with one `Backend`
+`turnpool.worker.host.EnvHost`; the backend moves opaque requests to a worker and replies back
+(formats in `turnpool.worker.protocol`). Adding a backend is one file with one `Backend`
 subclass plus one line in `turnpool.backends.BACKENDS`.
 
 Ready-first operation (``EnvPool.step_async`` / ``poll``) needs nothing more: several requests
@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
-from turnpool.pool.protocol import (
+from turnpool.worker.protocol import (
     DEFAULT_MP_CONTEXT,
     BackendUnavailable,
     EnvBuild,
@@ -61,7 +61,7 @@ class Backend(ABC):
     #: the ``mp_context`` values this backend honours (empty: it ignores ``mp_context``).
     start_methods: ClassVar[tuple[str, ...]] = ()
     #: the pool's deadlines, set before `start` (backends that run envs in the caller's
-    #: process enforce them in-process, see `turnpool.pool.interrupt`)
+    #: process enforce them in-process, see `turnpool.worker.deadline`)
     step_timeout: float | None = None
     reset_timeout: float | None = None
 

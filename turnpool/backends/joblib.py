@@ -47,7 +47,7 @@ from multiprocessing.connection import Client, Connection
 from multiprocessing.connection import wait as wait_connections
 from typing import Any, ClassVar
 
-from turnpool.backends._worker import (
+from turnpool.worker.transport import (
     CLOSE_GRACE_S,
     PROTOCOL,
     ProgressSlot,
@@ -63,8 +63,8 @@ from turnpool.backends.base import (
     WorkerLost,
     raise_build_errors,
 )
-from turnpool.pool.host import EnvHost
-from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
+from turnpool.worker.host import EnvHost
+from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ than one-process-per-env or task-pool designs.
 
 Waiting blocks in ``poll(2)`` on the pipes plus each process's sentinel, so a worker that dies
 is noticed at once and nothing spins. A worker publishes which env it is running (and since
-when) in its `turnpool.backends._worker.ProgressSlot`: the pool uses it to enforce
+when) in its `turnpool.worker.transport.ProgressSlot`: the pool uses it to enforce
 ``step_timeout`` per env and to blame the right env when a worker dies or hangs. A hung worker
 is killed with SIGKILL.
 
@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
-from turnpool.backends._worker import (
+from turnpool.worker.transport import (
     CLOSE_GRACE_S,
     PROTOCOL,
     ProgressSlot,
@@ -65,8 +65,8 @@ from turnpool.backends.base import (
     one_per_core,
     raise_build_errors,
 )
-from turnpool.pool.host import EnvHost
-from turnpool.pool.protocol import EnvBuild, Reply, Request
+from turnpool.worker.host import EnvHost
+from turnpool.worker.protocol import EnvBuild, Reply, Request
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar
 
-from turnpool.backends._worker import (
+from turnpool.worker.transport import (
     CLOSE_GRACE_S,
     ProgressSlot,
     ProgressWriter,
@@ -49,8 +49,8 @@ from turnpool.backends.base import (
     raise_build_errors,
 )
 from turnpool.envs.registry import registered
-from turnpool.pool.host import EnvHost
-from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error, split_evenly
+from turnpool.worker.host import EnvHost
+from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error, split_evenly
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
-from turnpool.backends._worker import (
+from turnpool.worker.transport import (
     CLOSE_GRACE_S,
     ProgressSlot,
     ProgressWriter,
@@ -50,8 +50,8 @@ from turnpool.backends.base import (
     one_per_core,
     raise_build_errors,
 )
-from turnpool.pool.host import EnvHost
-from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
+from turnpool.worker.host import EnvHost
+from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The floor for microsecond envs (no hand-off at all) and the fallback when a parallel backend
 cannot start. ``num_workers`` only changes how envs are sliced, which keeps group handling
 identical to the parallel backends. ``step_timeout`` is enforced in-process
-(`turnpool.pool.interrupt`): an env past its budget gets an exception raised inside its own
+(`turnpool.worker.deadline`): an env past its budget gets an exception raised inside its own
 code and is flagged ``"timeout"``; a hang inside C code cannot be stopped this way (use a
 process backend for such envs). An env that kills its process kills the caller; exceptions
 are still isolated per env.
@@ -16,9 +16,9 @@ from collections.abc import Collection
 from typing import ClassVar
 
 from turnpool.backends.base import Backend, raise_build_errors
-from turnpool.pool.host import EnvHost
-from turnpool.pool.interrupt import InProcessDeadline, StepInterrupted
-from turnpool.pool.protocol import Reply, Request, op_limit
+from turnpool.worker.host import EnvHost
+from turnpool.worker.deadline import InProcessDeadline, StepInterrupted
+from turnpool.worker.protocol import Reply, Request, op_limit
 
 
 class SequentialBackend(Backend):

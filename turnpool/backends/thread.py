@@ -5,7 +5,7 @@ waits overlap, while CPU-bound Python envs gain nothing (use ``process``).
 
 A thread cannot be killed. A thread stuck past ``step_timeout`` is abandoned (its replies are
 ignored from then on) and a new thread with freshly built envs takes over its slice; the
-abandoned thread gets `turnpool.pool.interrupt.StepInterrupted` raised inside the env code
+abandoned thread gets `turnpool.worker.deadline.StepInterrupted` raised inside the env code
 it is stuck in, so a Python-level hang unwinds and the thread exits (a hang inside one C call
 ends only when that call returns). An env that ends the process (``os._exit``) ends the caller
 too; use the process backend for envs that can crash.
@@ -21,11 +21,11 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
-from turnpool.backends._worker import CLOSE_GRACE_S, ProgressSlot
+from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot
 from turnpool.backends.base import Backend, WorkerLost, raise_build_errors
-from turnpool.pool.host import EnvHost
-from turnpool.pool.interrupt import StepInterrupted, raise_in_thread
-from turnpool.pool.protocol import EnvBuild, Reply, Request, short_error
+from turnpool.worker.host import EnvHost
+from turnpool.worker.deadline import StepInterrupted, raise_in_thread
+from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error
 
 log = logging.getLogger(__name__)
 

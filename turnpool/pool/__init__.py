@@ -1,32 +1,14 @@
 """The pool: which env runs what, with which seed, and what happens when something fails.
 
-``api.py`` (`EnvPool`) on ``replay.py`` (recovery) on ``dispatch.py`` (queues, deadlines);
-``protocol.py`` (the messages, `TurnResult`) and ``host.py`` (`EnvHost`, inside every worker)
-are shared with the backends. The names below are imported lazily so that a backend importing
-``turnpool.pool.protocol`` or ``turnpool.pool.host`` does not import the `EnvPool` machinery
-(which imports the backend registry): no import cycle.
+``api.py`` (`EnvPool`: groups, seeds, public calls) holds a ``dispatch.py`` `Dispatcher`
+(queues, deadlines, recovery) which holds a ``replay.py`` `ReplayLog`; ``slots.py`` leases
+single-env slots of one pool to many independent users. The pool stands on the backends,
+which stand on the worker floor (``turnpool/worker/``).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from turnpool.pool.api import EnvConstructionError, EnvError, EnvGroupSpec, EnvPool
+from turnpool.worker.protocol import TurnResult
 
-_LAZY: dict[str, str] = {
-    "EnvPool": "turnpool.pool.api",
-    "EnvGroupSpec": "turnpool.pool.api",
-    "EnvError": "turnpool.pool.api",
-    "EnvConstructionError": "turnpool.pool.api",
-    "TurnResult": "turnpool.pool.protocol",
-}
-
-__all__ = list(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'turnpool.pool' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__all__ = ["EnvConstructionError", "EnvError", "EnvGroupSpec", "EnvPool", "TurnResult"]

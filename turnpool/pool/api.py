@@ -15,7 +15,7 @@ resets; successive seedless resets therefore never reuse a seed.
 
 Faults: an env that raises, a worker that dies and an env that runs past ``step_timeout`` give
 that env a result with ``done=True`` (``truncated``), reward 0, ``info["error"]`` and its class
-``info["failure"]`` with ``info["retryable"]`` (`turnpool.pool.protocol.FAILURE_CLASSES`); the
+``info["failure"]`` with ``info["retryable"]`` (`turnpool.worker.protocol.FAILURE_CLASSES`); the
 env stays failed until its next reset (which rebuilds it). Envs that cannot be built raise
 `EnvConstructionError` from the constructor on every backend; a backend that cannot start
 falls back to sequential (``fallback``) with a warning naming it and why. A dead or stuck
@@ -53,7 +53,7 @@ from turnpool.backends import BACKENDS, get_backend
 from turnpool.backends.base import Backend
 from turnpool.envs.registry import EnvTarget, build_target, target_name
 from turnpool.pool.dispatch import Pending, Ticket
-from turnpool.pool.protocol import (
+from turnpool.worker.protocol import (
     DEFAULT_MP_CONTEXT,
     BackendUnavailable,
     EnvBuild,

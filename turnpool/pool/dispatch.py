@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnpool.backends.base import Backend
-from turnpool.pool.protocol import (
+from turnpool.worker.protocol import (
     ResetResult,
     TurnResult,
     WorkerLost,
@@ -329,7 +329,7 @@ class Dispatcher:
     def _fail(self, pending: Pending, k: int, env_id: int, reason: str,
               failure: str = "env_error") -> None:
         """Env ``env_id`` (index ``k`` of ``pending``) failed: flag it and deliver the error
-        (``failure``: its class, see `turnpool.pool.protocol.FAILURE_CLASSES`)."""
+        (``failure``: its class, see `turnpool.worker.protocol.FAILURE_CLASSES`)."""
         self._broken[env_id] = reason
         self._failure[env_id] = failure
         if pending.op == "restore" or pending.ticket is None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from turnpool.backends.base import Backend
 from turnpool.pool.dispatch import Dispatcher, Pending
-from turnpool.pool.protocol import BackendUnavailable, WorkerLost
+from turnpool.worker.protocol import BackendUnavailable, WorkerLost
 
 log = logging.getLogger(__name__)
 

@@ -69,7 +69,7 @@ from typing import IO, Any
 from turnpool.policies import make_policy
 from turnpool.policies.base import Message, Policy, TokenPolicy, TokenTurn, TurnContext
 from turnpool.pool import EnvGroupSpec, EnvPool
-from turnpool.pool.protocol import FAILURE_CLASSES
+from turnpool.worker.protocol import FAILURE_CLASSES
 from turnpool.rollout.async_driver import play_async
 from turnpool.rollout.episode import (
     EpisodeState,

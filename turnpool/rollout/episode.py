@@ -23,7 +23,7 @@ from typing import Any
 
 from turnpool.policies.base import FailedReply, Message, Policy, TurnContext
 from turnpool.pool import EnvPool, TurnResult
-from turnpool.pool.protocol import FAILURE_CLASSES, failure_of
+from turnpool.worker.protocol import FAILURE_CLASSES, failure_of
 from turnpool.rollout.projection import parse_response
 from turnpool.rollout.prompts import EnvPrompt, build_messages
 from turnpool.rollout.settings import TurnSettings
@@ -52,7 +52,7 @@ class EpisodeState:
     truncated: bool = False
     end_reason: str = "running"
     error: str | None = None
-    #: the failure class of ``error`` (`turnpool.pool.protocol.FAILURE_CLASSES`) and whether
+    #: the failure class of ``error`` (`turnpool.worker.protocol.FAILURE_CLASSES`) and whether
     #: playing the episode again from its seed may succeed
     failure: str | None = None
     retryable: bool = False

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnpool.pool import EnvPool
-from turnpool.pool.protocol import FAILURE_CLASSES, TurnResult
-from turnpool.pool.protocol import failure_of as protocol_failure_of
+from turnpool.worker.protocol import FAILURE_CLASSES, TurnResult
+from turnpool.worker.protocol import failure_of as protocol_failure_of
 
 log = logging.getLogger(__name__)
 

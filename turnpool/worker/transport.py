@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnpool.pool.host import EnvHost
-from turnpool.pool.protocol import (
+from turnpool.worker.host import EnvHost
+from turnpool.worker.protocol import (
     Reply,
     ResetResult,
     error_reset,

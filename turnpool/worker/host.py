@@ -6,8 +6,8 @@ every backend. A host never lets an exception from env code escape: a failing en
 result with ``error`` set, and the host goes on serving the other envs of its worker.
 
 Example (a backend that runs everything in the caller; see ``backends/sequential.py``):
-    >>> from turnpool.pool.host import EnvHost
-    >>> from turnpool.pool.protocol import EnvBuild
+    >>> from turnpool.worker.host import EnvHost
+    >>> from turnpool.worker.protocol import EnvBuild
     >>> host = EnvHost([EnvBuild(0, "turnpool.envs.synthetic:TrivialEnv", {})])
     >>> seq, payload, error = host.handle((1, "reset", [(7, [0])]))
     >>> error is None and payload[0].error is None and payload[0].info["success"] is False
@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnpool.envs.base import TextEnv
-from turnpool.pool.interrupt import StepInterrupted
-from turnpool.pool.protocol import (
+from turnpool.worker.deadline import StepInterrupted
+from turnpool.worker.protocol import (
     EnvBuild,
     Reply,
     Request,

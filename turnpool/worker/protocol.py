@@ -4,7 +4,7 @@ The pool (``turnpool/pool/``) decides *what* is computed: groups, seeds, which e
 actions, deadlines, fault recovery and result assembly. A backend (``turnpool/backends/``)
 decides *where*: it places a fixed slice of env ids in each of its workers for the worker's
 whole life and moves one request to a worker and one reply back. Inside every worker an
-`turnpool.pool.host.EnvHost` answers the requests. This module is what all three share, so it
+`turnpool.worker.host.EnvHost` answers the requests. This module is what all three share, so it
 depends on nothing but the envs: both sides of the wire import it without importing each other.
 
 Wire format (plain tuples; a process backend pickles them once per worker per call):
