@@ -34,8 +34,8 @@ def test_joblib_start_failure_leaves_nothing_behind(monkeypatch: pytest.MonkeyPa
     """The progress files this backend made are gone (only its own: other turnpool runs on the
     machine may have theirs in /dev/shm at the same time)."""
     import turnpool.backends.joblib as joblib_module
-    from turnpool.worker.transport import ProgressSlot
     from turnpool.worker.protocol import BackendUnavailable
+    from turnpool.worker.transport import ProgressSlot
 
     made: list[str] = []
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.faults import check_fault_isolated, faults_for, faulty_pool
 from tests.traces import ENVS, mixed_pool, run_trace
-from turnpool.backends import ALL_BACKENDS, get_backend
+from turnpool.backends import LOCAL_BACKENDS, get_backend
 from turnpool.worker.protocol import BackendUnavailable
 
 pytestmark = pytest.mark.timeout(240)
@@ -19,7 +19,7 @@ START_METHODS = ("spawn", "forkserver", "fork")
 
 def _configs() -> list[tuple[str, int, str | None]]:
     out = []
-    for backend in ALL_BACKENDS:
+    for backend in LOCAL_BACKENDS:
         try:
             methods = get_backend(backend).start_methods or (None,)
         except BackendUnavailable:  # collected anyway: the test itself then fails loudly
@@ -56,7 +56,7 @@ def test_every_backend_gives_identical_results(reference: list[Any], shop_url: s
 
 
 @pytest.mark.parametrize(("backend", "fault"),
-                         [(b, f) for b in ALL_BACKENDS for f in faults_for(b)])
+                         [(b, f) for b in LOCAL_BACKENDS for f in faults_for(b)])
 def test_faults_are_isolated_alike_on_every_backend(backend: str, fault: str) -> None:
     """Under each fault the faulty env is flagged with its class and every other env's results
     are those of a clean sequential run, whatever the backend (ray: tests/backends/test_ray)."""

@@ -7,20 +7,27 @@ import pickle
 
 from turnpool.pool import EnvPool, TurnResult
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, as_turn_results
+from turnpool.worker.protocol import EnvBuild, Op, as_turn_results
 
 
 def test_host_step_replies_are_plain_tuples_in_turn_result_order() -> None:
     host = EnvHost([EnvBuild(0, "trivial", {}), EnvBuild(1, "trivial", {})])
-    host.handle((1, "reset", [(5, [0, 1])]))
-    _, (wire, failed), error = host.handle((2, "step1", (range(2), ["a", "bb"])))
-    assert error is None and failed == []
+    host.handle((1, Op.RESET, [(5, [0, 1])]))
+    _, op, (wire, failed), failure, error = host.handle((2, Op.STEP1, (range(2), ["a", "bb"])))
+    assert op is Op.STEP1 and failure is None and error is None and failed == []
     assert all(type(r) is tuple and len(r) == len(TurnResult._fields) for r in wire)
     records = as_turn_results(pickle.loads(pickle.dumps(wire)))
     assert all(type(r) is TurnResult for r in records)
     assert [r.obs for r in records] == [w[0] for w in wire]
     assert records[0].n_executed == 1 and records[0].error is None
+    assert records[0].failure is None
     host.close()
+
+
+def test_ops_cross_a_process_boundary_as_themselves() -> None:
+    """The op is an enum on both sides of the wire (a pickled request keeps its member)."""
+    for op in Op:
+        assert pickle.loads(pickle.dumps((1, op, None)))[1] is op
 
 
 def test_pool_callers_get_turn_result_records_on_every_path() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from openenv.core import GenericEnvClient
 
-from turnpool.pool import protocol
+from turnpool.worker import protocol
 
 #: The class a timed-out / killed env reports: issue 11's taxonomy when it is in the tree,
 #: else the documented default for results that name none.

@@ -7,8 +7,14 @@ only imported when chosen, and the pool never imports a concrete backend module.
 from __future__ import annotations
 
 import importlib
+import logging
+from collections.abc import Sequence
+from typing import Any
 
 from turnpool.backends.base import Backend, BackendUnavailable
+from turnpool.worker.protocol import EnvBuild, short_error
+
+log = logging.getLogger(__name__)
 
 #: name -> "module:Class"; a new backend adds one line here.
 BACKENDS: dict[str, str] = {
@@ -21,9 +27,9 @@ BACKENDS: dict[str, str] = {
     "auto": "turnpool.backends.auto:AutoBackend",
 }
 
-#: Backends that the equivalence tests run over (every one that works on this machine).
-#: ray is checked in its own test module, which owns the Ray runtime for its duration.
-ALL_BACKENDS: list[str] = ["sequential", "thread", "process", "process_pool", "joblib", "auto"]
+#: Backends that run in this process's own Ray-free runtime: the equivalence tests run over
+#: these (ray is checked in its own test module, which owns the Ray runtime while it runs).
+LOCAL_BACKENDS: list[str] = [name for name in BACKENDS if name != "ray"]
 
 
 def get_backend(name: str) -> type[Backend]:
@@ -41,4 +47,30 @@ def get_backend(name: str) -> type[Backend]:
     return cls
 
 
-__all__ = ["ALL_BACKENDS", "BACKENDS", "Backend", "BackendUnavailable", "get_backend"]
+def start_backend(name: str, builds: Sequence[EnvBuild], num_workers: int | None,
+                  mp_context: str | None, options: dict[str, Any],
+                  timeouts: tuple[float | None, float | None], start_timeout: float, *,
+                  fallback: bool = True) -> Backend:
+    """The backend ``name`` over ``builds``, started with the pool's deadlines
+    ``(step_timeout, reset_timeout)``; if it cannot start and ``fallback`` is set, the
+    sequential backend instead, with a logged warning naming the cause. `EnvBuildError` (the
+    envs, not the backend, are broken) is never a reason to fall back."""
+    backend: Backend | None = None
+    try:
+        backend = get_backend(name)(builds, num_workers, mp_context=mp_context, **options)
+        backend.step_timeout, backend.reset_timeout = timeouts
+        backend.start(start_timeout)
+        return backend
+    except (BackendUnavailable, OSError, ImportError) as exc:
+        if backend is not None:
+            backend.close()
+        if not fallback or name == "sequential":
+            raise
+        log.warning("backend %r cannot start (%s); falling back to sequential", name,
+                    short_error(exc))
+    return start_backend("sequential", builds, 1, None, {}, timeouts, start_timeout,
+                         fallback=False)
+
+
+__all__ = ["BACKENDS", "LOCAL_BACKENDS", "Backend", "BackendUnavailable", "get_backend",
+           "start_backend"]

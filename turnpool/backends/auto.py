@@ -151,7 +151,7 @@ class AutoBackend(Backend):
         self.estimate_s: float | None = None
 
     def start(self, timeout: float) -> None:
-        from turnpool.backends import get_backend
+        from turnpool.backends import start_backend
         from turnpool.backends.process import unguarded_main_call
 
         allow_process = not unguarded_main_call()
@@ -178,27 +178,17 @@ class AutoBackend(Backend):
             log.info("auto: %s per step (%.0f%% CPU) x %d envs -> %s", _fmt(
                 self.profile.step_wall_s), 100 * self.profile.cpu_share, len(self.builds),
                 choice)
-        delegate = self._start(get_backend(choice), timeout)
-        if delegate is None:
-            delegate = self._start(get_backend("sequential"), timeout)
-            if delegate is None:
-                raise BackendUnavailable("auto: not even the sequential backend started")
+        try:
+            delegate = start_backend(choice, self.builds, self._requested_workers,
+                                     self.mp_context, self.options,
+                                     (self.step_timeout, self.reset_timeout), timeout)
+        except (BackendUnavailable, OSError) as exc:
+            raise BackendUnavailable(f"auto: not even the sequential backend started: "
+                                     f"{short_error(exc)}") from exc
         self._delegate = delegate
         self.slices = delegate.slices
         # The chosen backend is part of this instance's identity (pool.backend_name).
         setattr(self, "name", f"auto->{delegate.name}")  # noqa: B010
-
-    def _start(self, cls: type[Backend], timeout: float) -> Backend | None:
-        backend = cls(self.builds, self._requested_workers, mp_context=self.mp_context,
-                      **self.options)
-        backend.step_timeout, backend.reset_timeout = self.step_timeout, self.reset_timeout
-        try:
-            backend.start(timeout)
-        except (BackendUnavailable, OSError) as exc:
-            log.warning("auto: %s cannot start (%s)", cls.name, short_error(exc))
-            backend.close()
-            return None
-        return backend
 
     @property
     def delegate(self) -> Backend:

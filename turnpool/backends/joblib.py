@@ -47,6 +47,15 @@ from multiprocessing.connection import Client, Connection
 from multiprocessing.connection import wait as wait_connections
 from typing import Any, ClassVar
 
+from turnpool.backends.base import (
+    Backend,
+    BackendUnavailable,
+    EnvBuildError,
+    WorkerLost,
+    raise_build_errors,
+)
+from turnpool.worker.host import EnvHost
+from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error
 from turnpool.worker.transport import (
     CLOSE_GRACE_S,
     PROTOCOL,
@@ -56,15 +65,6 @@ from turnpool.worker.transport import (
     serve,
     watch_parent,
 )
-from turnpool.backends.base import (
-    Backend,
-    BackendUnavailable,
-    EnvBuildError,
-    WorkerLost,
-    raise_build_errors,
-)
-from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +317,7 @@ class JoblibBackend(Backend):
         self._early.clear()
         if os.getpid() != self._owner_pid:  # a forked copy of the owner: not ours to stop
             return
-        bye = pickle.dumps((0, "close", None), PROTOCOL)
+        bye = pickle.dumps((0, Op.CLOSE, None), PROTOCOL)
         for w in workers:
             if w.conn is not None and not w.lost:
                 with contextlib.suppress(OSError):

@@ -48,15 +48,6 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
-from turnpool.worker.transport import (
-    CLOSE_GRACE_S,
-    PROTOCOL,
-    ProgressSlot,
-    ProgressWriter,
-    WorkerHandle,
-    serve,
-    watch_parent,
-)
 from turnpool.backends.base import (
     Backend,
     BackendUnavailable,
@@ -66,7 +57,16 @@ from turnpool.backends.base import (
     raise_build_errors,
 )
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Reply, Request
+from turnpool.worker.protocol import EnvBuild, Op, Reply, Request
+from turnpool.worker.transport import (
+    CLOSE_GRACE_S,
+    PROTOCOL,
+    ProgressSlot,
+    ProgressWriter,
+    WorkerHandle,
+    serve,
+    watch_parent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ class ProcessBackend(Backend):
             return
         if standby is not None:  # holds no envs; may still be importing
             self._kill(standby)
-        bye = pickle.dumps((0, "close", None), PROTOCOL)
+        bye = pickle.dumps((0, Op.CLOSE, None), PROTOCOL)
         for w in workers:
             if not w.lost and w.out is not None:
                 with contextlib.suppress(OSError):

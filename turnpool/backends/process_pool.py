@@ -33,14 +33,6 @@ from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar
 
-from turnpool.worker.transport import (
-    CLOSE_GRACE_S,
-    ProgressSlot,
-    ProgressWriter,
-    WorkerHandle,
-    encode,
-    watch_parent,
-)
 from turnpool.backends.base import (
     Backend,
     BackendUnavailable,
@@ -50,7 +42,15 @@ from turnpool.backends.base import (
 )
 from turnpool.envs.registry import registered
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error, split_evenly
+from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error, split_evenly
+from turnpool.worker.transport import (
+    CLOSE_GRACE_S,
+    ProgressSlot,
+    ProgressWriter,
+    WorkerHandle,
+    encode,
+    watch_parent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class ProcessPoolBackend(Backend):
                 w.runner.close()
             elif not w.lost:
                 with contextlib.suppress(RuntimeError, BrokenProcessPool):
-                    closing[i] = w.runner.submit(_handle, pickle.dumps((-1, "close", None)))
+                    closing[i] = w.runner.submit(_handle, pickle.dumps((-1, Op.CLOSE, None)))
         if closing:
             cf.wait(list(closing.values()), timeout=CLOSE_GRACE_S)
         for i, w in enumerate(workers):
@@ -207,25 +207,25 @@ class ProcessPoolBackend(Backend):
         if isinstance(w.runner, EnvHost):
             done: cf.Future[Reply] = cf.Future()
             done.set_result(w.runner.handle(request))
-            w.pending.append((request[0], done))
+            w.pending.append((request[0], request[1], done))
             return
         # Pickled here, so that an action that cannot be pickled fails in the caller (and only
         # its env), not later in the executor's feeder thread.
         blob = pickle.dumps(request, pickle.HIGHEST_PROTOCOL)
         try:
-            w.pending.append((request[0], w.runner.submit(_handle, blob)))
+            w.pending.append((request[0], request[1], w.runner.submit(_handle, blob)))
         except (RuntimeError, BrokenProcessPool):  # broken (worker died) or shut down
             w.lost = True
 
     def _ready(self, worker: int) -> bool:
         w = self._workers[worker]
-        return w.lost or bool(w.pending and w.pending[0][1].done())
+        return w.lost or bool(w.pending and w.pending[0][2].done())
 
     def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
         ready = [k for k in workers if self._ready(k)]
         if ready or timeout == 0:
             return ready
-        heads = [self._workers[k].pending[0][1] for k in workers
+        heads = [self._workers[k].pending[0][2] for k in workers
                  if k in self._workers and self._workers[k].pending]
         if heads:
             cf.wait(heads, timeout=timeout, return_when=cf.FIRST_COMPLETED)
@@ -235,7 +235,7 @@ class ProcessPoolBackend(Backend):
         w = self._workers[worker]
         if w.lost or not w.pending:
             raise WorkerLost(f"process_pool worker {worker} is gone")
-        seq, fut = w.pending.popleft()
+        seq, op, fut = w.pending.popleft()
         try:
             reply: Reply | bytes = fut.result(timeout=self._start_timeout)
         except (BrokenProcessPool, cf.CancelledError) as exc:
@@ -244,7 +244,7 @@ class ProcessPoolBackend(Backend):
         except cf.TimeoutError as exc:
             raise WorkerLost(f"process_pool worker {worker} did not reply") from exc
         except Exception as exc:  # the request could not be pickled: the host is fine
-            return (seq, None, short_error(exc))
+            return (seq, op, None, "unpicklable", short_error(exc))
         # a remote worker's reply comes pickled (see `encode`), the caller's own as is
         return pickle.loads(reply) if isinstance(reply, bytes) else reply
 

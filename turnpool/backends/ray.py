@@ -35,13 +35,6 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
-from turnpool.worker.transport import (
-    CLOSE_GRACE_S,
-    ProgressSlot,
-    ProgressWriter,
-    WorkerHandle,
-    encode,
-)
 from turnpool.backends.base import (
     Backend,
     BackendUnavailable,
@@ -51,7 +44,14 @@ from turnpool.backends.base import (
     raise_build_errors,
 )
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error
+from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error
+from turnpool.worker.transport import (
+    CLOSE_GRACE_S,
+    ProgressSlot,
+    ProgressWriter,
+    WorkerHandle,
+    encode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class RayBackend(Backend):
         if ray.is_initialized():
             live = [a for a in actors if not a.lost]
             with contextlib.suppress(Exception):  # envs get a chance to close cleanly
-                ray.wait([a.runner.handle.remote((0, "close", None)) for a in live],
+                ray.wait([a.runner.handle.remote((0, Op.CLOSE, None)) for a in live],
                          num_returns=len(live), timeout=CLOSE_GRACE_S)
             for handle in [a.runner for a in actors] + ([standby] if standby else []):
                 with contextlib.suppress(Exception):
@@ -241,7 +241,7 @@ class RayBackend(Backend):
         actor = self._actors[worker]
         if actor is None or actor.lost:
             raise WorkerLost("ray actor is gone")
-        actor.pending.append((request[0], actor.runner.handle.remote(request)))
+        actor.pending.append((request[0], request[1], actor.runner.handle.remote(request)))
 
     def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
         import ray
@@ -253,7 +253,7 @@ class RayBackend(Backend):
             if actor is None or actor.lost:
                 dead.append(k)
             elif actor.pending:
-                heads[actor.pending[0][1]] = k
+                heads[actor.pending[0][2]] = k
         if dead or not heads:
             return dead
         refs = list(heads)
@@ -270,7 +270,7 @@ class RayBackend(Backend):
         actor = self._actors[worker]
         if actor is None or actor.lost or not actor.pending:
             raise WorkerLost("ray actor is gone")
-        seq, ref = actor.pending.popleft()
+        seq, op, ref = actor.pending.popleft()
         try:
             reply: Reply = pickle.loads(ray.get(ref, timeout=self._timeout))
         except RayActorError as exc:
@@ -280,7 +280,7 @@ class RayBackend(Backend):
             actor.lost = True
             raise WorkerLost("ray actor did not reply") from exc
         except Exception as exc:  # e.g. a request Ray could not serialize: the actor is fine
-            return (seq, None, short_error(exc))
+            return (seq, op, None, "unpicklable", short_error(exc))
         return reply
 
     def progress(self, worker: int) -> tuple[int, float] | None:

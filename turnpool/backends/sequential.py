@@ -16,9 +16,9 @@ from collections.abc import Collection
 from typing import ClassVar
 
 from turnpool.backends.base import Backend, raise_build_errors
+from turnpool.worker.deadline import TIMED_OUT, InProcessDeadline, StepInterrupted
 from turnpool.worker.host import EnvHost
-from turnpool.worker.deadline import InProcessDeadline, StepInterrupted
-from turnpool.worker.protocol import Reply, Request, op_limit
+from turnpool.worker.protocol import Reply, Request, failed_reply
 
 
 class SequentialBackend(Backend):
@@ -37,11 +37,11 @@ class SequentialBackend(Backend):
         raise_build_errors(errors)
 
     def send(self, worker: int, request: Request) -> None:
-        self._deadline.begin(op_limit(request[1], self.step_timeout, self.reset_timeout))
+        self._deadline.begin(request[1].limit(self.step_timeout, self.reset_timeout))
         try:
             reply = self._hosts[worker].handle(request)
         except StepInterrupted:  # fired between two envs: the request as a whole timed out
-            reply = (request[0], None, "step timeout (interrupted in-process)")
+            reply = failed_reply(request, TIMED_OUT, "timeout")
         finally:
             self._deadline.end()
         self._replies[worker].append(reply)

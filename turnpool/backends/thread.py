@@ -21,11 +21,11 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
-from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot
 from turnpool.backends.base import Backend, WorkerLost, raise_build_errors
-from turnpool.worker.host import EnvHost
 from turnpool.worker.deadline import StepInterrupted, raise_in_thread
+from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error
+from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot
 
 log = logging.getLogger(__name__)
 

@@ -46,6 +46,7 @@ from typing import Any
 
 import click
 
+from turnpool.backends import BACKENDS
 from turnpool.bench.harness import (
     json_option,
     machine_info,
@@ -58,7 +59,7 @@ from turnpool.cli.layout import make_table
 
 log = logging.getLogger(__name__)
 
-ALL_BACKENDS = ("sequential", "thread", "process", "process_pool", "joblib", "ray", "auto")
+BENCH_BACKENDS = tuple(BACKENDS)  # every registered backend, ray included
 ALL_ENVS = ("trivial", "cpu", "sleep", "sokoban")
 ALL_SIZES = (8, 64, 256)
 GYM = "gym_async"
@@ -72,7 +73,7 @@ _ENDLESS = 10**9
 class Settings:
     """What to run and how long to time each configuration."""
 
-    backends: tuple[str, ...] = ALL_BACKENDS
+    backends: tuple[str, ...] = BENCH_BACKENDS
     envs: tuple[str, ...] = ALL_ENVS
     sizes: tuple[int, ...] = ALL_SIZES
     workers: int | None = None
@@ -604,7 +605,7 @@ def render(report: dict) -> list[Any]:
         table.add_column("workers", justify="right")
         for n in sizes:
             table.add_column(f"N={n}", justify="right")
-        for backend in (*ALL_BACKENDS, THREAD16, RAY2, GYM):
+        for backend in (*BENCH_BACKENDS, THREAD16, RAY2, GYM):
             mine = [r for r in rows if r["backend"] == backend]
             if not mine or all(r["n"] not in sizes for r in mine):
                 continue
@@ -702,8 +703,8 @@ def _csv(kind: type, choices: Sequence[Any] | None = None) -> Callable[..., Any]
               help="N=8 only, timed right after pool start (the default; <= 60 s).")
 @click.option("--full", "mode", flag_value="full",
               help="The whole grid: N=8,64,256, longer blocks, retries (minutes).")
-@click.option("--backends", callback=_csv(str, ALL_BACKENDS),
-              help=f"Comma list (default all: {','.join(ALL_BACKENDS)}).")
+@click.option("--backends", callback=_csv(str, BENCH_BACKENDS),
+              help=f"Comma list (default all: {','.join(BENCH_BACKENDS)}).")
 @click.option("--envs", callback=_csv(str, ALL_ENVS),
               help=f"Comma list (default all: {','.join(ALL_ENVS)}).")
 @click.option("--sizes", callback=_csv(int), help="Comma list of N (default 8,64,256).")
@@ -747,7 +748,7 @@ def command(json_path: Path | None, plot_path: Path | None, mode: str,
         settings.thread16, settings.retries, settings.sokoban_turn = False, 0, False
     settings.retries = retries if retries is not None else settings.retries
     if quick and not backends:  # Ray's start-up alone is a large part of a minute
-        settings.backends = tuple(b for b in ALL_BACKENDS if b != "ray")
+        settings.backends = tuple(b for b in BENCH_BACKENDS if b != "ray")
     if quick and not envs:  # one AsyncVectorEnv process per env: keep two of its columns
         settings.gym_envs = ("trivial", "cpu")
     settings.backends = backends or settings.backends

@@ -193,7 +193,7 @@ def run_backend(backend: str, s: Settings, progress: ProgressFn | None = None,
     """Soak one backend: a clean sequential run of the same schedule, then the faulty run."""
     plan = schedule(s, faults_for(backend))
     n_groups = s.envs // s.group_n
-    common = dict(env_num=n_groups, group_n=s.group_n, seed=s.seed,
+    common: dict[str, Any] = dict(env_num=n_groups, group_n=s.group_n, seed=s.seed,
                   env_kwargs={"episode_len": 10 * s.episode_len})
     if progress:
         progress(f"{backend}: clean reference")

@@ -38,10 +38,10 @@ from turnpool.cli.layout import fit, make_table
 from turnpool.policies import policy_names
 from turnpool.policies.base import PolicyUnreachable
 from turnpool.pool.api import EnvConstructionError
-from turnpool.worker.protocol import FAILURE_CLASSES
 from turnpool.ragen.config import ConfigError, load_config, rollout_plan
 from turnpool.rollout.collector import BudgetExhausted, RolloutBatch, TrajectoryCollector
 from turnpool.rollout.trajectory import write_jsonl
+from turnpool.worker.protocol import FAILURE_CLASSES
 
 log = logging.getLogger(__name__)
 

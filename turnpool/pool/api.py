@@ -23,10 +23,11 @@ worker is killed and replaced; the other envs it held are rebuilt by reset + rep
 recorded actions (deterministic envs make this exact) and their results for the step are
 computed as if nothing happened. ``on_error="raise"`` raises `EnvError` after the step instead.
 
-Layers: this module is the public API (groups, seeds, validation); it sits on
-``replay.py`` (the replay log and recovery), which sits on ``dispatch.py`` (queues, sequence
-numbers, deadlines). Backends are looked up by name in `turnpool.backends.BACKENDS`, never
-imported here, so adding one never touches the pool.
+Parts: this module is the public API (groups, seeds, validation); a pool holds one
+`turnpool.pool.dispatch.Dispatcher` (queues, sequence numbers, deadlines, recovery), which
+holds one `turnpool.pool.replay.ReplayLog` (episode seeds and the turns to replay). Backends
+are started by name through `turnpool.backends.start_backend`, never imported here, so adding
+one never touches the pool.
 
 Example:
     >>> from turnpool.pool import EnvPool
@@ -49,26 +50,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnpool.backends import BACKENDS, get_backend
+from turnpool.backends import BACKENDS, get_backend, start_backend
 from turnpool.backends.base import Backend
 from turnpool.envs.registry import EnvTarget, build_target, target_name
-from turnpool.pool.dispatch import Pending, Ticket
+from turnpool.pool.dispatch import Dispatcher, Pending, Ticket
 from turnpool.worker.protocol import (
     DEFAULT_MP_CONTEXT,
+    DEFAULT_STEP_TIMEOUT,
+    START_TIMEOUT,
     BackendUnavailable,
     EnvBuild,
     EnvBuildError,
+    Op,
     ResetResult,
     TurnResult,
 )
-from turnpool.pool.replay import Replaying
 
 log = logging.getLogger(__name__)
-
-#: Seconds a backend may take to start all its workers before the pool gives up on it.
-START_TIMEOUT = 120.0
-#: Seconds one env may spend on one turn by default (``step_timeout``).
-DEFAULT_STEP_TIMEOUT = 30.0
 
 
 class EnvError(RuntimeError):
@@ -97,7 +95,7 @@ class EnvGroupSpec:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-class EnvPool(Replaying):
+class EnvPool:
     """A pool of ``env_num * group_n`` text envs (or a multi-type pool, see `from_specs`).
 
     Args:
@@ -120,6 +118,8 @@ class EnvPool(Replaying):
         fallback: run sequentially, with a logged warning, if the backend cannot start.
         tag: the tag reported in ``pool.tags`` (default: ``env_type``).
         ray_address, backend_options: passed to the backend.
+        specs: the blocks of a multi-type pool (`from_specs`), instead of ``env_type``,
+            ``env_num``, ``env_kwargs`` and ``tag``.
 
     Not thread-safe: drive one pool from one thread.
     """
@@ -131,36 +131,17 @@ class EnvPool(Replaying):
                  step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
                  reset_timeout: float | None = None, on_error: str = "flag",
                  fallback: bool = True, tag: str | None = None,
-                 ray_address: str | None = None, **backend_options: Any) -> None:
-        if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
-            raise TypeError(f"env_kwargs must be a dict, got {type(env_kwargs).__name__}")
-        spec = EnvGroupSpec(tag or target_name(env_type), env_type, env_num,
-                            dict(env_kwargs or {}))
-        self._init([spec], group_n, seed, backend=backend, num_workers=num_workers,
-                   mp_context=mp_context, step_timeout=step_timeout,
-                   reset_timeout=reset_timeout, on_error=on_error, fallback=fallback,
-                   ray_address=ray_address, **backend_options)
-
-    @classmethod
-    def from_specs(cls, specs: Sequence[EnvGroupSpec], group_n: int, seed: int = 0,
-                   **kwargs: Any) -> EnvPool:
-        """A pool of several env types (RAGEN tags), laid out in ``specs`` order; group ids
-        run on across specs, so seeds never collide between tags."""
-        pool = cls.__new__(cls)
-        pool._init(list(specs), group_n, seed, **kwargs)
-        return pool
-
-    # ------------------------------------------------------------------ construction
-    def _init(self, specs: list[EnvGroupSpec], group_n: int, seed: int, *,
-              backend: str = "auto", num_workers: int | None = None,
-              mp_context: str | None = DEFAULT_MP_CONTEXT,
-              step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
-              reset_timeout: float | None = None, on_error: str = "flag",
-              fallback: bool = True, ray_address: str | None = None,
-              **backend_options: Any) -> None:
+                 ray_address: str | None = None,
+                 specs: Sequence[EnvGroupSpec] | None = None, **backend_options: Any) -> None:
+        self._closed = True  # until a backend is running
+        if specs is None:
+            if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
+                raise TypeError(f"env_kwargs must be a dict, got {type(env_kwargs).__name__}")
+            specs = [EnvGroupSpec(tag or target_name(env_type), env_type, env_num,
+                                  dict(env_kwargs or {}))]
+        specs = list(specs)
         _check_arguments(specs, group_n, seed, backend, num_workers, mp_context, step_timeout,
                          reset_timeout, on_error, backend_options)
-        self._closed = True  # until a backend is running
         self.group_n = int(group_n)
         self.seed = int(seed)
         self.on_error = on_error
@@ -193,8 +174,9 @@ class EnvPool(Replaying):
         if ray_address is not None:
             options["ray_address"] = ray_address
         try:
-            self._backend = _start_backend(backend, builds, num_workers, mp_context, options,
-                                           fallback, (self.step_timeout, self.reset_timeout))
+            self._backend = start_backend(backend, builds, num_workers, mp_context, options,
+                                          (self.step_timeout, self.reset_timeout), START_TIMEOUT,
+                                          fallback=fallback)
         except EnvBuildError as exc:
             env_id, cause = sorted(exc.errors.items())[0]
             kwargs = next(b.kwargs for b in builds if b.env_id == env_id)
@@ -205,7 +187,15 @@ class EnvPool(Replaying):
                 + (f" ({more} more env(s) failed too)" if more else "")) from None
         self._closed = False
         self._finalizer = weakref.finalize(self, self._backend.close)
-        self.attach(self._backend, len(builds))
+        self._dispatch = Dispatcher(self._backend, len(builds), self.step_timeout,
+                                    self.reset_timeout)
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[EnvGroupSpec], group_n: int, seed: int = 0,
+                   **kwargs: Any) -> EnvPool:
+        """A pool of several env types (RAGEN tags), laid out in ``specs`` order; group ids
+        run on across specs, so seeds never collide between tags."""
+        return cls(group_n=group_n, seed=seed, specs=specs, **kwargs)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -228,7 +218,7 @@ class EnvPool(Replaying):
     def env_seeds(self) -> list[int | None]:
         """Each env's current episode seed (``None`` before its first reset or after a
         failure); callers read seeds here instead of re-deriving the group rule."""
-        return list(self._seeds)
+        return list(self._dispatch.replay.seeds)
 
     def worker_pids(self) -> list[int]:
         """OS pids of the worker processes (empty for in-process backends)."""
@@ -254,9 +244,10 @@ class EnvPool(Replaying):
             _check_int("seed (+ group index of the envs reset)",
                        base + min((self.group_ids[i] for i in ids), default=0), 0)
         ticket = Ticket(ids, is_async=False)
+        dispatch = self._dispatch
         per_worker: dict[int, tuple[list[int], list[int]]] = {}
         for pos, i in enumerate(ids):
-            wids, wpos = per_worker.setdefault(self._owner[i], ([], []))
+            wids, wpos = per_worker.setdefault(dispatch.owner[i], ([], []))
             wids.append(i)
             wpos.append(pos)
         for w, (wids, wpos) in per_worker.items():
@@ -267,9 +258,9 @@ class EnvPool(Replaying):
             order = [i for _, members in items for i in members]
             pos_of = dict(zip(wids, wpos))
             seeds = [base + self.group_ids[i] for i in order]
-            self._enqueue(w, Pending("reset", order, items, ticket,
-                                      [pos_of[i] for i in order], seeds))
-        self._finish(ticket)
+            dispatch.enqueue(w, Pending(Op.RESET, order, items, ticket,
+                                        [pos_of[i] for i in order], seeds))
+        dispatch.finish(ticket)
         results: list[ResetResult] = ticket.out
         obs = [r.obs for r in results]
         infos = [r.info for r in results]
@@ -288,7 +279,7 @@ class EnvPool(Replaying):
             return [], [], [], []
         # TurnResult's fields, unpacked in its declared order (one C-level transpose; this is
         # the per-env hot path)
-        obs, rewards, terminated, truncated, infos, _, _ = zip(*res)
+        obs, rewards, terminated, truncated, infos, _, _, _ = zip(*res)
         return (list(obs), list(rewards), list(map(operator.or_, terminated, truncated)),
                 list(infos))
 
@@ -308,7 +299,7 @@ class EnvPool(Replaying):
         """
         ids = self._ids(env_ids, len(action_lists))
         ticket = Ticket(ids, is_async=True)
-        self._dispatch_turns(ticket, [list(a) for a in action_lists])
+        self._dispatch.turns(ticket, [list(a) for a in action_lists])
         self._tickets += 1
         return self._tickets
 
@@ -321,22 +312,23 @@ class EnvPool(Replaying):
         """
         self._check_open()
         want = max(0, int(min_ready))
-        self._pump(lambda: len(self._ready) >= want, timeout)
-        out, self._ready = self._ready, []
+        dispatch = self._dispatch
+        dispatch.pump(lambda: len(dispatch.ready) >= want, timeout)
+        out, dispatch.ready = dispatch.ready, []
         if self.on_error == "raise" and any(r.error is not None for _, r in out):
             # The failed envs are reported; the others stay ready for the next poll, so an
             # exception never swallows a result.
-            self._ready = [x for x in out if x[1].error is None]
+            dispatch.ready = [x for x in out if x[1].error is None]
             failed = [x for x in out if x[1].error is not None]
-            self._in_flight.difference_update(i for i, _ in failed)
+            dispatch.in_flight.difference_update(i for i, _ in failed)
             self._raise_if_needed([i for i, _ in failed], [r.error for _, r in failed])
-        self._in_flight.difference_update(i for i, _ in out)
+        dispatch.in_flight.difference_update(i for i, _ in out)
         return out
 
     @property
     def in_flight(self) -> frozenset[int]:
         """Env ids whose `step_async` results have not been polled yet."""
-        return frozenset(self._in_flight)
+        return frozenset(self._dispatch.in_flight)
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
@@ -368,7 +360,7 @@ class EnvPool(Replaying):
                 raise IndexError(f"env id {i} out of range [0, {n})")
         if len(set(ids)) != len(ids):
             raise ValueError("env_ids contains duplicates")
-        busy = self._in_flight.intersection(ids)
+        busy = self._dispatch.in_flight.intersection(ids)
         if busy:
             raise RuntimeError(f"envs {sorted(busy)[:5]} are still in flight; poll() first")
 
@@ -376,7 +368,7 @@ class EnvPool(Replaying):
         self._check_open()
         if env_ids is None:
             ids = list(range(self.num_envs))
-            if self._in_flight:
+            if self._dispatch.in_flight:
                 self._check_ids(ids)
         else:
             ids = [int(i) for i in env_ids]
@@ -389,8 +381,8 @@ class EnvPool(Replaying):
                    single: bool = False) -> list[TurnResult]:
         ids = self._ids(env_ids, len(action_lists))
         ticket = Ticket(ids, is_async=False)
-        self._dispatch_turns(ticket, action_lists, whole=env_ids is None, single=single)
-        self._finish(ticket)
+        self._dispatch.turns(ticket, action_lists, whole=env_ids is None, single=single)
+        self._dispatch.finish(ticket)
         out: list[TurnResult] = ticket.out
         if self.on_error == "raise":
             self._raise_if_needed(ids, [r.error for r in out])
@@ -409,28 +401,6 @@ def _entry_point(env_type: EnvTarget, env_kwargs: dict[str, Any]
     """What workers rebuild the env from (`turnpool.envs.registry.build_target`); fails
     here, not in a worker, on typos."""
     return build_target(env_type, env_kwargs)
-
-
-def _start_backend(name: str, builds: list[EnvBuild], num_workers: int | None,
-                   mp_context: str | None, options: dict[str, Any], fallback: bool,
-                   timeouts: tuple[float | None, float | None] = (None, None)) -> Backend:
-    backend: Backend | None = None
-    try:
-        cls = get_backend(name)
-        backend = cls(builds, num_workers, mp_context=mp_context, **options)
-        backend.step_timeout, backend.reset_timeout = timeouts
-        backend.start(START_TIMEOUT)
-        return backend
-    except (BackendUnavailable, OSError, ImportError) as exc:
-        if backend is not None:
-            backend.close()
-        if not fallback:
-            raise
-        log.warning("backend %r cannot start (%s); falling back to sequential", name, exc)
-    seq = get_backend("sequential")(builds, 1)
-    seq.step_timeout, seq.reset_timeout = timeouts
-    seq.start(START_TIMEOUT)
-    return seq
 
 
 # ---------------------------------------------------------------------- argument checks
@@ -487,8 +457,8 @@ def _check_arguments(specs: list[EnvGroupSpec], group_n: Any, seed: Any, backend
     known = _option_names(backend)
     unknown = sorted(set(options) - known)
     if unknown:
-        params = set(inspect.signature(EnvPool.__init__).parameters) - {"self",
-                                                                          "backend_options"}
+        params = set(inspect.signature(EnvPool.__init__).parameters) - {
+            "self", "backend_options", "specs"}
         candidates = sorted(params | _option_names("auto"))
         hints = []
         for key in unknown:

@@ -1,15 +1,17 @@
 """Dispatch: moves the pool's requests to workers and their replies back, within deadlines.
 
-Each worker has a FIFO queue of `Pending` requests; only its head is on the wire, stamped with
-a fresh sequence number, so a late reply from a worker the pool gave up on is recognised and
-dropped. `Dispatcher._pump` waits on the backend for replies and enforces ``step_timeout`` /
-``reset_timeout`` on each head (an env that started later, as reported by the worker's
-progress record, gets its own full budget). Results land in a `Ticket`, one per pool call,
-in the caller's order.
+Each worker has a FIFO queue of `Pending` requests; only its head is on the wire (one
+outstanding request per worker), stamped with a fresh sequence number, so a late reply from a
+worker the pool gave up on is recognised and dropped. `Dispatcher.pump` waits on the backend
+for replies and enforces ``step_timeout`` / ``reset_timeout`` on each head (an env that
+started later, as reported by the worker's progress record, gets its own full budget).
+Results land in a `Ticket`, one per pool call, in the caller's order.
 
-This layer knows nothing of groups, seeds or the public API (``api.py``) and nothing of how a
-lost worker's envs are brought back (``replay.py``): it calls `Dispatcher._recover` and the
-two hooks `Dispatcher._step_done` / `Dispatcher._reset_done`, which ``replay.py`` implements.
+A dead or stuck worker is replaced (`Dispatcher._recover`): the env it was running fails, its
+other envs are brought back from the `ReplayLog` (which holds every env's episode seed and
+its turns since), and the unfinished part of the request is sent again. The dispatcher owns
+the per-env state of the pool (seeds through its replay log, failed envs, envs in flight);
+groups, seed schedules and the public API are ``api.py``'s.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnpool.backends.base import Backend
+from turnpool.pool.replay import ReplayLog
 from turnpool.worker.protocol import (
+    BackendUnavailable,
+    Op,
     ResetResult,
     TurnResult,
     WorkerLost,
@@ -30,8 +35,6 @@ from turnpool.worker.protocol import (
     bounded,
     error_reset,
     error_step,
-    failure_of,
-    op_limit,
 )
 
 log = logging.getLogger(__name__)
@@ -55,7 +58,7 @@ class Pending:
     __slots__ = ("seq", "op", "env_ids", "items", "ticket", "positions", "seeds", "clock",
                  "retried")
 
-    def __init__(self, op: str, env_ids: Sequence[int], items: Any, ticket: Ticket | None,
+    def __init__(self, op: Op, env_ids: Sequence[int], items: Any, ticket: Ticket | None,
                  positions: Sequence[int], seeds: list[int] | None = None) -> None:
         self.seq = 0
         self.op = op
@@ -70,32 +73,26 @@ class Pending:
 
 
 class Dispatcher:
-    """Per-worker request queues, sequence numbers, deadlines and result delivery.
+    """Per-worker request queues, sequence numbers, deadlines, result delivery and recovery
+    for the envs ``0 .. num_envs - 1`` of a started ``backend``."""
 
-    `attach` binds a started backend; subclasses (``replay.py``, then ``api.py``) add the
-    recovery of lost workers and the public API.
-    """
-
-    _backend: Backend
-    step_timeout: float | None
-    reset_timeout: float | None
-
-    def attach(self, backend: Backend, num_envs: int) -> None:
-        """Start dispatching to ``backend``, whose workers hold envs ``0 .. num_envs - 1``."""
-        self._backend = backend
+    def __init__(self, backend: Backend, num_envs: int, step_timeout: float | None,
+                 reset_timeout: float | None) -> None:
+        self.backend = backend
+        self.step_timeout = step_timeout
+        self.reset_timeout = reset_timeout
+        self.replay = ReplayLog(backend.slices, num_envs)
         self._seq = 0
-        #: each env's current episode seed (None before its first reset or after a failure)
-        self._seeds: list[int | None] = [None] * num_envs
         #: failed envs (until their next reset) -> why, and their failure class
-        self._broken: dict[int, str] = {}
-        self._failure: dict[int, str] = {}
-        self._in_flight: set[int] = set()
-        #: finished async turns, waiting for `poll`
-        self._ready: list[tuple[int, TurnResult]] = []
-        self._owner = [0] * num_envs
+        self.broken: dict[int, str] = {}
+        self.failure: dict[int, str] = {}
+        #: env ids of `step_async` turns not polled yet, and the finished ones
+        self.in_flight: set[int] = set()
+        self.ready: list[tuple[int, TurnResult]] = []
+        self.owner = [0] * num_envs
         for w, ids in enumerate(backend.slices):
             for i in ids:
-                self._owner[i] = w
+                self.owner[i] = w
         self._queues: list[deque[Pending]] = [deque() for _ in backend.slices]
         # Fast path for whole-pool calls: worker w's envs are all_ids[a:b].
         self._spans: list[tuple[int, int]] | None = None
@@ -107,34 +104,23 @@ class Dispatcher:
                 self._spans.append((pos, pos + len(ids)))
                 pos += len(ids)
 
-    # ------------------------------------------------------------------ hooks (replay.py)
-    def _recover(self, worker: int, reason: str, failure: str) -> None:
-        """Replace a dead or stuck worker and deal with its queue (``failure``: the class of
-        what happened, ``"timeout"`` or ``"worker_lost"``)."""
-        raise NotImplementedError
-
-    def _step_done(self, worker: int, head: Pending) -> None:
-        """A step request of ``worker`` completed."""
-
-    def _reset_done(self, worker: int, started: list[int]) -> None:
-        """A reset request of ``worker`` completed; ``started`` began new episodes."""
-
-    # ------------------------------------------------------------------ dispatch
-    def _dispatch_turns(self, ticket: Ticket, action_lists: list[Any], whole: bool = False,
-                        single: bool = False) -> None:
+    # ------------------------------------------------------------------ calls (api.py)
+    def turns(self, ticket: Ticket, action_lists: list[Any], whole: bool = False,
+              single: bool = False) -> None:
+        """Send one turn per env of ``ticket`` (``whole``: every env, in order)."""
         ids = ticket.env_ids
-        broken = self._broken
-        op = "step1" if single else "step"
+        broken = self.broken
+        op = Op.STEP1 if single else Op.STEP
         failed: list[tuple[int, int]] = []
         if whole and self._spans is not None and not broken:
             # Contiguous slices: the request is a range and a list slice, no per-env work.
             for w, (a, b) in enumerate(self._spans):
                 if a < b:
                     span = range(a, b)
-                    self._enqueue(w, Pending(op, span, (span, action_lists[a:b]), ticket, span))
+                    self.enqueue(w, Pending(op, span, (span, action_lists[a:b]), ticket, span))
         else:
             per_worker: dict[int, tuple[list[int], list[Any], list[int]]] = {}
-            owner = self._owner
+            owner = self.owner
             for pos, i in enumerate(ids):
                 if i in broken:  # a failed env stays failed until reset; no worker needed
                     failed.append((pos, i))
@@ -144,25 +130,57 @@ class Dispatcher:
                 wacts.append(action_lists[pos])
                 wpos.append(pos)
             for w, (wids, wacts, wpos) in per_worker.items():
-                self._enqueue(w, Pending(op, wids, (wids, wacts), ticket, wpos))
+                self.enqueue(w, Pending(op, wids, (wids, wacts), ticket, wpos))
         if ticket.is_async:
-            self._in_flight.update(ids)
+            self.in_flight.update(ids)
         for pos, i in failed:
             self._deliver(ticket, pos, i,
                           error_step(f"env failed earlier ({broken[i]}); reset it",
-                                     failure=self._failure.get(i, "env_error")))
+                                     failure=self.failure.get(i, "env_error")))
 
-    def _finish(self, ticket: Ticket) -> None:
-        self._pump(lambda: ticket.remaining == 0, None)
+    def finish(self, ticket: Ticket) -> None:
+        """Block until every result of ``ticket`` is in (deadlines hold meanwhile)."""
+        self.pump(lambda: ticket.remaining == 0, None)
 
-
-    # ------------------------------------------------------------------ request queue
-    def _enqueue(self, worker: int, pending: Pending) -> None:
+    def enqueue(self, worker: int, pending: Pending) -> None:
         queue = self._queues[worker]
         queue.append(pending)
         if len(queue) == 1:
             self._send(worker, pending)
 
+    def pump(self, done: Callable[[], bool], timeout: float | None) -> None:
+        """Process replies and faults until ``done()`` or ``timeout`` (None: until done or
+        nothing is in flight)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        backend = self.backend
+        queues = self._queues
+        while not done():
+            active = [w for w in range(len(queues)) if queues[w]]
+            if not active:
+                return
+            now = time.monotonic()
+            wake = end
+            for w in active:
+                limit = queues[w][0].op.limit(self.step_timeout, self.reset_timeout)
+                if limit is None:
+                    continue
+                due = queues[w][0].clock + limit
+                if due <= now:
+                    rechecked = self._recheck_deadline(w, limit, now)
+                    if rechecked is None:
+                        continue  # recovered; its queue was rebuilt
+                    due = rechecked
+                if wake is None or due < wake:
+                    wake = due
+            if not any(queues):
+                continue
+            wait_s = None if wake is None else max(0.0, wake - now)
+            for w in backend.wait([w for w in active if queues[w]], wait_s):
+                self._receive(w)
+            if end is not None and time.monotonic() >= end:
+                return
+
+    # ------------------------------------------------------------------ the wire
     def _send(self, worker: int, pending: Pending) -> None:
         queue = self._queues[worker]
         while True:
@@ -170,9 +188,9 @@ class Dispatcher:
             pending.seq = self._seq
             pending.clock = time.monotonic()
             try:
-                self._backend.send(worker, (pending.seq, pending.op, pending.items))
+                self.backend.send(worker, (pending.seq, pending.op, pending.items))
                 return
-            except (OSError, WorkerLost) as exc:  # it died between calls; recover in _pump
+            except (OSError, WorkerLost) as exc:  # it died between calls; recover in pump
                 log.debug("sending to worker %d failed: %s", worker, exc)
                 return
             except Exception as exc:  # e.g. an action that cannot be pickled
@@ -192,7 +210,7 @@ class Dispatcher:
     def _without_unpicklable(self, pending: Pending, reason: str) -> Pending | None:
         """Fail the envs of a turn request whose actions cannot be pickled and return the
         request for the others; None if no single action is to blame (fail them all)."""
-        if pending.op not in ("step", "step1"):
+        if not pending.op.is_turn:
             return None
         env_ids, actions = pending.items
         bad = [k for k, a in enumerate(actions) if not _picklable(a)]
@@ -206,64 +224,28 @@ class Dispatcher:
         return Pending(pending.op, ids, (ids, [actions[k] for k in keep]), pending.ticket,
                        positions)
 
-    def _pump(self, done: Callable[[], bool], timeout: float | None) -> None:
-        """Process replies and faults until ``done()`` or ``timeout`` (None: until done or
-        nothing is in flight)."""
-        end = None if timeout is None else time.monotonic() + timeout
-        backend = self._backend
-        queues = self._queues
-        while not done():
-            active = [w for w in range(len(queues)) if queues[w]]
-            if not active:
-                return
-            now = time.monotonic()
-            wake = end
-            for w in active:
-                limit = self._limit(queues[w][0].op)
-                if limit is None:
-                    continue
-                due = queues[w][0].clock + limit
-                if due <= now:
-                    rechecked = self._recheck_deadline(w, limit, now)
-                    if rechecked is None:
-                        continue  # recovered; its queue was rebuilt
-                    due = rechecked
-                if wake is None or due < wake:
-                    wake = due
-            if not any(queues):
-                continue
-            wait_s = None if wake is None else max(0.0, wake - now)
-            for w in backend.wait([w for w in active if queues[w]], wait_s):
-                self._receive(w)
-            if end is not None and time.monotonic() >= end:
-                return
-
-    def _limit(self, op: str) -> float | None:
-        return op_limit(op, self.step_timeout, self.reset_timeout)
-
     def _recheck_deadline(self, worker: int, limit: float, now: float) -> float | None:
         """The head request looks late; an env that started later gets its own full budget."""
         head = self._queues[worker][0]
-        if self._backend.wait([worker], 0.0):
+        if self.backend.wait([worker], 0.0):
             return now  # it has answered (or died) meanwhile: receive that first
-        progress = self._backend.progress(worker)
+        progress = self.backend.progress(worker)
         if progress is not None:
             env_id, since = progress
             if since > head.clock:
                 head.clock = since
                 if since + limit > now:
                     return since + limit
-        if self._backend.worker_dead(worker):  # died, and its death is not reported yet
+        if self.backend.worker_dead(worker):  # died, and its death is not reported yet
             self._recover(worker, "worker died", "worker_lost")
             return None
-        what = "reset timeout" if head.op == "reset" else "step timeout"
-        self._recover(worker, f"{what} ({limit:g} s)", "timeout")
+        self._recover(worker, f"{head.op.timeout_text} ({limit:g} s)", "timeout")
         return None
 
     def _receive(self, worker: int) -> None:
         queue = self._queues[worker]
         try:
-            seq, payload, error = self._backend.recv(worker)
+            seq, _op, payload, failure, error = self.backend.recv(worker)
         except WorkerLost as exc:
             self._recover(worker, str(exc) or "worker died", "worker_lost")
             return
@@ -271,26 +253,26 @@ class Dispatcher:
             log.debug("discarding a stale reply (seq %d) from worker %d", seq, worker)
             return
         head = queue.popleft()
-        self._complete(head, payload, error)
+        if failure is not None:  # the request failed as a whole: every env of it did
+            for k, i in enumerate(head.env_ids):
+                self._fail(head, k, i, f"worker error: {error}", failure)
+        else:
+            self._complete(head, payload)
         if queue:
             self._send(worker, queue[0])
 
-    def _complete(self, head: Pending, payload: Any, error: str | None) -> None:
+    def _complete(self, head: Pending, payload: Any) -> None:
         ids = head.env_ids
         ticket = head.ticket
-        if error is not None:  # the worker's host failed as a whole
-            for k, i in enumerate(ids):
-                self._fail(head, k, i, f"worker error: {error}",
-                           "timeout" if "timeout" in error else "worker_lost")
-            return
-        if head.op == "step" or head.op == "step1":
+        if head.op.is_turn:
             assert ticket is not None
             wire, failed = payload
             results = as_turn_results(wire)
             for k in failed:
-                self._broken[ids[k]] = results[k].error
-                self._failure[ids[k]] = failure_of(results[k].info)
-            self._step_done(self._owner[ids[0]], head)
+                self.broken[ids[k]] = results[k].error
+                self.failure[ids[k]] = results[k].failure or "env_error"
+            self.replay.stepped(self.owner[ids[0]], head.env_ids, head.items[1],
+                                head.op is Op.STEP1)
             positions = head.positions
             if not ticket.is_async and isinstance(positions, range) and positions.step == 1:
                 ticket.out[positions.start:positions.stop] = results
@@ -298,25 +280,24 @@ class Dispatcher:
             else:
                 for i, pos, r in zip(ids, positions, results):
                     self._deliver(ticket, pos, i, r)
-        elif head.op == "reset":
+        elif head.op is Op.RESET:
             assert ticket is not None and head.seeds is not None
-            started: list[int] = []
+            started: dict[int, int] = {}
             for i, pos, s, r in zip(ids, head.positions, head.seeds, payload):
                 if r.error is None:
-                    self._seeds[i] = s
-                    started.append(i)
-                    self._broken.pop(i, None)
+                    started[i] = s
+                    self.broken.pop(i, None)
                 else:
-                    self._broken[i] = r.error
-                    self._failure[i] = failure_of(r.info)
-                    self._seeds[i] = None
+                    self.broken[i] = r.error
+                    self.failure[i] = r.failure or "env_error"
+                    self.replay.seeds[i] = None
                 self._deliver(ticket, pos, i, r)
-            self._reset_done(self._owner[ids[0]], started)
-        else:  # restore
+            self.replay.started(self.owner[ids[0]], started, self.broken)
+        else:  # Op.RESTORE
             for i, err in zip(ids, payload):
                 if err is not None:
-                    self._broken[i] = f"restore failed: {err}"
-                    self._failure[i] = "worker_lost"
+                    self.broken[i] = f"restore failed: {err}"
+                    self.failure[i] = "worker_lost"
 
     def _deliver(self, ticket: Ticket, pos: int, env_id: int,
                  result: TurnResult | ResetResult) -> None:
@@ -324,23 +305,106 @@ class Dispatcher:
         ticket.remaining -= 1
         if ticket.is_async:  # stays in flight until polled (async tickets are turns)
             assert isinstance(result, TurnResult)
-            self._ready.append((env_id, result))
+            self.ready.append((env_id, result))
 
     def _fail(self, pending: Pending, k: int, env_id: int, reason: str,
               failure: str = "env_error") -> None:
         """Env ``env_id`` (index ``k`` of ``pending``) failed: flag it and deliver the error
         (``failure``: its class, see `turnpool.worker.protocol.FAILURE_CLASSES`)."""
-        self._broken[env_id] = reason
-        self._failure[env_id] = failure
-        if pending.op == "restore" or pending.ticket is None:
+        self.broken[env_id] = reason
+        self.failure[env_id] = failure
+        if pending.op is Op.RESTORE or pending.ticket is None:
             return
-        if pending.op == "reset":
-            self._seeds[env_id] = None
+        if pending.op is Op.RESET:
+            self.replay.seeds[env_id] = None
             self._deliver(pending.ticket, pending.positions[k], env_id,
                           error_reset(reason, failure))
         else:
             self._deliver(pending.ticket, pending.positions[k], env_id,
                           error_step(reason, failure=failure))
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self, worker: int, reason: str, failure: str) -> None:
+        """Replace a dead or stuck worker; flag the env it was running, bring back the rest.
+
+        The env running when the worker died is known from the backend's progress marker;
+        if it is unknown, every env of the request is flagged. The worker's other envs are
+        rebuilt by reset + replay of the actions recorded since their reset, then the
+        unfinished part of the request is sent again.
+        """
+        queue = self._queues[worker]
+        head = queue.popleft()
+        progress = self.backend.progress(worker)
+        culprit = int(progress[0]) if progress is not None else -1
+        log.warning("worker %d of %s backend: %s (env %s); restarting it", worker,
+                    self.backend.name, reason, culprit if culprit >= 0 else "unknown")
+        try:
+            self.backend.restart(worker)
+        except (BackendUnavailable, OSError, WorkerLost) as exc:
+            # Without a worker its envs cannot run: fail them all, keep the pool consistent.
+            log.error("restarting worker %d failed: %s", worker, exc)
+            for pending in [head, *queue]:
+                for k, i in enumerate(pending.env_ids):
+                    self._fail(pending, k, i, f"{reason}; restart failed: {exc}", failure)
+            queue.clear()
+            for i in self.backend.slices[worker]:
+                if i not in self.broken:
+                    self.broken[i] = f"worker lost: {exc}"
+                    self.failure[i] = "worker_lost"
+            return
+        if culprit in head.env_ids:
+            guilty = [culprit]
+        elif (progress is not None and failure == "worker_lost" and not head.retried
+              and head.op is not Op.RESTORE):
+            # It died between envs (killed from outside, e.g. with a sibling worker): no env
+            # is to blame; the request is sent again once.
+            guilty = []
+        else:  # unknown culprit: flag the whole request rather than risk a loop
+            guilty = list(head.env_ids)
+        for i in guilty:
+            self._fail(head, head.env_ids.index(i), i, reason, failure)
+        rest: list[Pending] = []
+        if head.op is not Op.RESTORE:
+            retry = _without(head, set(guilty))
+            if retry is not None:
+                rest.append(retry)
+        waiting = list(queue)
+        queue.clear()
+        resetting = {i for p in (*rest, *waiting) if p.op is Op.RESET for i in p.env_ids}
+        seeds = self.replay.seeds
+        wanted = [i for i in self.backend.slices[worker]
+                  if seeds[i] is not None and i not in self.broken and i not in resetting]
+        restore = self.replay.restore_items(worker, wanted)
+        if restore:
+            queue.append(Pending(Op.RESTORE, [r[0] for r in restore], restore, None, []))
+        queue.extend(rest)
+        queue.extend(waiting)
+        if queue:
+            self._send(worker, queue[0])
+
+
+def _without(head: Pending, guilty: set[int]) -> Pending | None:
+    """``head`` again without the ``guilty`` envs (marked retried); None if none is left."""
+    keep = [k for k, i in enumerate(head.env_ids) if i not in guilty]
+    if not keep:
+        return None
+    items: Any
+    if head.op is Op.RESET:
+        # a group whose leader failed gets a new leader
+        items = [(seed, kept) for seed, members in head.items
+                 if (kept := [i for i in members if i not in guilty])]
+        env_ids = [i for _, members in items for i in members]
+    else:
+        env_ids = [head.env_ids[k] for k in keep]
+        items = (env_ids, [head.items[1][k] for k in keep])
+    pos_of = dict(zip(head.env_ids, head.positions))
+    seeds = None
+    if head.seeds is not None:
+        seed_of = dict(zip(head.env_ids, head.seeds))
+        seeds = [seed_of[i] for i in env_ids]
+    retry = Pending(head.op, env_ids, items, head.ticket, [pos_of[i] for i in env_ids], seeds)
+    retry.retried = True
+    return retry
 
 
 def _picklable(obj: Any) -> bool:
@@ -349,4 +413,3 @@ def _picklable(obj: Any) -> bool:
     except Exception:
         return False
     return True
-

@@ -69,7 +69,6 @@ from typing import IO, Any
 from turnpool.policies import make_policy
 from turnpool.policies.base import Message, Policy, TokenPolicy, TokenTurn, TurnContext
 from turnpool.pool import EnvGroupSpec, EnvPool
-from turnpool.worker.protocol import FAILURE_CLASSES
 from turnpool.rollout.async_driver import play_async
 from turnpool.rollout.episode import (
     EpisodeState,
@@ -83,6 +82,7 @@ from turnpool.rollout.prompts import build_messages, env_prompts
 from turnpool.rollout.scoring import compute_scores
 from turnpool.rollout.settings import CollectorSettings, RolloutPlan, TagSpec
 from turnpool.rollout.trajectory import Trajectory, Turn, write_jsonl
+from turnpool.worker.protocol import FAILURE_CLASSES
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from typing import Any
 
 from turnpool.policies.base import FailedReply, Message, Policy, TurnContext
 from turnpool.pool import EnvPool, TurnResult
-from turnpool.worker.protocol import FAILURE_CLASSES, failure_of
 from turnpool.rollout.projection import parse_response
 from turnpool.rollout.prompts import EnvPrompt, build_messages
 from turnpool.rollout.settings import TurnSettings
 from turnpool.rollout.trajectory import Turn
+from turnpool.worker.protocol import FAILURE_CLASSES, failure_of
 
 #: LLM text is hostile: what is stored and replayed into later prompts is capped.
 MAX_RESPONSE_CHARS = 32_768

@@ -39,6 +39,8 @@ import time
 from types import FrameType
 from typing import Any
 
+#: ``info["error"]`` of an env interrupted past its deadline in the caller's process.
+TIMED_OUT = "step timeout (interrupted in-process)"
 #: A timer firing this early relative to the deadline re-arms instead of raising.
 _SLACK_S = 1e-3
 
@@ -171,7 +173,7 @@ class InProcessDeadline:
                 wait = min(wait, self._their_due - now)
             signal.setitimer(signal.ITIMER_REAL, max(wait, 1e-6))
         if overdue:
-            raise StepInterrupted("step timeout (interrupted in-process)")
+            raise StepInterrupted(TIMED_OUT)
 
     def _watch(self) -> None:
         with self._cond:
@@ -194,4 +196,5 @@ class InProcessDeadline:
                 self._cond.wait(self.limit)
 
 
-__all__ = ["InProcessDeadline", "StepInterrupted", "raise_in_thread", "signal_timer_free"]
+__all__ = ["TIMED_OUT", "InProcessDeadline", "StepInterrupted", "raise_in_thread",
+           "signal_timer_free"]

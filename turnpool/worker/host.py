@@ -7,10 +7,10 @@ result with ``error`` set, and the host goes on serving the other envs of its wo
 
 Example (a backend that runs everything in the caller; see ``backends/sequential.py``):
     >>> from turnpool.worker.host import EnvHost
-    >>> from turnpool.worker.protocol import EnvBuild
+    >>> from turnpool.worker.protocol import EnvBuild, Op
     >>> host = EnvHost([EnvBuild(0, "turnpool.envs.synthetic:TrivialEnv", {})])
-    >>> seq, payload, error = host.handle((1, "reset", [(7, [0])]))
-    >>> error is None and payload[0].error is None and payload[0].info["success"] is False
+    >>> seq, op, payload, failure, error = host.handle((1, Op.RESET, [(7, [0])]))
+    >>> failure is None and payload[0].error is None and payload[0].info["success"] is False
     True
 """
 
@@ -22,15 +22,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnpool.envs.base import TextEnv
-from turnpool.worker.deadline import StepInterrupted
+from turnpool.worker.deadline import TIMED_OUT, StepInterrupted
 from turnpool.worker.protocol import (
     EnvBuild,
+    Op,
     Reply,
     Request,
     ResetResult,
     WireTurn,
     error_reset,
     error_step,
+    failed_reply,
     short_error,
 )
 
@@ -43,6 +45,8 @@ class EnvHost:
     ``progress(env_id)`` is called before each env's work and with ``-1`` when a request is
     done, so a backend can tell the pool which env was running if the worker dies or hangs.
     """
+
+    _handlers: dict[Op, Callable[[EnvHost, Any], Any]]
 
     def __init__(self, builds: Sequence[EnvBuild],
                  progress: Callable[[int], None] | None = None) -> None:
@@ -65,27 +69,20 @@ class EnvHost:
     def handle(self, request: Request) -> Reply:
         seq, op, payload = request
         try:
-            if op == "step1":
-                out: Any = self.step(payload, single=True)
-            elif op == "step":
-                out = self.step(payload)
-            elif op == "reset":
-                out = self.reset(payload)
-            elif op == "restore":
-                out = self.restore(payload)
-            elif op == "close":
-                self.close()
-                out = None
-            else:
-                raise ValueError(f"unknown op {op!r}")
+            out = self._handlers[op](self, payload)
         except Exception as exc:  # a host bug: report it rather than kill the worker
             log.exception("worker request %s failed", op)
-            return (seq, None, short_error(exc))
+            return failed_reply(request, short_error(exc), "worker_lost")
         finally:
             self._progress(-1)
-        return (seq, out, None)
+        return (seq, op, out, None, None)
 
     # ------------------------------------------------------------------ ops
+    def step1(self, payload: tuple[Sequence[int], Sequence[Any]]
+              ) -> tuple[list[WireTurn], list[int]]:
+        """`Op.STEP1`: one bare action per env."""
+        return self.step(payload, single=True)
+
     def step(self, payload: tuple[Sequence[int], Sequence[Any]], single: bool = False
              ) -> tuple[list[WireTurn], list[int]]:
         """Run one turn per env; with ``single`` each env gets one bare action instead of a
@@ -120,11 +117,11 @@ class EnvHost:
             except StepInterrupted:  # ran past its deadline in the caller's process
                 broken.add(env_id)
                 failed.append(len(results))
-                append(error_step(_TIMED_OUT, n, failure="timeout"))
+                append(error_step(TIMED_OUT, n, failure="timeout"))
                 continue
             info["terminated"] = terminated
             info["truncated"] = truncated
-            append((obs, total, terminated, truncated, info, n, None))
+            append((obs, total, terminated, truncated, info, n, None, None))
         return results, failed
 
     def reset(self, groups: Sequence[tuple[int, Sequence[int]]]
@@ -155,7 +152,7 @@ class EnvHost:
                     results.append(error_reset(short_error(exc)))
                 except StepInterrupted:
                     self.broken.add(env_id)
-                    results.append(error_reset(_TIMED_OUT.replace("step", "reset"),
+                    results.append(error_reset(TIMED_OUT.replace("step", "reset"),
                                                failure="timeout"))
         return results
 
@@ -176,10 +173,11 @@ class EnvHost:
                 errors.append(short_error(exc))
             except StepInterrupted:
                 self.broken.add(env_id)
-                errors.append(_TIMED_OUT)
+                errors.append(TIMED_OUT)
         return errors
 
-    def close(self) -> None:
+    def close(self, payload: Any = None) -> None:
+        """`Op.CLOSE` (and the end of every worker): close every env."""
         for env in self.envs.values():
             if env is not None:
                 try:
@@ -205,9 +203,6 @@ class EnvHost:
             self.envs[env_id] = env
             self.broken.discard(env_id)
         return env
-
-
-_TIMED_OUT = "step timeout (interrupted in-process)"
 
 
 class _BuildFailed(Exception):
@@ -258,3 +253,11 @@ def _copy_into(env: TextEnv, state: Any) -> bool:
     return True
 
 
+#: op -> the `EnvHost` method that answers it (a new op adds its line here)
+EnvHost._handlers = {
+    Op.RESET: EnvHost.reset,
+    Op.STEP: EnvHost.step,
+    Op.STEP1: EnvHost.step1,
+    Op.RESTORE: EnvHost.restore,
+    Op.CLOSE: EnvHost.close,
+}

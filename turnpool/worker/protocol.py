@@ -1,48 +1,53 @@
 """The worker protocol: the messages between `EnvPool` and the workers that hold its envs.
 
 The pool (``turnpool/pool/``) decides *what* is computed: groups, seeds, which env gets which
-actions, deadlines, fault recovery and result assembly. A backend (``turnpool/backends/``)
-decides *where*: it places a fixed slice of env ids in each of its workers for the worker's
-whole life and moves one request to a worker and one reply back. Inside every worker an
-`turnpool.worker.host.EnvHost` answers the requests. This module is what all three share, so it
-depends on nothing but the envs: both sides of the wire import it without importing each other.
+actions, deadlines and fault recovery. A backend (``turnpool/backends/``) decides *where*: it
+places a fixed slice of env ids in each of its workers for the worker's whole life and moves
+one request to a worker and one reply back. Inside every worker an
+`turnpool.worker.host.EnvHost` answers the requests. This module is what all three share; it
+depends on nothing but the envs.
 
 Wire format (plain tuples; a process backend pickles them once per worker per call):
 
-* request ``(seq, op, payload)``; reply ``(seq, payload, error)`` where ``error`` is ``None``
-  unless the host itself failed (then the pool treats every env in the request as failed).
-* ``op == "reset"``: payload ``[(seed, [env_id, ...]), ...]``: one entry per group slice owned by
+* request ``(seq, op, payload)`` with ``op`` an `Op`; reply ``(seq, op, payload, failure,
+  error)``: ``failure`` and ``error`` are ``None`` unless the request failed as a whole (the
+  host itself, a deadline between two envs, a transport that could not carry it); then
+  ``failure`` is its class (`FAILURE_CLASSES`) and every env of the request is failed with it.
+* `Op.RESET`: payload ``[(seed, [env_id, ...]), ...]``: one entry per group slice owned by
   this worker. The host resets the first env with ``seed`` and copies its state to the others
   (``get_state`` / ``set_state``), falling back to resetting each with the same seed if the env
   cannot be copied. Reply payload: one `ResetResult` per env id, in request order.
-* ``op == "step"``: payload ``(env_ids, action_lists)`` (``env_ids`` may be a ``range``). Each
+* `Op.STEP`: payload ``(env_ids, action_lists)`` (``env_ids`` may be a ``range``). Each
   env executes its actions in order and stops at the first done. Reply payload
   ``(results, failed)``: per env, in request order, a `TurnResult`'s fields as a plain tuple
   (`WireTurn`: pickling a NamedTuple calls Python code per object and costs several times a
   plain tuple, which counts for microsecond envs; the pool makes them `TurnResult` records
   as replies arrive, with `as_turn_results`), and the indices of the results whose ``error``
   is set (so the pool need not scan every result).
-* ``op == "step1"``: the same with one bare action per env instead of a list (the common
+* `Op.STEP1`: the same with one bare action per env instead of a list (the common
   ``pool.step`` case, which saves building and pickling a list per env).
-* ``op == "restore"``: payload ``[(env_id, seed, [[action, ...], ...]), ...]``: rebuild the env,
+* `Op.RESTORE`: payload ``[(env_id, seed, [[action, ...], ...]), ...]``: rebuild the env,
   reset it with ``seed`` and replay its turns with the same stop-at-first-done rule (the pool
   uses this to bring back the innocent envs of a worker that was killed). Reply payload: one
   ``error`` (``None`` on success) per env.
-* ``op == "close"``: close every env; no reply is needed.
+* `Op.CLOSE`: close every env; no reply is needed.
 
-Backends never look inside payloads, so these formats can evolve without touching them.
-Sequence numbers are chosen by the pool and echoed by the worker; the pool discards any reply
-whose number it is not waiting for (a late reply from a worker it gave up on).
+A new op is one `Op` member (with its deadline in `Op.limit`) and one handler in `EnvHost`.
+Backends never look inside payloads. Sequence numbers are chosen by the pool and echoed by the
+worker; the pool discards any reply whose number it is not waiting for (a late reply from a
+worker it gave up on).
 
-Fault model, as seen by a backend: exceptions inside env code never leave the host (they
-become per-env results with ``error`` set and done=True). A worker that dies, or that the pool
-finds stuck past its deadline, is replaced by ``Backend.restart``; the pool then identifies the
-env that was running from ``Backend.progress``, flags it, and restores the others by
-reset + replay (deterministic envs make this exact).
+Failures travel as data: every failed env's result carries its class in ``info["failure"]``
+and `TurnResult.failure`, set where it is decided (the host, the deadline, the backend, the
+pool); nothing reads a class out of a message text. A worker that dies, or that the pool finds
+stuck past its deadline, is replaced by ``Backend.restart``; the pool then identifies the env
+that was running from ``Backend.progress``, flags it, and restores the others by reset +
+replay (deterministic envs make this exact).
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,13 +57,51 @@ from typing import Any, NamedTuple
 from turnpool.envs.base import TextEnv
 from turnpool.envs.registry import make
 
+
+class Op(enum.IntEnum):
+    """What a request asks a worker's host to do (see the module docstring for payloads)."""
+
+    RESET = 1
+    STEP = 2
+    STEP1 = 3
+    RESTORE = 4
+    CLOSE = 5
+
+    @property
+    def is_turn(self) -> bool:
+        """A step request (multi-action or one bare action per env)."""
+        return self is Op.STEP or self is Op.STEP1
+
+    def limit(self, step_timeout: float | None, reset_timeout: float | None
+              ) -> float | None:
+        """The deadline of one env's share of this request (restore = reset + replay)."""
+        if self.is_turn:
+            return step_timeout
+        if self is Op.RESET:
+            return reset_timeout
+        if reset_timeout is None or step_timeout is None:
+            return None
+        return reset_timeout + step_timeout
+
+    @property
+    def timeout_text(self) -> str:
+        """How a deadline missed by this request is named in ``info["error"]``."""
+        return "reset timeout" if self is Op.RESET else "step timeout"
+
+
 #: ``(seq, op, payload)``
-Request = tuple[int, str, Any]
-#: ``(seq, payload, error)``
-Reply = tuple[int, Any, "str | None"]
+Request = tuple[int, Op, Any]
+#: ``(seq, op, payload, failure, error)``: ``failure``/``error`` set when the request as a
+#: whole failed
+Reply = tuple[int, Op, Any, "str | None", "str | None"]
 
 #: Cap on the length of an error text carried in ``info["error"]``.
 MAX_ERROR_CHARS = 300
+#: Seconds one env may spend on one turn when the caller names no ``step_timeout`` (the pool,
+#: ``turnpool serve`` and the trainers' leases all default to it).
+DEFAULT_STEP_TIMEOUT = 30.0
+#: Seconds a backend may take to start all its workers before the pool gives up on it.
+START_TIMEOUT = 120.0
 #: The start method of process-based backends when the caller names none: safe when the
 #: caller has threads (CUDA, tokenizers), unlike ``fork``.
 DEFAULT_MP_CONTEXT = "spawn"
@@ -116,6 +159,8 @@ class TurnResult(NamedTuple):
     info: dict[str, Any]
     n_executed: int
     error: str | None
+    #: the failure class (`FAILURE_CLASSES`) when ``error`` is set, else None
+    failure: str | None = None
 
     @property
     def done(self) -> bool:
@@ -123,7 +168,7 @@ class TurnResult(NamedTuple):
 
 
 #: A `TurnResult` on the wire: the same fields, in the same order, as a plain tuple.
-WireTurn = tuple[str, float, bool, bool, dict[str, Any], int, str | None]
+WireTurn = tuple[str, float, bool, bool, dict[str, Any], int, str | None, str | None]
 
 _as_turn_result = partial(tuple.__new__, TurnResult)
 
@@ -139,6 +184,8 @@ class ResetResult(NamedTuple):
     obs: str
     info: dict[str, Any]
     error: str | None
+    #: the failure class when ``error`` is set (`TurnResult.failure`)
+    failure: str | None = None
 
 
 @dataclass(frozen=True)
@@ -203,24 +250,18 @@ def error_info(reason: str, failure: str = "env_error") -> dict[str, Any]:
 
 def error_step(reason: str, n_executed: int = 0, failure: str = "env_error") -> TurnResult:
     """A failed env's step result: done (truncated: the episode was cut, not finished), 0 reward."""
-    return TurnResult("", 0.0, False, True, error_info(reason, failure), n_executed, reason)
+    return TurnResult("", 0.0, False, True, error_info(reason, failure), n_executed, reason,
+                      failure)
 
 
 def error_reset(reason: str, failure: str = "env_error") -> ResetResult:
     """A failed env's reset result."""
-    return ResetResult("", error_info(reason, failure), reason)
+    return ResetResult("", error_info(reason, failure), reason, failure)
 
 
-def op_limit(op: str, step_timeout: float | None, reset_timeout: float | None
-             ) -> float | None:
-    """The deadline of one env's share of a request (``restore`` = reset + replayed steps)."""
-    if op == "step" or op == "step1":
-        return step_timeout
-    if op == "reset":
-        return reset_timeout
-    if reset_timeout is None or step_timeout is None:
-        return None
-    return reset_timeout + step_timeout
+def failed_reply(request: Request, reason: str, failure: str) -> Reply:
+    """The reply to a request that failed as a whole: every env of it fails with ``failure``."""
+    return (request[0], request[1], None, failure, reason)
 
 
 def split_evenly(env_ids: Sequence[int], num_workers: int) -> list[list[int]]:

@@ -37,8 +37,8 @@ from typing import Any
 
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import (
+    Op,
     Reply,
-    ResetResult,
     error_reset,
     error_step,
     short_error,
@@ -64,7 +64,7 @@ def serve(recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], None],
                 request = loads(recv_bytes())
             except (EOFError, OSError):
                 break
-            if request[1] == "close":
+            if request[1] is Op.CLOSE:
                 break
             try:
                 send_bytes(encode(handle(request)))
@@ -84,34 +84,33 @@ def encode(reply: Reply) -> bytes:
 
 
 def _picklable(reply: Reply, exc: Exception) -> Reply:
-    """Replace the results that cannot be pickled with per-env errors."""
-    seq, payload, error = reply
-    if isinstance(payload, tuple) and len(payload) == 2 and isinstance(payload[0], list):
-        results, failed = payload  # a step reply
-        fixed, bad = _fix_items(results)
-        return (seq, (fixed, sorted(set(failed) | set(bad))), error)
-    if isinstance(payload, list):
-        return (seq, _fix_items(payload)[0], error)
-    return (seq, None, "unpicklable reply: " + short_error(exc))
+    """Replace the results that cannot be pickled with per-env errors (the reply's op says
+    what its payload holds)."""
+    seq, op, payload, failure, error = reply
+    if op.is_turn:
+        results, failed = payload
+        fixed, bad = _fix_items(results, lambda r: error_step(r, failure="unpicklable"))
+        return (seq, op, (fixed, sorted(set(failed) | set(bad))), failure, error)
+    if op is Op.RESET:
+        return (seq, op, _fix_items(payload, lambda r: error_reset(r, "unpicklable"))[0],
+                failure, error)
+    if op is Op.RESTORE:
+        return (seq, op, _fix_items(payload, lambda r: r)[0], failure, error)
+    return (seq, op, None, "unpicklable", "unpicklable reply: " + short_error(exc))
 
 
-def _fix_items(items: list[Any]) -> tuple[list[Any], list[int]]:
+def _fix_items(items: list[Any], failed: Callable[[str], Any]) -> tuple[list[Any], list[int]]:
+    """``items`` with each one that cannot be pickled replaced by ``failed(reason)``, and the
+    indices replaced."""
     fixed: list[Any] = []
     bad: list[int] = []
     for k, item in enumerate(items):
         try:
             pickle.dumps(item, PROTOCOL)
             fixed.append(item)
-            continue
         except Exception as item_exc:
-            reason = "unpicklable result: " + short_error(item_exc)
-        bad.append(k)
-        if isinstance(item, ResetResult):
-            fixed.append(error_reset(reason, "unpicklable"))
-        elif isinstance(item, tuple):  # a step result (`WireTurn`)
-            fixed.append(error_step(reason, failure="unpicklable"))
-        else:  # a restore result
-            fixed.append(reason)
+            bad.append(k)
+            fixed.append(failed("unpicklable result: " + short_error(item_exc)))
     return fixed, bad
 
 
@@ -242,7 +241,7 @@ class WorkerHandle:
 
     ``runner`` is what the backend controls it by (a process, an executor, an actor handle,
     or the `EnvHost` of a slice served in the caller); ``conn`` carries replies (and requests,
-    when ``out`` is None); ``pending`` holds ``(seq, future)`` of requests in flight where the
+    when ``out`` is None); ``pending`` holds ``(seq, op, future)`` of requests in flight where the
     backend's transport returns futures.
     """
 
@@ -254,7 +253,7 @@ class WorkerHandle:
     incarnation: int = 0
     local: bool = True
     lost: bool = False
-    pending: deque[tuple[int, Any]] = field(default_factory=deque)
+    pending: deque[tuple[int, Any, Any]] = field(default_factory=deque)
 
     def read_progress(self) -> tuple[int, float] | None:
         return self.progress.read() if self.local else None
