@@ -38,9 +38,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from turnpool.integrations.leases import EnvLeases, shared_leases
+from turnpool.integrations.leases import shared_leases
 from turnpool.policies.hf import HFPolicy
 from turnpool.pool import EnvPool
+from turnpool.pool.slots import SlotEngine
 from turnpool.rollout.collector import TrajectoryCollector, build_pool
 from turnpool.rollout.prompts import describe_env, make_env_prompt
 from turnpool.rollout.settings import CollectorSettings, TagSpec, TurnSettings
@@ -110,7 +111,7 @@ def environment_factory(
     names = prompt.valid_names
     wait_s = float(options.get("step_timeout") or 0.0) + WAIT_MARGIN_S
 
-    def leases() -> EnvLeases:
+    def leases() -> SlotEngine:
         return shared_leases(env_type, kwargs, capacity, options)
 
     def __init__(self: Any) -> None:
@@ -129,7 +130,7 @@ def environment_factory(
         self._slot = slot
         self._release = weakref.finalize(self, pool.release, slot)
         self._reward, self._done, self._failure, self._actions = 0.0, False, None, 0
-        obs, info = pool.reset(slot, seed_of_row(row, seed_key)).result(timeout=wait_s)
+        obs, info, *_ = pool.submit_reset(slot, seed_of_row(row, seed_key)).result(wait_s)
         if info.get("error"):
             self._done, self._failure = True, str(info.get("failure") or "env_error")
             return f"The environment failed to start: {info['error']}"
@@ -152,7 +153,7 @@ def environment_factory(
         if max_actions is not None and self._actions >= max_actions:
             self._done = True
             return "The action budget is spent; the episode is over."
-        future = leases().step(self._slot, [str(action)[:MAX_ACTION_CHARS]])
+        future = leases().submit_step(self._slot, [str(action)[:MAX_ACTION_CHARS]])
         try:
             res = future.result(timeout=wait_s)
         except FutureTimeout:  # the pool had no step_timeout: give up on this env here

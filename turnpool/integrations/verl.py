@@ -38,9 +38,10 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
-from turnpool.integrations.leases import EnvLeases, shared_leases
+from turnpool.integrations.leases import shared_leases
 from turnpool.policies.tokens import continue_chat
 from turnpool.pool import TurnResult
+from turnpool.pool.slots import PoolTimeout, SlotEngine
 from turnpool.rollout.episode import apply_turn, plan_turn, start_episode
 from turnpool.rollout.prompts import build_messages, make_env_prompt
 from turnpool.rollout.settings import TagSpec, TurnSettings
@@ -101,7 +102,7 @@ class TurnpoolAgentLoop(AgentLoopBase):
             finally:
                 leases.release(slot)
 
-    async def _play(self, leases: EnvLeases, slot: int, seed: int, opts: dict[str, Any],
+    async def _play(self, leases: SlotEngine, slot: int, seed: int, opts: dict[str, Any],
                     sampling_params: dict[str, Any], wait_s: float) -> AgentLoopOutput:
         settings = TurnSettings(action_sep=str(opts["action_sep"]),
                                 max_actions_per_turn=int(opts["max_actions_per_turn"]),
@@ -114,7 +115,7 @@ class TurnpoolAgentLoop(AgentLoopBase):
         prompt = make_env_prompt(spec, settings)
         metrics = {"generate_sequences": 0.0, "tool_calls": 0.0}
         tokenizer: Any = self.tokenizer
-        obs, info = await _wait(leases.reset(slot, seed), wait_s)
+        obs, info, *_ = await leases.reset(slot, seed, timeout=wait_s)
         ep = start_episode(prompt, slot, 0, seed, obs, info)
         budget = int(self.rollout_config.response_length)
         request_id = uuid4().hex
@@ -154,8 +155,8 @@ class TurnpoolAgentLoop(AgentLoopBase):
             if plan.to_execute:
                 t0 = time.perf_counter()
                 try:
-                    result = await _wait(leases.step(slot, list(plan.to_execute)), wait_s)
-                except asyncio.TimeoutError:  # the pool had no step_timeout: stop waiting
+                    result = await leases.step(slot, list(plan.to_execute), timeout=wait_s)
+                except PoolTimeout:  # the pool had no step_timeout: stop waiting
                     result = TurnResult(obs="", reward_sum=0.0, terminated=False,
                                         truncated=True, info={"failure": "timeout"},
                                         n_executed=0,
@@ -184,14 +185,10 @@ class TurnpoolAgentLoop(AgentLoopBase):
             extra_fields=extra)
 
 
-def _slots(leases: EnvLeases) -> asyncio.Semaphore:
+def _slots(leases: SlotEngine) -> asyncio.Semaphore:
     """Per event loop: at most ``capacity`` episodes hold a slot; the others wait their turn."""
     key = (id(leases), id(asyncio.get_running_loop()))
     sem = _SLOTS.get(key)
     if sem is None:
         sem = _SLOTS[key] = asyncio.Semaphore(leases.capacity)
     return sem
-
-
-async def _wait(future: Any, timeout: float) -> Any:
-    return await asyncio.wait_for(asyncio.wrap_future(future), timeout=timeout)

@@ -2,8 +2,9 @@
 
 Trainers that speak OpenEnv (TRL, SkyRL, NeMo Gym, verifiers, ...) connect to one URL and get
 one env per session, while the envs run in an `EnvPool` on any backend, with per-env process
-isolation, enforced step timeouts, crash recovery and exact seeds. ``engine.py`` drives the
-pool from one thread and batches the steps of all sessions; ``app.py`` speaks the protocol
+isolation, enforced step timeouts, crash recovery and exact seeds. ``engine.py`` holds the
+settings and builds the pool's `turnpool.pool.slots.SlotEngine` (one driver thread, the steps
+of all sessions batched, results ready-first); ``app.py`` speaks the protocol
 (``/ws``, ``/reset``, ``/step``, ``/state``, ``/schema``, ``/health``, ``/metadata``) and
 serves the status page of ``page.py``.
 

@@ -37,7 +37,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.websockets import WebSocketDisconnect
 
-from turnpool.serve.engine import PoolEngine, PoolTimeout, ResetOutcome, StepOutcome
+from turnpool.pool import TurnResult
+from turnpool.serve.engine import PoolEngine, PoolFull, PoolTimeout, SlotReset, retryable
 from turnpool.serve.page import STATUS_PAGE
 
 #: Largest client message (bytes of JSON) the server reads; longer ones are refused.
@@ -126,14 +127,15 @@ class Server:
 
     # ------------------------------------------------------------------ lifecycle
     def open(self, kind: str) -> Session:
-        slot = self.engine.lease()
-        if slot is None:
+        try:
+            slot = self.engine.lease()
+        except PoolFull:
             self.refused += 1
             cap = self.engine.capacity
             raise ProtocolError("CAPACITY_REACHED",
                                 f"server busy: all {cap} env slots are held by sessions; "
                                 "retry after one closes", status=503,
-                                active_sessions=len(self.sessions), max_sessions=cap)
+                                active_sessions=len(self.sessions), max_sessions=cap) from None
         session = Session(uuid.uuid4().hex, slot, kind)
         self.sessions[session.id] = session
         return session
@@ -186,12 +188,13 @@ class Server:
         episode_id = data.get("episode_id")
         if episode_id is not None and (not isinstance(episode_id, str) or len(episode_id) > 255):
             raise ProtocolError("VALIDATION_ERROR", "episode_id must be a string of <= 255 chars")
-        out: ResetOutcome = await self._run(session, self.engine.reset(session.slot, seed))
+        out: SlotReset = await self._run(session, self.engine.reset(
+            session.slot, seed, timeout=self.settings.call_timeout_s()))
         session.step_count = 0
         if out.error is not None:
             session.started, session.done, session.seed = False, True, None
             session.failures += 1
-            raise _failed(out.failure, out.retryable, out.error, session)
+            raise _failed(out.failure, retryable(out.failure), out.error, session)
         session.started, session.done = True, False
         session.seed = out.seed
         session.episode_id = episode_id if episode_id is not None else uuid.uuid4().hex
@@ -204,13 +207,13 @@ class Server:
             raise ProtocolError("VALIDATION_ERROR", "no episode: send reset first")
         if session.done:
             raise ProtocolError("VALIDATION_ERROR", "the episode is over: send reset")
-        out: StepOutcome = await self._run(session, self.engine.step(session.slot, actions))
-        res = out.result
+        res: TurnResult = await self._run(session, self.engine.step(
+            session.slot, actions, timeout=self.settings.call_timeout_s()))
         if res.error is not None:
             session.done = True
             session.failures += 1
             session.step_count += 1
-            raise _failed(out.failure, out.retryable, res.error, session)
+            raise _failed(res.failure, retryable(res.failure), res.error, session)
         session.step_count += res.n_executed
         session.done = res.terminated or res.truncated
         return self._payload(session, res.obs, res.reward_sum, res.terminated, res.truncated,

@@ -1,0 +1,121 @@
+"""The slot engine: one pool leased to many single-env users, blocking and asyncio faces."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+import turnpool
+from turnpool.pool.slots import PoolFull, PoolTimeout, SlotEngine
+
+WAIT_S = 60.0
+
+
+def _episode(env: turnpool.TextEnv, seed: int, actions: list[str]) -> list[str]:
+    out = [env.reset(seed=seed)[0]]
+    out += [env.step(a)[0] for a in actions]
+    return out
+
+
+def test_one_rule_when_full_and_leases_come_back_most_recent_first() -> None:
+    with SlotEngine("trivial", capacity=2, backend="sequential") as engine:
+        a, b = engine.lease(), engine.lease()
+        assert {a, b} == {0, 1} and engine.leased == 2
+        with pytest.raises(PoolFull, match="all 2 env slots"):
+            engine.lease()
+        engine.release(a)
+        engine.release(a)  # idempotent
+        assert engine.leased == 1
+        assert engine.lease() == a
+        engine.release(b)
+        with pytest.raises(ValueError, match="not leased"):
+            engine.submit_step(b, ["x"])
+
+
+@pytest.mark.parametrize("backend", ["sequential", "process"])
+def test_blocking_face_plays_exact_seeded_episodes_from_many_threads(backend: str) -> None:
+    """Eight threads, each its own slot and seed, all get the episode `make` gives."""
+    actions = ["Up", "Left", "Down", "Right", "Up"]
+    with SlotEngine("sokoban", capacity=8, backend=backend, num_workers=2) as engine:
+        got: dict[int, list[str]] = {}
+
+        def play(seed: int) -> None:
+            slot = engine.lease()
+            reset = engine.submit_reset(slot, seed).result(WAIT_S)
+            assert reset.error is None and reset.seed == seed
+            trace = [reset.obs]
+            for a in actions:
+                trace.append(engine.submit_step(slot, [a]).result(WAIT_S).obs)
+            got[seed] = trace
+            engine.release(slot)
+
+        threads = [threading.Thread(target=play, args=(100 + k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        assert engine.resets_total == 8 and engine.steps_total == 8 * len(actions)
+    env = turnpool.make("sokoban")
+    for seed, trace in got.items():
+        assert trace == _episode(env, seed, actions)
+    assert len(got) == 8
+
+
+def test_asyncio_face_batches_steps_and_refuses_a_second_call_on_a_busy_slot() -> None:
+    async def main(engine: SlotEngine) -> None:
+        slots = [engine.lease() for _ in range(4)]
+        resets = await asyncio.gather(*(engine.reset(s, 7 + s, timeout=WAIT_S)
+                                         for s in slots))
+        assert [r.seed for r in resets] == [7 + s for s in slots]
+        before = engine.batches_total
+        results = await asyncio.gather(*(engine.step(s, ["a", "bb"], timeout=WAIT_S)
+                                          for s in slots))
+        assert all(r.error is None and r.n_executed == 2 for r in results)
+        # four users stepping at once cost fewer pool calls than users
+        assert engine.batches_total - before < 4
+        first = asyncio.ensure_future(engine.step(slots[0], ["a"], timeout=WAIT_S))
+        second = asyncio.ensure_future(engine.step(slots[0], ["a"], timeout=WAIT_S))
+        done = await asyncio.gather(first, second, return_exceptions=True)
+        errors = [d for d in done if isinstance(d, BaseException)]
+        assert len(errors) == 1 and "still running a call" in str(errors[0])
+
+    with SlotEngine("trivial", capacity=4, backend="thread", num_workers=2) as engine:
+        asyncio.run(main(engine))
+
+
+def test_a_slow_env_does_not_hold_back_another_slot_and_a_timed_out_slot_is_retired() -> None:
+    """Ready-first: a slot whose env hangs gets PoolTimeout (and is never leased again) while
+    another slot's step on another worker comes back meanwhile."""
+    async def main(engine: SlotEngine) -> None:
+        hung, quick = engine.lease(), engine.lease()
+        await engine.reset(hung, 1, timeout=WAIT_S)
+        await engine.reset(quick, 2, timeout=WAIT_S)
+        slow = asyncio.ensure_future(engine.step(hung, ["hang"], timeout=1.0))
+        fast = await engine.step(quick, ["fine"], timeout=WAIT_S)
+        assert fast.error is None and not slow.done()
+        with pytest.raises(PoolTimeout):
+            await slow
+        engine.release(hung)
+        assert hung in engine.lost_slots
+        assert engine.lease() != hung
+
+    with SlotEngine("turnpool.envs.synthetic:FaultyEnv", capacity=3, backend="process",
+                    num_workers=3, step_timeout=None) as engine:
+        asyncio.run(main(engine))
+
+
+def test_failures_are_counted_by_class_and_calls_after_close_are_refused() -> None:
+    engine = SlotEngine("turnpool.envs.synthetic:FaultyEnv", capacity=2, backend="sequential")
+    slot = engine.lease()
+    engine.submit_reset(slot, 3).result(WAIT_S)
+    res = engine.submit_step(slot, ["raise"]).result(WAIT_S)
+    assert res.failure == "env_error" and res.info["failure"] == "env_error"
+    assert engine.failures["env_error"] == 1
+    engine.close()
+    engine.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit_step(slot, ["x"])
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.lease()

@@ -1,0 +1,344 @@
+"""Slots: one `EnvPool` of single-env groups leased to many independent users.
+
+A server session, a TRL tool environment and a verl agent-loop coroutine each drive one env,
+one call at a time, from their own thread or event loop, while `EnvPool` is not thread-safe
+and its calls block. `SlotEngine` puts the pool on one driver thread and lends its envs out
+as *slots*:
+
+* ``lease()`` gives a free slot (the most recently released first) or raises `PoolFull`;
+  ``release(slot)`` gives it back. The one rule when full is that exception, whoever asks.
+* Calls go through an inbox. The driver takes *everything* waiting, sends all steps as one
+  `EnvPool.step_async` call (one message per worker, however many users it serves), runs the
+  resets batched by seed base (one pool reset per distinct base), and collects finished
+  turns ready-first with `EnvPool.poll`, so one slow env never holds back another's result.
+* Two faces over the same calls: blocking (``submit_reset`` / ``submit_step`` return a
+  `concurrent.futures.Future`) and asyncio (``await reset(...)`` / ``await step(...)``, whose
+  results reach each event loop in one thread-safe callback per round, not one per result).
+
+Seeds: slot ``i`` is group ``i`` of the pool, whose reset seed is ``base + i``; a reset of
+slot ``i`` to seed ``s`` uses ``base = s - i``, so the env starts exactly as
+``turnpool.make(env).reset(seed=s)``. A seedless reset follows the pool's own schedule and
+reports the seed it used. Everything the pool does holds here too: ``step_timeout`` per env
+turn, a dead or stuck worker replaced with only its culprit failed, every backend.
+
+Example:
+    >>> engine = SlotEngine("bandit", capacity=2, backend="sequential")
+    >>> slot = engine.lease()
+    >>> engine.submit_reset(slot, seed=3).result(timeout=30).error is None
+    True
+    >>> engine.submit_step(slot, ["dragon"]).result(timeout=30).terminated
+    True
+    >>> engine.release(slot); engine.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from turnpool.envs.registry import EnvTarget
+from turnpool.pool.api import EnvPool
+from turnpool.worker.protocol import TurnResult
+
+log = logging.getLogger(__name__)
+
+#: Seconds the driver waits for a worker reply before it looks at its inbox again.
+POLL_INTERVAL = 0.001
+#: Seconds the driver sleeps on an empty inbox when nothing is in flight.
+IDLE_WAIT = 0.05
+
+#: A future the driver resolves: `concurrent.futures.Future` (blocking face) or
+#: `asyncio.Future` (asyncio face).
+Waiter = Any
+_Request = tuple[str, int, Any, Waiter]
+_Deliver = list[tuple[Waiter, Any, BaseException | None]]
+
+
+class PoolFull(RuntimeError):
+    """Every slot is leased (a server answers "busy"; a trainer raises its capacity)."""
+
+
+class PoolTimeout(RuntimeError):
+    """The pool did not answer a call within the caller's timeout (the slot is retired)."""
+
+
+class SlotReset(NamedTuple):
+    """A slot's reset: its first observation and info, the seed it used, or the failure."""
+
+    obs: str
+    info: dict[str, Any]
+    seed: int | None
+    error: str | None
+    failure: str | None
+
+
+class SlotEngine:
+    """``capacity`` single-env slots of one env type on one `EnvPool`, driven by one thread.
+
+    ``pool_options`` go to `EnvPool` (``backend``, ``num_workers``, ``step_timeout``, ...).
+    Leases and calls are thread-safe; the pool itself is only touched by the driver thread.
+    """
+
+    def __init__(self, env_type: EnvTarget, *, capacity: int,
+                 env_kwargs: dict[str, Any] | None = None, seed: int = 0,
+                 **pool_options: Any) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+        self.env_type = env_type
+        self.pool = EnvPool(env_type, env_num=capacity, group_n=1, seed=seed,
+                            env_kwargs=dict(env_kwargs or {}), **pool_options)
+        self._lock = threading.Lock()
+        self._free: deque[int] = deque(range(self.pool.num_envs))
+        self._leased: set[int] = set()
+        #: slots whose call outlived its caller's timeout (never leased again)
+        self.lost_slots: set[int] = set()
+        self._inbox: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._closed = False
+        # counters, written by the driver, read (racily, for display) by anyone
+        self.steps_total = 0
+        self.resets_total = 0
+        self.batches_total = 0
+        self.failures: Counter[str] = Counter()
+        self.recent_failures: deque[dict[str, Any]] = deque(maxlen=20)
+        self._thread = threading.Thread(target=self._run, name="turnpool-slots", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ leases
+    @property
+    def capacity(self) -> int:
+        return self.pool.num_envs
+
+    @property
+    def leased(self) -> int:
+        """How many slots are leased now."""
+        return len(self._leased)
+
+    def lease(self) -> int:
+        """A free slot; `PoolFull` when every slot is leased."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the slot engine is closed")
+            if not self._free:
+                raise PoolFull(f"all {self.capacity} env slots are leased")
+            slot = self._free.popleft()
+            self._leased.add(slot)
+            return slot
+
+    def release(self, slot: int) -> None:
+        """Give a slot back (idempotent); it is the next one leased."""
+        with self._lock:
+            if slot in self._leased:
+                self._leased.discard(slot)
+                if slot not in self.lost_slots:
+                    self._free.appendleft(slot)
+
+    # ------------------------------------------------------------------ blocking face
+    def submit_reset(self, slot: int, seed: int | None = None
+                     ) -> concurrent.futures.Future[SlotReset]:
+        """Start an episode in ``slot`` (from ``seed``, or the pool's schedule)."""
+        fut: concurrent.futures.Future[SlotReset] = concurrent.futures.Future()
+        self._submit("reset", slot, None if seed is None else int(seed), fut)
+        return fut
+
+    def submit_step(self, slot: int, actions: Sequence[Any]
+                    ) -> concurrent.futures.Future[TurnResult]:
+        """Run ``actions`` in ``slot``, stopping at the first done (cut at ``step_timeout``)."""
+        fut: concurrent.futures.Future[TurnResult] = concurrent.futures.Future()
+        self._submit("step", slot, list(actions), fut)
+        return fut
+
+    # ------------------------------------------------------------------ asyncio face
+    async def reset(self, slot: int, seed: int | None = None,
+                    timeout: float | None = None) -> SlotReset:
+        out: SlotReset = await self._call("reset", slot, None if seed is None else int(seed),
+                                          timeout)
+        return out
+
+    async def step(self, slot: int, actions: Sequence[Any],
+                   timeout: float | None = None) -> TurnResult:
+        out: TurnResult = await self._call("step", slot, list(actions), timeout)
+        return out
+
+    async def _call(self, op: str, slot: int, arg: Any, timeout: float | None) -> Any:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._submit(op, slot, arg, fut)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            # The env may still be in flight: its slot is never leased again.
+            with self._lock:
+                self.lost_slots.add(slot)
+            raise PoolTimeout(f"the pool did not answer within {timeout:g} s") from None
+
+    def _submit(self, op: str, slot: int, arg: Any, waiter: Waiter) -> None:
+        if self._closed or not self._thread.is_alive():
+            raise RuntimeError("the slot engine is closed")
+        if slot not in self._leased:
+            raise ValueError(f"env slot {slot} is not leased")
+        self._inbox.put((op, slot, arg, waiter))
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the driver and the pool (every worker). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._inbox.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the slot driver did not stop within %.0f s", timeout)
+        self.pool.close()
+
+    def __enter__(self) -> SlotEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the driver
+    def _run(self) -> None:
+        in_flight: dict[int, Waiter] = {}
+        while True:
+            items = self._drain(block=not in_flight)
+            if items is None:
+                break
+            try:
+                self._round(items, in_flight)
+            except Exception as exc:  # a bug here must not leave callers waiting forever
+                log.exception("the slot driver failed")
+                failed = [w for *_, w in items] + list(in_flight.values())
+                in_flight.clear()
+                _deliver([(w, None, exc) for w in failed])
+        closing = RuntimeError("the slot engine is closed")
+        _deliver([(w, None, closing) for w in in_flight.values()])
+        while True:  # calls that arrived after close
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                _deliver([(item[3], None, closing)])
+
+    def _drain(self, block: bool) -> list[_Request] | None:
+        """Every request waiting in the inbox (None: stop)."""
+        items: list[_Request] = []
+        try:
+            first = self._inbox.get(timeout=IDLE_WAIT) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return items
+        while True:
+            if first is None:
+                return None
+            items.append(first)
+            try:
+                first = self._inbox.get_nowait()
+            except queue.Empty:
+                return items
+
+    def _round(self, items: list[_Request], in_flight: dict[int, Waiter]) -> None:
+        """Send the new steps as one pool call, run the resets, collect finished turns."""
+        out: _Deliver = []
+        steps: list[tuple[int, Any, Waiter]] = []
+        resets: list[tuple[int, Any, Waiter]] = []
+        busy = set(in_flight)
+        for op, slot, arg, waiter in items:
+            if slot in busy:  # one call at a time per slot; the others are refused alone
+                out.append((waiter, None, RuntimeError(
+                    f"env slot {slot} is still running a call; wait for it first")))
+                continue
+            busy.add(slot)
+            (steps if op == "step" else resets).append((slot, arg, waiter))
+        if steps:
+            try:
+                self.pool.step_async([s for s, _, _ in steps], [a for _, a, _ in steps])
+                self.batches_total += 1
+                in_flight.update((s, w) for s, _, w in steps)
+            except Exception as exc:  # a closed pool: every caller hears it
+                out.extend((w, None, exc) for _, _, w in steps)
+        if resets:
+            out.extend(self._resets(resets))
+        if in_flight:
+            for slot, result in self.pool.poll(timeout=POLL_INTERVAL, min_ready=1):
+                waiter = in_flight.pop(slot, None)
+                if waiter is not None:
+                    self._count_step(result)
+                    out.append((waiter, result, None))
+        if out:
+            _deliver(out)
+
+    def _resets(self, resets: list[tuple[int, Any, Waiter]]) -> _Deliver:
+        """One pool reset per distinct seed base: seedless resets share one call, a seeded
+        reset of slot ``i`` to seed ``s`` uses base ``s - i``."""
+        by_base: dict[int | None, list[tuple[int, Waiter]]] = {}
+        for slot, seed, waiter in resets:
+            by_base.setdefault(None if seed is None else seed - slot, []).append((slot, waiter))
+        out: _Deliver = []
+        for base, members in by_base.items():
+            try:
+                obs, infos = self.pool.reset(seed=base, env_ids=[s for s, _ in members])
+            except Exception as exc:
+                out.extend((w, None, exc) for _, w in members)
+                continue
+            seeds = self.pool.env_seeds
+            for (slot, waiter), o, info in zip(members, obs, infos):
+                error = info.get("error") if isinstance(info.get("error"), str) else None
+                failure = str(info.get("failure") or "env_error") if error else None
+                if error:
+                    self._count_failure(failure or "env_error", error)
+                else:
+                    self.resets_total += 1
+                out.append((waiter, SlotReset(o, info, seeds[slot], error, failure), None))
+        return out
+
+    def _count_step(self, result: TurnResult) -> None:
+        if result.error is None:
+            self.steps_total += result.n_executed
+        else:
+            self.steps_total += 1
+            self._count_failure(result.failure or "env_error", result.error)
+
+    def _count_failure(self, failure: str, error: str) -> None:
+        self.failures[failure] += 1
+        self.recent_failures.append({"time": time.time(), "failure": failure, "error": error})
+
+
+def _deliver(out: _Deliver) -> None:
+    """Resolve the waiters: concurrent futures directly, asyncio futures in one thread-safe
+    callback per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, _Deliver] = {}
+    for item in out:
+        waiter = item[0]
+        if isinstance(waiter, asyncio.Future):
+            by_loop.setdefault(waiter.get_loop(), []).append(item)
+        else:
+            _resolve([item])
+    for loop, items in by_loop.items():
+        if loop.is_closed():
+            continue
+        try:
+            loop.call_soon_threadsafe(_resolve, items)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+
+def _resolve(out: _Deliver) -> None:
+    for waiter, value, exc in out:
+        if waiter.done():  # the caller went away (cancelled) while its call ran
+            continue
+        try:
+            if exc is not None:
+                waiter.set_exception(exc)
+            else:
+                waiter.set_result(value)
+        except (concurrent.futures.InvalidStateError, asyncio.InvalidStateError):
+            pass  # cancelled by its caller in another thread just now
+
+
+__all__ = ["PoolFull", "PoolTimeout", "SlotEngine", "SlotReset"]
