@@ -6,9 +6,10 @@ Worker ``k`` owns ``slices[k]`` for its whole life and serves it with one
 (formats in `turnpool.worker.protocol`). Adding a backend is one file with one `Backend`
 subclass plus one line in `turnpool.backends.BACKENDS`.
 
-Ready-first operation (``EnvPool.step_async`` / ``poll``) needs nothing more: several requests
-may be outstanding on a worker, replies come back in request order, and `Backend.wait` reports
-whichever workers have a reply ready.
+The pool keeps at most one request outstanding per worker (the head of that worker's queue in
+`turnpool.pool.dispatch`) and sends the next only after the reply, so a backend never orders
+replies. Ready-first operation (``EnvPool.step_async`` / ``poll``) needs nothing more:
+`Backend.wait` reports whichever workers have a reply ready.
 """
 
 from __future__ import annotations
@@ -51,13 +52,10 @@ class Backend(ABC):
     ``send`` / ``wait`` / ``recv`` / ``restart`` -> ``close`` (idempotent, leaves nothing
     running).
 
-    Subclasses set ``name`` and, when ``restart`` can stop a worker that is stuck in env code
-    (a process can be killed, a thread cannot), ``can_interrupt = True``.
+    Subclasses set ``name``.
     """
 
     name: ClassVar[str] = "base"
-    #: ``restart`` really stops a stuck worker (so ``step_timeout`` frees its resources).
-    can_interrupt: ClassVar[bool] = False
     #: the ``mp_context`` values this backend honours (empty: it ignores ``mp_context``).
     start_methods: ClassVar[tuple[str, ...]] = ()
     #: the pool's deadlines, set before `start` (backends that run envs in the caller's

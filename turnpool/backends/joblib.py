@@ -180,7 +180,6 @@ class JoblibBackend(Backend):
     """
 
     name: ClassVar[str] = "joblib"
-    can_interrupt: ClassVar[bool] = True
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:

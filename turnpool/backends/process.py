@@ -159,7 +159,6 @@ class ProcessBackend(Backend):
     """``num_workers`` processes (default: one per usable core, at most one per env)."""
 
     name: ClassVar[str] = "process"
-    can_interrupt: ClassVar[bool] = True
     start_methods: ClassVar[tuple[str, ...]] = ("spawn", "forkserver", "fork")
 
     @staticmethod

@@ -104,7 +104,6 @@ class ProcessPoolBackend(Backend):
     """
 
     name: ClassVar[str] = "process_pool"
-    can_interrupt: ClassVar[bool] = True
     start_methods: ClassVar[tuple[str, ...]] = ("spawn", "forkserver", "fork")
 
     @staticmethod

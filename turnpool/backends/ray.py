@@ -135,7 +135,6 @@ class RayBackend(Backend):
     """
 
     name: ClassVar[str] = "ray"
-    can_interrupt: ClassVar[bool] = True
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:

@@ -1,13 +1,12 @@
 """TrajectoryCollector: the multi-turn loop between a policy and an EnvPool.
 
-Each turn, the envs still running get one batched ``policy.generate`` call; their replies are
-parsed into actions (`turnpool.rollout.episode.plan_turn`) and executed by ``pool.step_turns``
-(one message per worker), and the results are recorded (`turnpool.rollout.episode.apply_turn`).
-Finished
-envs are neither generated for nor stepped. The loop ends after ``max_turn`` turns or when
-every env is done. With ``collector_mode="async"`` (config ``turnpool.collector.mode``) the
-same turn logic runs per env, overlapping generation with env steps
-(`turnpool.rollout.async_driver`).
+Each turn, the envs still running get one batched ``policy.generate`` call through a
+`turnpool.rollout.episode.TurnRunner`: their replies are parsed into actions (``plan_turn``),
+executed by ``pool.step_turns`` (one message per worker), and the results recorded
+(``apply_turn``). Finished envs are neither generated for nor stepped. The loop ends after
+``max_turn`` turns or when every env is done. With ``collector_mode="async"`` (config
+``turnpool.collector.mode``) the same turn logic runs per env, overlapping generation with env
+steps (`turnpool.rollout.async_driver`).
 
 Sampling:
 

@@ -3,9 +3,11 @@
 The turn logic is two functions. `plan_turn` is pure: it parses a reply, keeps the valid
 actions that fit the action budget and decides the format penalty. `apply_turn` is the only
 place an episode changes: it records what the pool returned (`turnpool.pool.TurnResult`, read
-by field name). Everything that drives episodes (the lock-step collector, the async driver,
-the RAGEN state manager) goes through these two and through `step_plans`, so they agree on
-prompts, penalties, budgets and records by construction.
+by field name). The drivers of LLM episodes (the lock-step collector and the async driver,
+through `TurnRunner` and `step_plans`, and the verl agent loop) go through these two, so they
+agree on prompts, penalties, budgets and records by construction. RAGEN's ``EnvStateManager``
+does not: it is handed actions RAGEN's own context manager already parsed, keeps RAGEN's
+rollout-cache rules (``turnpool/ragen/state_manager.py``) and steps the pool directly.
 
 `TurnRunner` bundles the per-turn steps for any subset of episodes (prompts, one
 ``generate`` call, plans, records); the lock-step loop calls it for every running env at once,
