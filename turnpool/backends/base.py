@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from turnpool.worker.protocol import (
@@ -29,6 +30,7 @@ from turnpool.worker.protocol import (
     WorkerLost,
     split_evenly,
 )
+from turnpool.worker.transport import ProgressSlot
 
 
 def usable_cores() -> int:
@@ -127,6 +129,22 @@ class Backend(ABC):
         return False
 
 
+@dataclass(eq=False, kw_only=True)
+class WorkerHandle:
+    """What a backend whose workers are other processes keeps of each one, whatever runs it:
+    its progress slot, its OS pid (``-1`` unknown), whether it is known to be lost, and whether
+    it runs on this host (``local``: its progress slot and pid are meaningful here). Each
+    backend subclasses it with the fields of its own transport."""
+
+    progress: ProgressSlot
+    pid: int = -1
+    lost: bool = False
+    local: bool = True
+
+    def read_progress(self) -> tuple[int, float] | None:
+        return self.progress.read() if self.local else None
+
+
 def raise_build_errors(errors: dict[int, str]) -> None:
     """Raise `EnvBuildError` if a worker reported envs it could not build (every backend
     calls this from ``start`` with what its workers reported)."""
@@ -134,5 +152,6 @@ def raise_build_errors(errors: dict[int, str]) -> None:
         raise EnvBuildError(errors)
 
 
-__all__ = ["Backend", "BackendUnavailable", "EnvBuildError", "WorkerLost", "one_per_core",
+__all__ = ["Backend", "BackendUnavailable", "EnvBuildError", "WorkerHandle", "WorkerLost",
+           "one_per_core",
            "raise_build_errors", "usable_cores"]

@@ -43,6 +43,7 @@ import socket
 import threading
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from multiprocessing.connection import wait as wait_connections
 from typing import Any, ClassVar
@@ -51,6 +52,7 @@ from turnpool.backends.base import (
     Backend,
     BackendUnavailable,
     EnvBuildError,
+    WorkerHandle,
     WorkerLost,
     raise_build_errors,
 )
@@ -61,7 +63,6 @@ from turnpool.worker.transport import (
     PROTOCOL,
     ProgressSlot,
     ProgressWriter,
-    WorkerHandle,
     serve,
     watch_parent,
 )
@@ -171,6 +172,15 @@ class _Launch:
             log.warning("a joblib call did not stop; its daemon thread is left behind")
 
 
+@dataclass(eq=False, kw_only=True)
+class _Task(WorkerHandle):
+    """A long-running joblib task serving one slice: the pipe it talks over, and which start
+    of the slot it is (a task of an older incarnation is ignored)."""
+
+    conn: Connection | None
+    incarnation: int = 0
+
+
 class JoblibBackend(Backend):
     """Slices served by long-lived joblib tasks (see the module docstring).
 
@@ -195,7 +205,7 @@ class JoblibBackend(Backend):
             raise ValueError(f"joblib_backend must be one of {JOBLIB_BACKENDS}, "
                              f"got {joblib_backend!r}")
         self.flavour = joblib_backend
-        self._workers: list[WorkerHandle | None] = [None] * self.num_workers
+        self._workers: list[_Task | None] = [None] * self.num_workers
         self._launches: list[_Launch] = []
         self._sock: socket.socket | None = None
         self._token = secrets.token_bytes(_TOKEN_BYTES)
@@ -289,7 +299,7 @@ class JoblibBackend(Backend):
             self._early[(int(worker), int(inc))] = (conn, int(pid), dict(errors))
         conn, pid, errors = self._early.pop((k, incarnation))
         progress.unlink()
-        self._workers[k] = WorkerHandle(None, progress, conn, pid=pid, incarnation=incarnation)
+        self._workers[k] = _Task(progress=progress, conn=conn, pid=pid, incarnation=incarnation)
         raise_build_errors(errors)
 
     def _handshake(self, conn: Connection, deadline: float) -> tuple[Any, ...]:
@@ -348,7 +358,7 @@ class JoblibBackend(Backend):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
-    def _stop_task(self, w: WorkerHandle) -> None:
+    def _stop_task(self, w: _Task) -> None:
         """End a worker's task: interrupt it, and kill its process only if it does not return
         (env code stuck in C); a thread worker can only be abandoned."""
         if w.pid <= 0 or w.pid == self._owner_pid:

@@ -44,6 +44,8 @@ import sys
 import threading
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from typing import Any, ClassVar
 
 import cloudpickle
@@ -52,6 +54,7 @@ from turnpool.backends.base import (
     Backend,
     BackendUnavailable,
     EnvBuildError,
+    WorkerHandle,
     WorkerLost,
     one_per_core,
     raise_build_errors,
@@ -63,7 +66,6 @@ from turnpool.worker.transport import (
     PROTOCOL,
     ProgressSlot,
     ProgressWriter,
-    WorkerHandle,
     serve,
     watch_parent,
 )
@@ -155,6 +157,15 @@ def _worker_main(inbox: multiprocessing.connection.Connection,
 
 
 # ====================================================================== parent side
+@dataclass(eq=False, kw_only=True)
+class _Proc(WorkerHandle):
+    """A worker process and its two pipes (requests out, replies in)."""
+
+    runner: BaseProcess
+    conn: multiprocessing.connection.Connection | None
+    out: multiprocessing.connection.Connection | None
+
+
 class ProcessBackend(Backend):
     """``num_workers`` processes (default: one per usable core, at most one per env)."""
 
@@ -176,8 +187,8 @@ class ProcessBackend(Backend):
         self.method = method
         self._ctx = multiprocessing.get_context(method)
         self._use_standby = standby if standby is not None else method != "fork"
-        self._workers: list[WorkerHandle] = []
-        self._standby: WorkerHandle | None = None
+        self._workers: list[_Proc] = []
+        self._standby: _Proc | None = None
         self._owner_pid = os.getpid()
         self._closed = False
         self._exited: set[int] = set()  # workers whose sentinel fired in the last wait
@@ -209,7 +220,7 @@ class ProcessBackend(Backend):
             raise BackendUnavailable(f"process backend ({self.method}) failed to start: "
                                      f"{exc}") from exc
 
-    def _spawn(self) -> WorkerHandle:
+    def _spawn(self) -> _Proc:
         # Two one-way pipes: a round trip is cheaper than over one socketpair.
         req_r, req_w = self._ctx.Pipe(duplex=False)
         rep_r, rep_w = self._ctx.Pipe(duplex=False)
@@ -220,15 +231,15 @@ class ProcessBackend(Backend):
         proc.start()
         req_r.close()
         rep_w.close()
-        return WorkerHandle(proc, ProgressSlot(), conn=rep_r, out=req_w, pid=proc.pid)
+        return _Proc(runner=proc, progress=ProgressSlot(), conn=rep_r, out=req_w, pid=proc.pid)
 
-    def _spawn_standby(self) -> WorkerHandle:
+    def _spawn_standby(self) -> _Proc:
         """An idle worker at the lowest priority: its start-up only uses idle CPU."""
         worker = self._spawn()
         _set_nice(worker.pid, STANDBY_NICE)
         return worker
 
-    def _promote_standby(self) -> WorkerHandle | None:
+    def _promote_standby(self) -> _Proc | None:
         """The standby at the pool's own priority, or None (then it is discarded)."""
         standby, self._standby = self._standby, None
         if standby is None:
@@ -240,12 +251,12 @@ class ProcessBackend(Backend):
         self._use_standby = False  # it could never be promoted here
         return None
 
-    def _send_init(self, worker: WorkerHandle, slot: int) -> None:
+    def _send_init(self, worker: _Proc, slot: int) -> None:
         blob = cloudpickle.dumps(self.builds_of(slot))
         assert worker.out is not None
         worker.out.send_bytes(pickle.dumps(("init", slot, blob, worker.progress.path), PROTOCOL))
 
-    def _await_ready(self, worker: WorkerHandle, slot: int, deadline: float) -> None:
+    def _await_ready(self, worker: _Proc, slot: int, deadline: float) -> None:
         conn = worker.conn
         assert conn is not None
         while True:
@@ -293,7 +304,7 @@ class ProcessBackend(Backend):
         for w in workers:
             self._kill(w)
 
-    def _kill(self, worker: WorkerHandle) -> None:
+    def _kill(self, worker: _Proc) -> None:
         if worker.runner.is_alive():
             worker.runner.kill()
         worker.runner.join(5.0)
@@ -391,7 +402,7 @@ class ProcessBackend(Backend):
         return pids
 
 
-def _close_pipes(worker: WorkerHandle) -> None:
+def _close_pipes(worker: _Proc) -> None:
     for conn in (worker.conn, worker.out):
         if conn is not None:
             conn.close()

@@ -29,14 +29,17 @@ import os
 import pickle
 import threading
 import time
+from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from turnpool.backends.base import (
     Backend,
     BackendUnavailable,
     EnvBuildError,
+    WorkerHandle,
     WorkerLost,
     raise_build_errors,
 )
@@ -47,7 +50,6 @@ from turnpool.worker.transport import (
     CLOSE_GRACE_S,
     ProgressSlot,
     ProgressWriter,
-    WorkerHandle,
     encode,
     watch_parent,
 )
@@ -93,6 +95,15 @@ def _hello() -> tuple[int, dict[int, str]]:
 
 
 # ------------------------------------------------------------------------- caller side
+@dataclass(eq=False, kw_only=True)
+class _Executor(WorkerHandle):
+    """A one-process executor (or the `EnvHost` of the slice served in the caller) and its
+    requests in flight ``(seq, op, future)``."""
+
+    runner: Any
+    pending: deque[tuple[int, Op, Any]] = field(default_factory=deque)
+
+
 class ProcessPoolBackend(Backend):
     """One ``ProcessPoolExecutor(max_workers=1)`` per worker; envs live in the executor's process.
 
@@ -123,7 +134,7 @@ class ProcessPoolBackend(Backend):
             workers = num_workers or max_workers or self.default_num_workers(len(remote_ids))
             self.slices = [s for s in split_evenly(remote_ids, workers) if s] + [local_ids]
             self._local_slot = len(self.slices) - 1
-        self._workers: dict[int, WorkerHandle] = {}
+        self._workers: dict[int, _Executor] = {}
         self._start_timeout = 60.0
         self._closed = False
 
@@ -156,18 +167,18 @@ class ProcessPoolBackend(Backend):
             raise BackendUnavailable(f"process_pool workers did not start: "
                                      f"{short_error(exc)}") from exc
 
-    def _launch(self, k: int) -> WorkerHandle:
+    def _launch(self, k: int) -> _Executor:
         progress = ProgressSlot()
         executor = cf.ProcessPoolExecutor(
             max_workers=1, mp_context=self._ctx, initializer=_init_worker,
             initargs=(self.builds_of(k), progress.path, os.getpid(),
                       threading.current_thread() is threading.main_thread()))
-        return WorkerHandle(executor, progress)
+        return _Executor(runner=executor, progress=progress)
 
-    def _launch_local(self, k: int) -> WorkerHandle:
+    def _launch_local(self, k: int) -> _Executor:
         progress = ProgressSlot()
         progress.unlink()  # written in this process only
-        return WorkerHandle(EnvHost(self.builds_of(k), progress.write), progress)
+        return _Executor(runner=EnvHost(self.builds_of(k), progress.write), progress=progress)
 
     def _greet(self, k: int, hello: cf.Future[tuple[int, dict[int, str]]],
                timeout: float) -> None:

@@ -32,13 +32,16 @@ import os
 import pickle
 import socket
 import time
+from collections import deque
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from turnpool.backends.base import (
     Backend,
     BackendUnavailable,
     EnvBuildError,
+    WorkerHandle,
     WorkerLost,
     one_per_core,
     raise_build_errors,
@@ -49,7 +52,6 @@ from turnpool.worker.transport import (
     CLOSE_GRACE_S,
     ProgressSlot,
     ProgressWriter,
-    WorkerHandle,
     encode,
 )
 
@@ -127,6 +129,14 @@ def _remote_class() -> Any:
     return ray.remote(max_restarts=0, max_task_retries=0)(SliceActor)
 
 
+@dataclass(eq=False, kw_only=True)
+class _Actor(WorkerHandle):
+    """A Ray actor handle and its requests in flight ``(seq, op, object ref)``."""
+
+    runner: Any
+    pending: deque[tuple[int, Op, Any]] = field(default_factory=deque)
+
+
 class RayBackend(Backend):
     """``num_workers`` actors (default: one per usable core of this host, at most one per env).
 
@@ -151,7 +161,7 @@ class RayBackend(Backend):
         self.ray_address = ray_address
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
         self.actor_options: dict[str, Any] = {"num_cpus": 0, **(ray_actor_options or {})}
-        self._actors: list[WorkerHandle | None] = [None] * self.num_workers
+        self._actors: list[_Actor | None] = [None] * self.num_workers
         self._timeout = 60.0
         self._closed = False
         self._hostname = socket.gethostname()
@@ -189,7 +199,7 @@ class RayBackend(Backend):
         handle, self._standby = self._standby, None
         if handle is None:
             handle = self._new_actor()
-        self._actors[k] = WorkerHandle(handle, progress, local=False)
+        self._actors[k] = _Actor(runner=handle, progress=progress, local=False)
         return handle.load.remote(self.builds_of(k), progress.path)
 
     def _new_actor(self) -> Any:

@@ -10,8 +10,7 @@ so it is written here once:
 * `ProgressSlot` / `ProgressWriter`: a 16-byte shared record ``(env_id, since)`` the worker
   writes before each env, so the pool can enforce ``step_timeout`` per env and blame the right
   env when a worker dies or hangs;
-* `watch_parent`: workers never outlive the pool's process;
-* `WorkerHandle`: the caller's record of one worker, and `CLOSE_GRACE_S`.
+* `watch_parent`: workers never outlive the pool's process; `CLOSE_GRACE_S`.
 """
 
 from __future__ import annotations
@@ -30,9 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from turnpool.worker.host import EnvHost
@@ -234,30 +231,5 @@ def _watch(parent: int) -> None:
     os._exit(0)
 
 
-# ====================================================================== caller side
-@dataclass(eq=False, slots=True)
-class WorkerHandle:
-    """The caller's record of one worker, whatever runs it.
-
-    ``runner`` is what the backend controls it by (a process, an executor, an actor handle,
-    or the `EnvHost` of a slice served in the caller); ``conn`` carries replies (and requests,
-    when ``out`` is None); ``pending`` holds ``(seq, op, future)`` of requests in flight where the
-    backend's transport returns futures.
-    """
-
-    runner: Any
-    progress: ProgressSlot
-    conn: multiprocessing.connection.Connection | None = None
-    out: multiprocessing.connection.Connection | None = None
-    pid: int = -1
-    incarnation: int = 0
-    local: bool = True
-    lost: bool = False
-    pending: deque[tuple[int, Any, Any]] = field(default_factory=deque)
-
-    def read_progress(self) -> tuple[int, float] | None:
-        return self.progress.read() if self.local else None
-
-
-__all__ = ["CLOSE_GRACE_S", "PROTOCOL", "ProgressSlot", "ProgressWriter", "WorkerHandle",
+__all__ = ["CLOSE_GRACE_S", "PROTOCOL", "ProgressSlot", "ProgressWriter",
            "encode", "serve", "watch_parent"]
