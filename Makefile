@@ -44,12 +44,12 @@ browser:
 	fi
 
 test: $(VENV)/.dev browser
-	$(VENV)/bin/ruff check turnpool tests benchmarks
+	$(VENV)/bin/ruff check turnpool tests
 	$(VENV)/bin/mypy
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider
 
 lint: $(VENV)/.dev
-	$(VENV)/bin/ruff check turnpool tests benchmarks
+	$(VENV)/bin/ruff check turnpool tests
 	$(VENV)/bin/mypy
 
 bench: $(VENV)/.dev
