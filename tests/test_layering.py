@@ -1,17 +1,15 @@
-"""The package's import graph: no cycles, and every import goes with the layering.
+"""The package's import graph: no cycles, no import from a lower floor to a higher one, and
+the finer rules within floors.
 
 The graph is read with ``ast`` from the source (imports inside functions count, so a lazy
 import cannot hide a dependency). Importing ``a.b.c`` also imports the packages ``a`` and
-``a.b``, so those edges count too. Layers, bottom up::
+``a.b``, so those edges count too. Floors, bottom up (`FLOORS`)::
 
-    webshop (the shop)  <-  envs  <-  pool (protocol, interrupt, host)  <-  backends
-    backends (registry, protocol)  <-  pool (api, dispatch, replay)
-    envs, pool, policies  <-  rollout  <-  ragen  <-  cli, bench
-    envs, pool  <-  serve  <-  cli
-    envs, pool, policies, rollout  <-  integrations (trainers: TRL, verl)
+    webshop  <-  envs  <-  worker  <-  backends  <-  pool  <-  policies  <-  rollout
+             <-  serve, integrations  <-  ragen  <-  cli, bench
 
-``turnpool/__init__.py`` names its public objects as strings (imported on first use), so it
-adds no edge.
+A module may import its own floor and the floors below, never one above. ``turnpool/__init__.py``
+names its public objects as strings (imported on first use), so it adds no edge.
 """
 
 from __future__ import annotations
@@ -135,28 +133,49 @@ def test_cycle_finder_finds_a_cycle() -> None:
     assert _cycle(graph) is not None
 
 
+#: The floors, bottom up: a module imports only from its own floor and those below.
+FLOORS: list[tuple[str, ...]] = [
+    ("turnpool.webshop",),           # the shop the WebShop env talks to
+    ("turnpool.envs",),
+    ("turnpool.worker",),            # protocol, host, deadline, transport: the worker's side
+    ("turnpool.backends",),          # where envs run
+    ("turnpool.pool",),              # what runs: EnvPool, dispatch, replay, slots
+    ("turnpool.policies",),
+    ("turnpool.rollout",),
+    ("turnpool.serve", "turnpool.integrations"),
+    ("turnpool.ragen",),
+    ("turnpool.cli", "turnpool.bench"),
+]
+
+
+def _floor(module: str) -> int | None:
+    for rank, prefixes in enumerate(FLOORS):
+        if _in(module, *prefixes):
+            return rank
+    return None
+
+
 #: module (prefix) -> what it may import: ``"a.b"`` is that module (or package) only,
 #: ``"a.b.*"`` is it and everything below it. The first matching rule wins.
 ALLOWED: list[tuple[str, tuple[str, ...]]] = [
-    ("turnpool.webshop", ("turnpool.webshop.*",)),  # the shop the WebShop env talks to
+    ("turnpool.webshop", ("turnpool.webshop.*",)),
     ("turnpool.envs", ("turnpool.envs.*", "turnpool.webshop.*")),
-    ("turnpool.worker.protocol", ("turnpool.envs.*", "turnpool.pool", "turnpool.worker.protocol")),
-    ("turnpool.worker.deadline", ("turnpool.pool",)),
-    ("turnpool.worker.host", ("turnpool.envs.*", "turnpool.pool", "turnpool.worker.protocol",
-                            "turnpool.worker.deadline")),
-    ("turnpool.backends", ("turnpool.envs.*", "turnpool.backends.*", "turnpool.pool",
-                           "turnpool.worker.protocol", "turnpool.worker.deadline",
-                           "turnpool.worker.host")),
-    ("turnpool.pool", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.backends",
-                       "turnpool.backends.base")),
+    ("turnpool.worker", ("turnpool.envs.*", "turnpool.worker.*")),
+    ("turnpool.backends", ("turnpool.envs.*", "turnpool.worker.*", "turnpool.backends.*")),
+    # the pool reaches backends only through the registry and the protocol
+    ("turnpool.pool", ("turnpool.envs.*", "turnpool.worker.*", "turnpool.backends",
+                       "turnpool.backends.base", "turnpool.pool.*")),
     ("turnpool.policies", ("turnpool.envs.*", "turnpool.policies.*")),
     ("turnpool.rollout.settings", ()),
-    ("turnpool.rollout", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.policies.*",
+    ("turnpool.rollout", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
+                          "turnpool.worker.protocol", "turnpool.policies.*",
                           "turnpool.rollout.*")),
     # the OpenEnv server: a pool behind a wire protocol (bind_socket is the shop's)
-    ("turnpool.serve", ("turnpool", "turnpool.envs.*", "turnpool.pool.*", "turnpool.serve.*",
-                        "turnpool.webshop", "turnpool.webshop.server")),
-    ("turnpool.integrations", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.policies.*",
+    ("turnpool.serve", ("turnpool", "turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
+                        "turnpool.worker.protocol", "turnpool.serve.*", "turnpool.webshop",
+                        "turnpool.webshop.server")),
+    ("turnpool.integrations", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
+                               "turnpool.worker.protocol", "turnpool.policies.*",
                                "turnpool.rollout.*", "turnpool.integrations.*")),
 ]
 
@@ -175,6 +194,37 @@ def _rule(module: str) -> tuple[str, ...] | None:
         if _in(module, prefix):
             return allowed
     return None
+
+
+def _upward(module: str, target: str) -> bool:
+    low, high = _floor(module), _floor(target)
+    return low is not None and high is not None and high > low
+
+
+def test_every_module_is_on_a_floor() -> None:
+    assert not [m for m in MODULES if m != "turnpool" and _floor(m) is None]
+
+
+def test_floors_reject_what_they_should() -> None:
+    """The floor check itself fails on an upward arrow (guards against a check that sees
+    nothing): the worker floor never reaches the pool or a backend, backends never the pool,
+    and pool and backends never import each other both ways."""
+    assert _upward("turnpool.worker.host", "turnpool.pool.api")
+    assert _upward("turnpool.worker.protocol", "turnpool.backends.base")
+    assert _upward("turnpool.backends.process", "turnpool.pool")
+    assert _upward("turnpool.envs.sokoban", "turnpool.worker.protocol")
+    assert not _upward("turnpool.pool.api", "turnpool.backends")
+    assert not _upward("turnpool.pool.slots", "turnpool.pool.api")
+    graph = {k: set(v) for k, v in GRAPH.items()}
+    graph["turnpool.worker.host"].add("turnpool.pool.dispatch")
+    assert [m for m, ts in graph.items() for t in ts if _upward(m, t)] == [
+        "turnpool.worker.host"]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_import_reaches_a_higher_floor(module: str) -> None:
+    wrong = sorted(t for t in GRAPH[module] if _upward(module, t))
+    assert not wrong, f"{module} (floor {_floor(module)}) imports higher floors: {wrong}"
 
 
 def test_rules_reject_what_they_should() -> None:
@@ -201,11 +251,9 @@ def test_imports_follow_the_layers(module: str) -> None:
                            f"bench/ may")
 
 
-def test_pool_core_reaches_backends_only_through_the_registry() -> None:
+def test_pool_reaches_backends_only_through_the_registry() -> None:
     for module in MODULES:
-        if _in(module, "turnpool.pool") and not _in(module, "turnpool.worker.protocol",
-                                                     "turnpool.worker.deadline",
-                                                     "turnpool.worker.host"):
+        if _in(module, "turnpool.pool"):
             concrete = [t for t in GRAPH[module] if _in(t, "turnpool.backends")
                         and t not in ("turnpool.backends", "turnpool.backends.base")]
             assert not concrete, f"{module} imports concrete backends {concrete}"
