@@ -22,6 +22,8 @@ from typing import Any
 import click
 import yaml
 
+from turnpool.worker.protocol import DEFAULT_STEP_TIMEOUT
+
 TOKEN_ENV = "TURNPOOL_SERVE_TOKEN"
 
 
@@ -56,7 +58,7 @@ def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
 @click.option("--max-sessions", type=int, default=None,
               help="Env slots = sessions held at once; more get a busy answer  [default: 256]")
 @click.option("--step-timeout", type=float, default=None,
-              help="Seconds one env turn may take  [default: 30]")
+              help=f"Seconds one env turn may take  [default: {DEFAULT_STEP_TIMEOUT:g}]")
 @click.option("--session-timeout", type=float, default=None,
               help="Idle seconds before a session is closed  [default: 300]")
 @click.option("--seed", type=int, default=None, help="Base seed of seedless resets.")
