@@ -114,3 +114,16 @@ def test_failures_show_in_the_status(server: TurnpoolServer) -> None:
     status = httpx.get(server.url + "/api/status", timeout=30).json()
     assert sum(status["failures"].values()) >= 1
     assert status["recent_failures"][-1]["error"]
+
+
+@pytest.mark.parametrize("backend", ["sequential", "thread", "auto"])
+def test_a_sleeping_env_is_cut_on_in_process_backends(backend: str) -> None:
+    """The server's pool runs on its own thread, where no timer signal reaches an env: an env
+    blocked in ``time.sleep`` is still failed with ``timeout`` within step_timeout + 1 s, and
+    the session sharing its worker plays on exactly (one worker holds every slot)."""
+    settings = ServeSettings(env="faulty", env_kwargs={"episode_len": 1000}, max_sessions=4,
+                             backend=backend, num_workers=1, step_timeout=STEP_TIMEOUT)
+    with TurnpoolServer(settings) as srv:
+        _fault_isolated(srv, "hang", expected_failure("timeout"), STEP_TIMEOUT + 1.0)
+        health = httpx.get(srv.url + "/health", timeout=30).json()
+        assert health["status"] == "healthy"

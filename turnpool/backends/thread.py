@@ -34,14 +34,18 @@ _DEAD = object()  # a reply slot meaning "the thread died"
 
 class _ThreadWorker:
     def __init__(self, backend: ThreadBackend, slot: int, builds: list[EnvBuild],
-                 generation: int) -> None:
+                 generation: int, host: EnvHost | None = None) -> None:
         self.backend = backend
         self.slot = slot
         self.generation = generation
         self.inbox: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
         self.progress = ProgressSlot()
         self.progress.unlink()  # written and read in this process only
-        self.host = EnvHost(builds, self.progress.write)
+        if host is None:
+            host = EnvHost(builds, self.progress.write)
+        else:  # a host handed over with its envs as they are (see `ThreadBackend.adopt`)
+            host.progress = self.progress.write
+        self.host = host
         self.thread = threading.Thread(target=self._loop, name=f"turnpool-env-{slot}",
                                        daemon=True)
 
@@ -82,10 +86,15 @@ class ThreadBackend(Backend):
         self._outbox: list[deque[Any]] = [deque() for _ in self.slices]
         self._workers: list[_ThreadWorker] = []
         self._closed = False
+        #: threads stuck in env code and given up on (they exit if the code ever returns)
+        self.abandoned = 0
 
-    def start(self, timeout: float) -> None:
+    def start(self, timeout: float, hosts: Sequence[EnvHost] | None = None) -> None:
+        """Start one thread per slice; ``hosts`` (one per slice) are taken over with their
+        envs as they are instead of building new ones."""
         for k in range(self.num_workers):
-            worker = _ThreadWorker(self, k, self.builds_of(k), 0)
+            worker = _ThreadWorker(self, k, self.builds_of(k), 0,
+                                   hosts[k] if hosts is not None else None)
             self._workers.append(worker)
             worker.thread.start()
         errors = {i: e for w in self._workers for i, e in w.host.build_errors.items()}
@@ -124,6 +133,7 @@ class ThreadBackend(Backend):
         old.inbox.put(None)  # if it ever comes back, it exits
         if old.thread.ident is not None and old.thread.is_alive():
             raise_in_thread(old.thread.ident)  # unwinds a Python-level hang
+            self.abandoned += 1
         new = _ThreadWorker(self, worker, self.builds_of(worker), old.generation + 1)
         with self._cond:
             self._workers[worker] = new

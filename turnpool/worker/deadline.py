@@ -1,25 +1,24 @@
 """Deadlines for envs that run in the caller's own process (sequential backend, threads).
 
-A worker process that hangs can be killed; an env running in the caller cannot. To keep
-``step_timeout`` on every backend, an env that runs past its budget in this process gets
-`StepInterrupted` raised inside its own code:
+A worker process that hangs can be killed; an env running in the caller cannot. Two tools
+keep ``step_timeout`` there:
 
-* on the main thread, by an interval timer (``SIGALRM``): the handler raises in the env's
-  frame, and it also cuts blocking calls that Python restarts after a signal (``time.sleep``,
-  socket waits). A timer the program itself had set (a test runner's timeout, say) is kept:
-  its handler is chained and it fires when it was due;
-* on any other thread (or when ``SIGALRM`` is handled outside Python), by a watchdog thread that
-  asks the interpreter to raise in the env's thread (``PyThreadState_SetAsyncExc``); that
-  exception only fires when the thread runs Python code again, so a thread blocked in one
-  long C call (``time.sleep(3600)``, a socket read without timeout) stays stuck until the
-  call returns.
+* on the main thread, `InProcessDeadline`: an interval timer (``SIGALRM``) whose handler
+  raises `StepInterrupted` in the env's frame, which also cuts blocking calls that Python
+  restarts after a signal (``time.sleep``, socket waits). A timer the program itself had set
+  (a test runner's timeout, say) is kept: its handler is chained and it fires when it was due;
+* in any other thread no signal can reach the env, so the env runs in a thread of its own
+  that the pool waits for within the deadline and gives up on when it is stuck (the thread
+  backend, and the sequential backend driven off the main thread); `raise_in_thread` then
+  asks the interpreter to unwind the abandoned thread (``PyThreadState_SetAsyncExc``), which
+  happens as soon as it runs Python code again.
 
 Neither stops a hang inside C code that never returns to the interpreter (a C extension loop):
 only a backend whose workers are processes (``process``, ``process_pool``, ``joblib``,
 ``ray``) can stop that, by killing the worker. `StepInterrupted` derives from
 ``BaseException`` so that an env's own ``except Exception`` cannot swallow it.
 
-Usage by a backend (one `InProcessDeadline` per thread that runs envs)::
+Usage by a backend on the main thread (`signal_timer_free`)::
 
     deadline = InProcessDeadline()
     host = EnvHost(builds, deadline.mark)   # the host marks each env as it starts
@@ -68,12 +67,11 @@ def signal_timer_free() -> bool:
 
 
 class InProcessDeadline:
-    """Per-env deadlines for the envs one thread runs (see the module docstring).
+    """Per-env deadlines for the envs the main thread runs (see the module docstring).
 
-    `begin` starts a request with a per-env budget (None: no deadline), `mark` is the host's
-    progress callback (called with each env id before its work, ``-1`` when the request is
-    done), `end` disarms. Which mechanism is used is decided at each `begin`, by the thread
-    that calls it.
+    `begin` starts a request with a per-env budget (None: no deadline; a budget needs
+    `signal_timer_free`), `mark` is the host's progress callback (called with each env id
+    before its work, ``-1`` when the request is done), `end` disarms.
     """
 
     def __init__(self) -> None:
@@ -85,10 +83,6 @@ class InProcessDeadline:
         self._previous: Any = None
         self._their_due: float | None = None  # when the program's own timer is due
         self._their_interval = 0.0
-        self._target = 0
-        self._cond = threading.Condition()
-        self._watchdog: threading.Thread | None = None
-        self._closed = False
 
     # ------------------------------------------------------------------ request bracket
     def begin(self, limit: float | None) -> None:
@@ -96,21 +90,15 @@ class InProcessDeadline:
         if limit is None:
             self.limit = None
             return
+        if not signal_timer_free():
+            raise RuntimeError("an in-process deadline needs the main thread's timer signal; "
+                               "run the envs in a thread of their own elsewhere")
         self.limit = float(limit)
-        self._use_signal = signal_timer_free()
-        if self._use_signal:
-            left, self._their_interval = signal.getitimer(signal.ITIMER_REAL)
-            self._their_due = self.since + left if left > 0 else None
-            self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
-            signal.setitimer(signal.ITIMER_REAL, min(self.limit, left or self.limit))
-            return
-        with self._cond:
-            self._target = threading.get_ident()
-            if self._watchdog is None:
-                self._watchdog = threading.Thread(target=self._watch, daemon=True,
-                                                  name="turnpool-deadline")
-                self._watchdog.start()
-            self._cond.notify_all()
+        self._use_signal = True
+        left, self._their_interval = signal.getitimer(signal.ITIMER_REAL)
+        self._their_due = self.since + left if left > 0 else None
+        self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, min(self.limit, left or self.limit))
 
     def mark(self, env_id: int) -> None:
         self.env = env_id
@@ -123,19 +111,8 @@ class InProcessDeadline:
             signal.setitimer(signal.ITIMER_REAL, 0.0)
             self._use_signal = False
             self._give_back_timer()
-        else:
-            with self._cond:
-                self._target = 0
-                self._cond.notify_all()
         self.limit = None
         self.env = -1
-
-    def close(self) -> None:
-        """Stop the watchdog thread (if one was started)."""
-        with self._cond:
-            self._closed = True
-            self._target = 0
-            self._cond.notify_all()
 
     # ------------------------------------------------------------------ mechanisms
     def _overdue(self) -> float:
@@ -174,26 +151,6 @@ class InProcessDeadline:
             signal.setitimer(signal.ITIMER_REAL, max(wait, 1e-6))
         if overdue:
             raise StepInterrupted(TIMED_OUT)
-
-    def _watch(self) -> None:
-        with self._cond:
-            while not self._closed:
-                if not self._target or self.limit is None:
-                    self._cond.wait()
-                    continue
-                left = self._overdue()
-                if left > _SLACK_S:
-                    self._cond.wait(min(left, self.limit) if left != float("inf")
-                                    else self.limit)
-                    continue
-                # Still holding the lock: `end` cannot pass, so the target is still inside
-                # the request (and, unless between two envs, inside the overdue env).
-                target, env = self._target, self.env
-                if target and env >= 0:
-                    self.fired += 1
-                    self.env = -1
-                    raise_in_thread(target)
-                self._cond.wait(self.limit)
 
 
 __all__ = ["TIMED_OUT", "InProcessDeadline", "StepInterrupted", "raise_in_thread",

@@ -43,7 +43,8 @@ class EnvHost:
     """Owns a worker's envs and executes protocol requests against them.
 
     ``progress(env_id)`` is called before each env's work and with ``-1`` when a request is
-    done, so a backend can tell the pool which env was running if the worker dies or hangs.
+    done, so a backend can tell the pool which env was running if the worker dies or hangs
+    (a backend that hands a host to another thread rebinds `progress`).
     """
 
     _handlers: dict[Op, Callable[[EnvHost, Any], Any]]
@@ -55,7 +56,7 @@ class EnvHost:
         self.broken: set[int] = set()
         #: env id -> why it could not be built (a backend reports these when it starts)
         self.build_errors: dict[int, str] = {}
-        self._progress = progress or _no_progress
+        self.progress = progress or _no_progress
         for env_id, b in self.builds.items():
             try:
                 self.envs[env_id] = b.build()
@@ -74,7 +75,7 @@ class EnvHost:
             log.exception("worker request %s failed", op)
             return failed_reply(request, short_error(exc), "worker_lost")
         finally:
-            self._progress(-1)
+            self.progress(-1)
         return (seq, op, out, None, None)
 
     # ------------------------------------------------------------------ ops
@@ -91,7 +92,7 @@ class EnvHost:
         results: list[WireTurn] = []
         failed: list[int] = []
         append = results.append
-        progress = self._progress
+        progress = self.progress
         envs = self.envs
         broken = self.broken
         for env_id, acts in zip(env_ids, actions):
@@ -131,7 +132,7 @@ class EnvHost:
             leader_out: tuple[str, dict[str, Any]] | None = None
             state: Any = None
             for env_id in env_ids:
-                self._progress(env_id)
+                self.progress(env_id)
                 try:
                     env = self._fresh_if_broken(env_id)
                     if leader_out is None:
@@ -160,7 +161,7 @@ class EnvHost:
                 ) -> list[str | None]:
         errors: list[str | None] = []
         for env_id, seed, turns in items:
-            self._progress(env_id)
+            self.progress(env_id)
             try:
                 self.broken.add(env_id)  # forces a fresh instance
                 env = self._fresh_if_broken(env_id)
