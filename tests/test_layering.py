@@ -172,7 +172,8 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
                           "turnpool.rollout.*")),
     # the OpenEnv server: a pool behind a wire protocol (bind_socket is the shop's)
     ("turnpool.serve", ("turnpool", "turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
-                        "turnpool.worker.protocol", "turnpool.serve.*", "turnpool.webshop",
+                        "turnpool.worker.protocol", "turnpool.rollout",
+                        "turnpool.rollout.prompts", "turnpool.serve.*", "turnpool.webshop",
                         "turnpool.webshop.server")),
     ("turnpool.integrations", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
                                "turnpool.worker.protocol", "turnpool.policies.*",

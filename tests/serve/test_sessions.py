@@ -177,8 +177,10 @@ def test_idle_sessions_are_reaped() -> None:
 def test_a_token_guards_the_server() -> None:
     settings = ServeSettings(env="trivial", max_sessions=2, backend="thread", num_workers=1)
     with TurnpoolServer(settings, token="s3cret") as srv:
-        assert httpx.get(srv.url + "/health", timeout=30).status_code == 401
-        assert httpx.get(srv.url + "/health", timeout=30,
+        # the health probe is open (load balancers, `openenv validate`); nothing else is
+        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+        assert httpx.get(srv.url + "/state", timeout=30).status_code == 401
+        assert httpx.get(srv.url + "/state", timeout=30,
                          headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert _status(srv.url, params={"token": "s3cret"})["capacity"] == 2
         with pytest.raises(Exception):  # noqa: B017 - the handshake is refused

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import secrets
 import time
@@ -38,13 +39,18 @@ from pydantic import BaseModel, Field
 from starlette.websockets import WebSocketDisconnect
 
 from turnpool.pool import TurnResult
+from turnpool.serve import mcp
 from turnpool.serve.engine import PoolEngine, PoolFull, PoolTimeout, SlotReset, retryable
+from turnpool.serve.errors import ProtocolError
 from turnpool.serve.page import STATUS_PAGE
 
 #: Largest client message (bytes of JSON) the server reads; longer ones are refused.
 MAX_MESSAGE_CHARS = 1_000_000
 #: Most sessions listed by ``/api/status`` (the page shows these).
 MAX_LISTED_SESSIONS = 200
+#: Paths served without the token: the page (it asks for the token itself) and the health
+#: probe, which load balancers and OpenEnv's tools call without credentials.
+OPEN_PATHS = frozenset({"/", "/health"})
 
 
 # ---------------------------------------------------------------------- /schema models
@@ -79,21 +85,6 @@ class TurnpoolState(BaseModel):
 
 
 # ---------------------------------------------------------------------- sessions
-class ProtocolError(Exception):
-    """A client message the server refuses: ``code`` is an OpenEnv ``WSErrorCode`` value."""
-
-    def __init__(self, code: str, message: str, status: int = 400,
-                 **extra: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
-        self.extra = extra
-
-    def data(self) -> dict[str, Any]:
-        return {"message": self.message, "code": self.code, **self.extra}
-
-
 @dataclass
 class Session:
     id: str
@@ -138,6 +129,18 @@ class Server:
                                 active_sessions=len(self.sessions), max_sessions=cap) from None
         session = Session(uuid.uuid4().hex, slot, kind)
         self.sessions[session.id] = session
+        return session
+
+    def attach(self, session_id: str) -> Session:
+        """The session a WebSocket asks for by id (one an MCP or HTTP client opened);
+        ``SESSION_ERROR`` when there is none, or it already has a WebSocket."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise ProtocolError("SESSION_ERROR", f"Unknown session_id: {session_id}")
+        if session.websocket is not None:
+            raise ProtocolError("SESSION_ERROR",
+                                f"Session {session_id} already has an attached WebSocket")
+        session.last_active = time.monotonic()
         return session
 
     def close(self, session: Session) -> None:
@@ -320,6 +323,22 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
+def _action_format(tools: mcp.Tools) -> str:
+    if tools.action_names:
+        return ("one of the action names (or its id) as `action`, or several as `actions`; "
+                f"names: {', '.join(tools.action_names)}")
+    return "free text as `action` (or several as `actions`), as the env's instruction says"
+
+
+def _readme(env: str, doc: str, tools: mcp.Tools) -> str:
+    parts = [f"# {env}", doc] if doc else [f"# {env}"]
+    if tools.instruction:
+        parts.append(f"## Instruction\n{tools.instruction}")
+    parts.append(f"## Actions\n{_action_format(tools)}")
+    parts.append("## Tools (MCP)\n" + ", ".join(t["name"] for t in tools.listing()))
+    return "\n\n".join(parts)
+
+
 def dumps(obj: Any) -> str:
     return json.dumps(obj, default=_jsonable, separators=(",", ":"))
 
@@ -332,6 +351,7 @@ def error_frame(code: str, message: str, **extra: Any) -> str:
 def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
     """The FastAPI app of ``turnpool serve`` over a started engine (which it does not own)."""
     server = Server(engine, token)
+    tools = mcp.Tools(engine.settings.env, dict(engine.settings.env_kwargs))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -348,8 +368,8 @@ def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Any) -> Response:
-        if request.url.path != "/" and not server.authorized(request.headers,
-                                                               request.query_params):
+        if request.url.path not in OPEN_PATHS and not server.authorized(request.headers,
+                                                                         request.query_params):
             return JSONResponse({"detail": "missing or wrong token"}, status_code=401)
         response: Response = await call_next(request)
         return response
@@ -399,17 +419,36 @@ def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
         from turnpool.envs.registry import resolve
 
         cls, _ = resolve(engine.settings.env)
-        doc = (cls.__doc__ or "").strip().splitlines()
-        return {"name": engine.settings.env,
-                "description": doc[0] if doc else f"turnpool env {engine.settings.env}",
-                "readme_content": None, "version": __version__, "author": None,
-                "documentation_url": None}
+        doc = inspect.cleandoc(cls.__doc__ or "")
+        first = doc.splitlines()[0] if doc else f"turnpool env {engine.settings.env}"
+        return {"name": engine.settings.env, "description": first,
+                "readme_content": _readme(engine.settings.env, doc, tools),
+                "version": __version__, "author": None, "documentation_url": None}
 
     @app.get("/schema")
     async def schema() -> dict[str, Any]:
-        return {"action": TurnpoolAction.model_json_schema(),
+        action = TurnpoolAction.model_json_schema()
+        if tools.action_names:  # a discrete env: its actions by name (or id)
+            names = list(tools.action_names)
+            one = {"anyOf": [{"type": "string", "enum": names}, {"type": "integer"}],
+                   "description": f"one action: {', '.join(names)} (or its id)"}
+            action["properties"]["action"] = {**one, "default": None}
+            action["properties"]["actions"] = {"type": "array", "items": one,
+                                               "description": "several actions, in order"}
+        return {"action": action,
                 "observation": TurnpoolObservation.model_json_schema(),
                 "state": TurnpoolState.model_json_schema()}
+
+    @app.post("/mcp")
+    async def mcp_endpoint(request: Request) -> Response:
+        raw = await request.body()
+        if len(raw) > MAX_MESSAGE_CHARS:
+            return json_response(mcp.rpc_error(mcp.INVALID_REQUEST, "request too large"))
+        try:
+            message = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return json_response(mcp.rpc_error(mcp.PARSE_ERROR, "Parse error"))
+        return json_response(await mcp.handle(server, tools, message))
 
     @app.post("/reset")
     async def http_reset(request: Request) -> Response:
@@ -462,11 +501,12 @@ def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
             await websocket.close(code=1008)
             return
         await websocket.accept()
+        wanted = websocket.query_params.get("session_id")
         try:
-            session = server.open("ws")
+            session = server.attach(wanted) if wanted else server.open("ws")
         except ProtocolError as exc:
             await websocket.send_text(dumps({"type": "error", "data": exc.data()}))
-            await websocket.close(code=1013)  # "try again later"
+            await websocket.close(code=1013 if exc.code == "CAPACITY_REACHED" else 1008)
             return
         session.websocket = websocket
         try:
@@ -477,21 +517,23 @@ def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
                 raw = message.get("text")
                 if raw is None:
                     raw = (message.get("bytes") or b"").decode("utf-8", "replace")
-                frame = await _answer(server, session, raw)
+                frame = await _answer(server, tools, session, raw)
                 if frame is None:  # a close message
                     break
                 await websocket.send_text(frame)
         except (WebSocketDisconnect, RuntimeError):
             pass
         finally:
-            server.close(session)
+            session.websocket = None
+            if not wanted:  # an attached session is its creator's to close
+                server.close(session)
             with contextlib.suppress(Exception):
                 await websocket.close()
 
     return app
 
 
-async def _answer(server: Server, session: Session, raw: str) -> str | None:
+async def _answer(server: Server, tools: mcp.Tools, session: Session, raw: str) -> str | None:
     """The reply frame to one WebSocket message (None: the client closed the session)."""
     try:
         if len(raw) > MAX_MESSAGE_CHARS:
@@ -512,6 +554,9 @@ async def _answer(server: Server, session: Session, raw: str) -> str | None:
             return dumps({"type": "observation", "data": payload})
         if kind == "state":
             return dumps({"type": "state", "data": server.state(session)})
+        if kind == "mcp":
+            return dumps({"type": "mcp",
+                          "data": await mcp.handle(server, tools, msg.get("data"), session)})
         if kind == "close":
             return None
         raise ProtocolError("UNKNOWN_TYPE", f"Unknown message type: {kind}")
