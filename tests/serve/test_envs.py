@@ -79,7 +79,7 @@ def test_same_seed_same_episode_over_ws_and_http(name: str) -> None:
             assert state["seed"] == seed and state["step_count"] == len(actions)
             # HTTP: OpenEnv's response models validate the replies
             with httpx.Client(base_url=server.url, timeout=60.0) as http:
-                reply = http.post("/reset", json={"seed": seed})
+                reply = http.post("/reset", json={"seed": seed, "stateful": True})
                 assert reply.status_code == 200, reply.text
                 reset = ResetResponse.model_validate(reply.json())
                 sid = reset.metadata["session_id"] if reset.metadata else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -103,3 +104,39 @@ def test_health_is_open_without_the_token_and_the_rest_is_not() -> None:
         assert httpx.post(srv.url + "/mcp", json={}, timeout=30).status_code == 401
         headers = {"Authorization": f"Bearer {TOKEN}"}
         assert httpx.get(srv.url + "/schema", headers=headers, timeout=30).status_code == 200
+
+
+def test_http_reset_is_stateless_unless_a_session_is_asked_for() -> None:
+    """OpenEnv's HTTP reset holds nothing: many of them never fill the server; held HTTP/MCP
+    sessions are opt-in, capped, and reaped when idle, while WebSocket sessions are not."""
+    from openenv.core.env_server.types import ResetResponse
+
+    from tests.serve.conftest import client
+
+    settings = ServeSettings(env="sokoban", max_sessions=3, backend="sequential",
+                             max_http_sessions=1, http_session_timeout=0.5)
+    assert ServeSettings().session_timeout is None  # idle WebSocket sessions live on
+    want, _ = turnpool.make("sokoban").reset(seed=4)
+    with TurnpoolServer(settings) as srv, httpx.Client(base_url=srv.url, timeout=30) as http, \
+            client(srv.url) as ws_env:
+        ws_env.reset(seed=1)
+        for _ in range(12):  # four times the slots
+            reply = ResetResponse.model_validate(http.post("/reset", json={"seed": 4}).json())
+            assert reply.observation["text"] == want
+            assert reply.metadata["session_id"] is None
+        held = http.post("/reset", json={"stateful": True}).json()["metadata"]["session_id"]
+        refused = http.post("/reset", json={"stateful": True})
+        assert refused.status_code == 503 and "max_http_sessions" in refused.text
+        mcp_refused = http.post("/mcp", json={"jsonrpc": "2.0", "id": 1,
+                                              "method": "openenv/session/create"}).json()
+        assert "max_http_sessions" in mcp_refused["error"]["message"]
+        with client(srv.url) as another:  # WebSockets are never locked out by HTTP
+            assert another.reset(seed=4).observation["text"] == want
+        # the held HTTP session is reaped when idle; the idle WebSocket session is not
+        deadline = time.monotonic() + 30
+        while held in {s["id"] for s in httpx.get(srv.url + "/api/status").json()["sessions"]}:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        gone = http.post("/step", json={"session_id": held, "action": {"action": "Up"}})
+        assert gone.status_code == 404 and gone.json()["detail"]["code"] == "SESSION_ERROR"
+        assert ws_env.step({"action": "Up"}).observation["text"]

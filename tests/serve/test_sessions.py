@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture(scope="module")
 def server() -> Iterator[TurnpoolServer]:
     settings = ServeSettings(env="sokoban", max_sessions=3, backend="process", num_workers=2,
-                             session_timeout=60.0)
+                             session_timeout=60.0, max_http_sessions=3)
     with TurnpoolServer(settings) as srv:
         yield srv
 
@@ -76,8 +76,9 @@ def test_the_cap_answers_busy_and_frees_on_close(server: TurnpoolServer) -> None
 
 def test_http_busy_is_503(server: TurnpoolServer) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        sids = [http.post("/reset", json={}).json()["metadata"]["session_id"] for _ in range(3)]
-        reply = http.post("/reset", json={})
+        sids = [http.post("/reset", json={"stateful": True}).json()["metadata"]["session_id"]
+                for _ in range(3)]
+        reply = http.post("/reset", json={"stateful": True})
         assert reply.status_code == 503
         assert reply.json()["detail"]["code"] == "CAPACITY_REACHED"
         for sid in sids:

@@ -9,6 +9,7 @@ given.
 
 The YAML holds `turnpool.serve.ServeSettings` fields (``env``, ``env_kwargs``, ``backend``,
 ``num_workers``, ``max_sessions``, ``step_timeout``, ``reset_timeout``, ``session_timeout``,
+``http_session_timeout``, ``max_http_sessions``,
 ``seed``, ``backend_options``); options given on the command line win.
 """
 
@@ -60,7 +61,7 @@ def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
 @click.option("--step-timeout", type=float, default=None,
               help=f"Seconds one env turn may take  [default: {DEFAULT_STEP_TIMEOUT:g}]")
 @click.option("--session-timeout", type=float, default=None,
-              help="Idle seconds before a session is closed  [default: 300]")
+              help="Idle seconds before a WebSocket session is closed  [default: never]")
 @click.option("--seed", type=int, default=None, help="Base seed of seedless resets.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind; anything but loopback needs --allow-remote and a token.")

@@ -11,12 +11,15 @@ step is an ``error`` reply whose ``data`` also names turnpool's failure class
 from a turn that did not happen.
 
 A session holds one env slot of the pool from its first message to its close; a WebSocket
-connection is one session, and an HTTP ``/reset`` without ``session_id`` opens one whose id
-comes back in ``metadata.session_id`` (OpenEnv's own HTTP routes build a fresh env per call,
-which cannot carry an episode across ``/step`` calls). Idle sessions are closed by a reaper;
-when every slot is held a new session gets a ``CAPACITY_REACHED`` error (HTTP 503) at once
-instead of waiting. Hot paths parse and write JSON by hand (no per-message model
-validation); the pydantic models below only publish ``/schema``.
+connection is one session. HTTP ``/reset`` is stateless by default, as OpenEnv's is (a slot
+for that call alone); with ``"stateful": true`` it opens a session whose id comes back in
+``metadata.session_id`` for ``/step``, ``/state`` and ``/close``. Sessions no connection ends
+(HTTP, MCP) are capped (``max_http_sessions``) and closed after ``http_session_timeout`` idle
+seconds, so they cannot exhaust the server; WebSocket sessions are closed when idle only if
+``session_timeout`` is set, and the client is told. When every slot is held a new session gets
+a ``CAPACITY_REACHED`` error (HTTP 503) at once instead of waiting. Hot paths parse and write
+JSON by hand (no per-message model validation); the pydantic models below only publish
+``/schema``.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from turnpool.serve.page import STATUS_PAGE
 MAX_MESSAGE_CHARS = 1_000_000
 #: Most sessions listed by ``/api/status`` (the page shows these).
 MAX_LISTED_SESSIONS = 200
+#: Session kinds held across requests with no connection to end them (capped, reaped).
+HELD_KINDS = ("http", "mcp")
 #: Paths served without the token: the page (it asks for the token itself) and the health
 #: probe, which load balancers and OpenEnv's tools call without credentials.
 OPEN_PATHS = frozenset({"/", "/health"})
@@ -89,7 +94,7 @@ class TurnpoolState(BaseModel):
 class Session:
     id: str
     slot: int
-    kind: str  # "ws" or "http"
+    kind: str  # "ws", "http" / "mcp" (held over requests) or "once" (one call)
     created: float = field(default_factory=time.time)
     last_active: float = field(default_factory=time.monotonic)
     episode_id: str | None = None
@@ -118,6 +123,17 @@ class Server:
 
     # ------------------------------------------------------------------ lifecycle
     def open(self, kind: str) -> Session:
+        """A new session: ``ws``, ``http`` / ``mcp`` (held over requests: capped) or ``once``
+        (one call, closed by its caller)."""
+        if kind in HELD_KINDS:
+            held = sum(1 for s in self.sessions.values() if s.kind in HELD_KINDS)
+            cap = self.settings.http_cap()
+            if held >= cap:
+                self.refused += 1
+                raise ProtocolError("CAPACITY_REACHED",
+                                    f"all {cap} sessions held over HTTP/MCP are in use "
+                                    "(max_http_sessions); close one, or use a WebSocket",
+                                    status=503, max_http_sessions=cap)
         try:
             slot = self.engine.lease()
         except PoolFull:
@@ -150,17 +166,28 @@ class Server:
         self.sessions.pop(session.id, None)
         self.engine.release(session.slot)
 
+    def idle_limit(self, session: Session) -> float | None:
+        """Seconds ``session`` may stay idle (None: forever): a session a WebSocket holds
+        lives with its connection unless ``session_timeout`` is set; one held over HTTP/MCP
+        has ``http_session_timeout``."""
+        if session.kind in HELD_KINDS and session.websocket is None:
+            return self.settings.http_session_timeout
+        return self.settings.session_timeout
+
     async def reap_forever(self) -> None:
-        """Close sessions idle longer than ``session_timeout``; sample the step rate."""
-        timeout = self.settings.session_timeout
-        period = max(0.2, min(1.0, timeout / 4))
+        """Close sessions idle past their limit (`idle_limit`); sample the step rate."""
+        limits = [t for t in (self.settings.session_timeout,
+                              self.settings.http_session_timeout) if t is not None]
+        period = max(0.2, min([1.0, *(t / 4 for t in limits)]))
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
             self._rate.append((now, self.engine.steps_total))
             for session in list(self.sessions.values()):
-                if not session.busy and now - session.last_active > timeout:
-                    await self.reap(session, timeout)
+                limit = self.idle_limit(session)
+                if limit is not None and not session.busy and \
+                        now - session.last_active > limit:
+                    await self.reap(session, limit)
 
     async def reap(self, session: Session, timeout: float) -> None:
         self.reaped += 1
@@ -454,17 +481,25 @@ def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
     async def http_reset(request: Request) -> Response:
         try:
             data = await body_of(request)
+            stateful = data.pop("stateful", False)
+            if not isinstance(stateful, bool):
+                raise ProtocolError("VALIDATION_ERROR", "stateful must be true or false")
             if data.get("session_id") is not None:
                 session = http_session(data["session_id"])
-            else:
-                session = server.open("http")
+            else:  # OpenEnv's HTTP reset is stateless; a held session is asked for
+                session = server.open("http" if stateful else "once")
             try:
-                return json_response(await server.reset(session, data))
+                payload = await server.reset(session, data)
             except ProtocolError:
                 if not session.started and session.step_count == 0 and \
                         data.get("session_id") is None:
                     server.close(session)  # a session that never started is not kept
                 raise
+            if session.kind == "once":
+                server.close(session)
+                payload["metadata"]["session_id"] = None
+                payload["observation"]["metadata"]["session_id"] = None
+            return json_response(payload)
         except ProtocolError as exc:
             return error_response(exc)
 

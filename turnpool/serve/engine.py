@@ -29,8 +29,15 @@ class ServeSettings:
     #: seconds one env may spend on one turn before its worker is killed and the env flagged
     step_timeout: float = DEFAULT_STEP_TIMEOUT
     reset_timeout: float | None = None
-    #: seconds a session may stay idle before the server closes it and frees its slot
-    session_timeout: float = 300.0
+    #: seconds a WebSocket session may stay idle before the server closes it (telling the
+    #: client) and frees its slot; None: never (OpenEnv never closes one, and a slow policy
+    #: must not lose its episode)
+    session_timeout: float | None = None
+    #: sessions held over HTTP (``/reset`` with ``"stateful": true``) or MCP
+    #: (``openenv/session/create``): no connection ends them, so they are capped and closed
+    #: after this many idle seconds; None for the cap: a quarter of ``max_sessions``
+    http_session_timeout: float = 300.0
+    max_http_sessions: int | None = None
     #: the pool's base seed, used for seedless resets
     seed: int = 0
     #: seconds a session waits for the pool at most (None: 10 x step_timeout + 60); the pool
@@ -40,6 +47,11 @@ class ServeSettings:
     max_action_chars: int = 16_384
     max_actions_per_step: int = 64
     backend_options: dict[str, Any] = field(default_factory=dict)
+
+    def http_cap(self) -> int:
+        if self.max_http_sessions is not None:
+            return self.max_http_sessions
+        return max(1, self.max_sessions // 4)
 
     def call_timeout_s(self) -> float:
         if self.call_timeout is not None:

@@ -179,7 +179,7 @@ async def _call(server: Sessions, tools: Tools, params: dict[str, Any],
             raise ProtocolError("SESSION_ERROR", f"Unknown session_id: {params['session_id']}")
     temporary = own is None
     if own is None:  # stateless: a slot for this call alone
-        own = server.open("mcp")
+        own = server.open("once")
     try:
         if step is None or not own.started:  # a session with no episode starts one
             payload = await server.reset(own, data)
