@@ -116,6 +116,9 @@ class EnvPool:
         on_error: ``"flag"`` (failed envs return done + ``info["error"]``) or ``"raise"``
             (`EnvError` after the call).
         fallback: run sequentially, with a logged warning, if the backend cannot start.
+        lazy_build: build each env at its first reset instead of at start (the first env of
+            each type is still built at start, so an env that cannot be built fails the
+            constructor); for pools with many slots that are not all used at once.
         tag: the tag reported in ``pool.tags`` (default: ``env_type``).
         ray_address, backend_options: passed to the backend.
         specs: the blocks of a multi-type pool (`from_specs`), instead of ``env_type``,
@@ -131,7 +134,7 @@ class EnvPool:
                  step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
                  reset_timeout: float | None = None, on_error: str = "flag",
                  fallback: bool = True, tag: str | None = None,
-                 ray_address: str | None = None,
+                 ray_address: str | None = None, lazy_build: bool = False,
                  specs: Sequence[EnvGroupSpec] | None = None, **backend_options: Any) -> None:
         self._closed = True  # until a backend is running
         if specs is None:
@@ -157,9 +160,11 @@ class EnvPool:
             if spec.n_groups < 0:
                 raise ValueError(f"n_groups must be >= 0 for tag {spec.tag!r}")
             entry, kwargs = _entry_point(spec.env_type, spec.env_kwargs)
+            first = len(builds)
             for _ in range(spec.n_groups):
                 for _ in range(self.group_n):
-                    builds.append(EnvBuild(len(builds), entry, kwargs))
+                    lazy = bool(lazy_build) and len(builds) > first
+                    builds.append(EnvBuild(len(builds), entry, kwargs, lazy))
                     self.group_ids.append(group)
                     self.tags.append(spec.tag)
                     self.env_types.append(target_name(spec.env_type))

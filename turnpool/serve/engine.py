@@ -60,7 +60,9 @@ class ServeSettings:
 
 
 class PoolEngine(SlotEngine):
-    """The `SlotEngine` of a server: ``max_sessions`` slots built from `ServeSettings`."""
+    """The `SlotEngine` of a server: ``max_sessions`` slots built from `ServeSettings`; each
+    env is built when its slot's first episode starts (``lazy_build``), so a server sized for
+    many sessions starts at once and holds only the envs it used."""
 
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
@@ -68,7 +70,7 @@ class PoolEngine(SlotEngine):
                          env_kwargs=dict(settings.env_kwargs), backend=settings.backend,
                          num_workers=settings.num_workers, step_timeout=settings.step_timeout,
                          reset_timeout=settings.reset_timeout, on_error="flag",
-                         **settings.backend_options)
+                         lazy_build=True, **settings.backend_options)
 
 
 def retryable(failure: str | None) -> bool:

@@ -57,7 +57,13 @@ class EnvHost:
         #: env id -> why it could not be built (a backend reports these when it starts)
         self.build_errors: dict[int, str] = {}
         self.progress = progress or _no_progress
+        #: lazy envs not built yet (they are at their first reset)
+        self.unbuilt: set[int] = set()
         for env_id, b in self.builds.items():
+            if b.lazy:
+                self.envs[env_id] = None
+                self.unbuilt.add(env_id)
+                continue
             try:
                 self.envs[env_id] = b.build()
             except Exception as exc:  # a broken env must not take its worker down
@@ -100,8 +106,12 @@ class EnvHost:
             env = envs.get(env_id)
             if env is None or env_id in broken:
                 failed.append(len(results))
-                append(error_step("env failed earlier; reset it",
-                                  failure="construct_error" if env is None else "env_error"))
+                if env_id in self.unbuilt:
+                    append(error_step("env has no episode yet; reset it first"))
+                else:
+                    append(error_step("env failed earlier; reset it",
+                                      failure="construct_error" if env is None
+                                      else "env_error"))
                 continue
             n = 0
             try:
@@ -200,9 +210,11 @@ class EnvHost:
             try:
                 env = self.builds[env_id].build()
             except Exception as exc:
+                self.unbuilt.discard(env_id)
                 raise _BuildFailed(short_error(exc)) from exc
             self.envs[env_id] = env
             self.broken.discard(env_id)
+            self.unbuilt.discard(env_id)
         return env
 
 

@@ -199,6 +199,8 @@ class EnvBuild:
     env_id: int
     entry_point: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    #: build it at its first reset (or restore) instead of when its worker starts
+    lazy: bool = False
 
     def build(self) -> TextEnv:
         return make(self.entry_point, **self.kwargs)
