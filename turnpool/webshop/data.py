@@ -74,6 +74,8 @@ class WsProduct:
     image: str = ""
     instruction: str | None = None
     instruction_attributes: list[str] | None = None
+    #: The text the search index holds (``documents.jsonl``'s ``contents``).
+    contents: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def read_product_records(path: str | Path) -> list[dict[str, Any]]:
             if "product" not in row:
                 raise ValueError(f"{path}: a documents.jsonl line needs a 'product' field "
                                  "(WebShop's search documents carry the full product)")
-            records.append(row["product"])
+            records.append({**row["product"], "_contents": row.get("contents")})
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise ValueError(f"{path}: expected a list of WebShop product records")
     return records
@@ -186,18 +188,33 @@ def process_products(records: Iterable[dict[str, Any]], attributes: dict[str, An
         bullets = p.get("small_description", "")
         info = attributes.get(asin, {})
         images = p.get("images") or [""]
+        options = _options(p)
+        bullet_list = [str(b) for b in bullets] if isinstance(bullets, list) else [str(bullets)]
+        contents = p.get("_contents")
+        if not isinstance(contents, str):
+            contents = _contents(str(p["name"]), str(p.get("full_description", "")),
+                                 bullet_list, options)
         out.append(WsProduct(
             asin=asin, title=str(p["name"]), query=str(p["query"]).lower().strip(),
             category=str(p["category"]), product_category=str(p["product_category"]),
             description=str(p.get("full_description", "")),
-            bullets=[str(b) for b in bullets] if isinstance(bullets, list) else [str(bullets)],
-            pricing=pricing, price_tag=tag, options=_options(p),
+            bullets=bullet_list, pricing=pricing, price_tag=tag, options=options,
             attributes=list(info["attributes"]) if "attributes" in info else ["DUMMY_ATTR"],
             image=str(images[0]) if isinstance(images, list) else "",
             instruction=info.get("instruction"),
             instruction_attributes=info.get("instruction_attributes"),
+            contents=contents,
         ))
     return out
+
+
+def _contents(title: str, description: str, bullets: list[str],
+              options: dict[str, list[str]]) -> str:
+    """What WebShop indexes when a product list has no search documents: title, description,
+    first bullet and ``name: v1, v2, and name: ...``, lowercased."""
+    option_text = ", and ".join(f"{k}: {', '.join(v)}" for k, v in options.items())
+    first = bullets[0] if bullets else ""
+    return " ".join([title, description, first, option_text]).lower()
 
 
 def draw_prices(products: list[WsProduct], rng: random.Random) -> dict[str, float]:
