@@ -108,7 +108,7 @@ def measure(backend: str, url: str, shop: ShopProcess, n_envs: int, group_n: int
 
     kwargs = {"server_url": url, "split": "train", "max_steps": 10**9}
     rngs = [np.random.default_rng([7, i]) for i in range(n_envs)]
-    with EnvPool("webshop", env_num=n_envs // group_n, group_n=group_n, seed=1000,
+    with EnvPool("webshop_lite", env_num=n_envs // group_n, group_n=group_n, seed=1000,
                  env_kwargs=kwargs, backend=backend, num_workers=workers,
                  step_timeout=120.0) as pool:
         t0 = time.perf_counter()

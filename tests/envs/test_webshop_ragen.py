@@ -1,0 +1,127 @@
+"""RAGEN's WebShop env in process: pages, action lists, validity and flags on scripted episodes.
+
+``tests/fixtures/webshop_ragen/pages.json.gz`` was recorded by running RAGEN's ``WebShopEnv``
+(on webshop-minimal) outside the repo, with its Lucene searcher replaced by `_stub_search`
+below (so these traces pin pages and actions, not the ranking) and ``random.seed(0)`` before
+the server was built. Episodes cover search -> results -> item -> options -> sub pages -> buy,
+next / prev past the last page, back to search, unknown clicks and plain text, searches from
+the results, item and search pages, ``search[]`` and ``click[Buy Now]``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import turnpool
+from turnpool.envs import webshop_ragen
+from turnpool.envs.webshop_ragen import RagenWebShopEnv
+from turnpool.webshop.data import load_webshop
+from turnpool.webshop.ragen_shop import RagenShop
+
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "webshop_ragen" / "pages.json.gz"
+
+
+def _stub_search(docs: list[tuple[str, str]]) -> Any:
+    words_of = [set(text.split()) for _, text in docs]
+    bags = [text.split() for _, text in docs]
+
+    def search(query: str) -> list[str]:
+        words = query.lower().split()
+        scored = [(-sum(w in bag for w in words), i) for i, bag in enumerate(bags)
+                  if words_of[i] & set(words)]
+        scored.sort()
+        return [docs[i][0] for _, i in scored[:50]]
+    return search
+
+
+@pytest.fixture()
+def env(monkeypatch: pytest.MonkeyPatch) -> RagenWebShopEnv:
+    made = turnpool.make("webshop")
+    assert isinstance(made, RagenWebShopEnv)
+    data = load_webshop()
+    shop = RagenShop(data, _stub_search([(p.asin, p.contents) for p in data.products]))
+    monkeypatch.setitem(webshop_ragen._shops, made._shop_key, shop)
+    return made
+
+
+def test_scripted_episodes_match_ragen(env: RagenWebShopEnv) -> None:
+    with gzip.open(FIXTURE, "rt", encoding="utf-8") as f:
+        episodes = json.load(f)
+    for ep in episodes:
+        env.split = ep["mode"]
+        obs, _ = env.reset(seed=ep["seed"])
+        assert obs == ep["render"], (ep["seed"], ep["mode"])
+        assert env.available_actions() == ep["actions"]
+        for i, st in enumerate(ep["steps"]):
+            where = (ep["seed"], ep["mode"], i, st["action"])
+            obs, reward, terminated, _, info = env.step(st["action"])
+            assert env.page_text == st["obs"], where
+            assert obs == st["render"], where
+            assert env.available_actions() == st["actions"], where
+            assert reward == pytest.approx(st["reward"], abs=1e-12) and terminated == st["done"]
+            for key, value in st["info"].items():
+                assert info[key] == value, (where, key)
+
+
+def test_default_search_finds_the_goal_and_buys_it() -> None:
+    env = turnpool.make("webshop", split="test")
+    assert isinstance(env, RagenWebShopEnv)
+    rewards = []
+    for seed in range(5):
+        env.reset(seed=seed)
+        assert env.state is not None
+        goal = env.shop.data.goals[env.state.goal]
+        _, _, _, _, info = env.step(f"search[{goal.name}]")
+        assert info["action_is_valid"] and info["action_is_effective"]
+        link = f"click[{goal.asin.lower()}]"
+        assert link in env.available_actions()  # the title finds its own product first page
+        env.step(link)
+        _, reward, terminated, _, info = env.step("click[buy now]")
+        assert terminated and info["success_purchase"] and info["success"] == (reward == 1)
+        assert info["reward"] == reward and "r_type" in info
+        rewards.append(reward)
+    assert max(rewards) == 1.0
+
+
+def test_hostile_actions_are_invalid_and_harmless() -> None:
+    env = turnpool.make("webshop", split="val")
+    env.reset(seed=3)
+    page = env.anchor_obs()
+    for bad in [None, 7, "", "click[]", "x" * 100_000, "click[" * 5000,
+                "search[" + "a" * 10_000 + "]", "\udcff", "click[search]", "search[]"]:
+        _, reward, terminated, truncated, info = env.step(bad)
+        # RAGEN's rule: any search[...] is valid on a page with a search bar (it does nothing)
+        assert info["action_is_valid"] is (bad == "search[]"), bad
+        assert not info["action_is_effective"]
+        assert reward == 0.0 and not terminated and not truncated
+        assert env.anchor_obs() == page
+    capped = turnpool.make("webshop", split="val", max_steps=2)
+    capped.reset(seed=3)
+    capped.step("click[nothing]")
+    _, _, terminated, truncated, _ = capped.step("click[nothing]")
+    assert truncated and not terminated
+
+
+def test_state_copy_replays_identically() -> None:
+    a = turnpool.make("webshop", split="train")
+    b = turnpool.make("webshop", split="train")
+    a.reset(seed=17)
+    a.step("search[shirt]")
+    b.set_state(a.get_state())
+    first = [x for x in a.available_actions() if x.startswith("click[b")][0]
+    assert a.step(first)[0] == b.step(first)[0]
+    assert a.get_state()["state"] == b.get_state()["state"]
+
+
+def test_config_checks() -> None:
+    with pytest.raises(ValueError):
+        turnpool.make("webshop", split="dev")
+    with pytest.raises(ValueError):
+        turnpool.make("webshop", dataset="full")
+    with pytest.raises(ValueError):
+        turnpool.make("webshop", limit_goals=10)
