@@ -1,11 +1,12 @@
 """RAGEN's WebShop env in process: pages, action lists, validity and flags on scripted episodes.
 
 ``tests/fixtures/webshop_ragen/pages.json.gz`` was recorded by running RAGEN's ``WebShopEnv``
-(on webshop-minimal) outside the repo, with its Lucene searcher replaced by `_stub_search`
-below (so these traces pin pages and actions, not the ranking) and ``random.seed(0)`` before
-the server was built. Episodes cover search -> results -> item -> options -> sub pages -> buy,
-next / prev past the last page, back to search, unknown clicks and plain text, searches from
-the results, item and search pages, ``search[]`` and ``click[Buy Now]``.
+(on webshop-minimal) outside the repo, with ``random.seed(0)`` before its server was built and
+its searcher answering from Anserini's top-50 lists for the episodes' queries (recorded on
+webshop-minimal's own index). Episodes cover search -> results -> item -> options -> sub pages
+-> buy (rewards 0 to 1), next / prev up to and past the last page, back to search, unknown
+clicks and plain text, searches from the results, item and search pages, ``search[]`` and
+``click[Buy Now]``.
 """
 
 from __future__ import annotations
@@ -13,39 +14,19 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import turnpool
-from turnpool.envs import webshop_ragen
 from turnpool.envs.webshop_ragen import RagenWebShopEnv
-from turnpool.webshop.data import load_webshop
-from turnpool.webshop.ragen_shop import RagenShop
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "webshop_ragen" / "pages.json.gz"
 
 
-def _stub_search(docs: list[tuple[str, str]]) -> Any:
-    words_of = [set(text.split()) for _, text in docs]
-    bags = [text.split() for _, text in docs]
-
-    def search(query: str) -> list[str]:
-        words = query.lower().split()
-        scored = [(-sum(w in bag for w in words), i) for i, bag in enumerate(bags)
-                  if words_of[i] & set(words)]
-        scored.sort()
-        return [docs[i][0] for _, i in scored[:50]]
-    return search
-
-
 @pytest.fixture()
-def env(monkeypatch: pytest.MonkeyPatch) -> RagenWebShopEnv:
+def env() -> RagenWebShopEnv:
     made = turnpool.make("webshop")
     assert isinstance(made, RagenWebShopEnv)
-    data = load_webshop()
-    shop = RagenShop(data, _stub_search([(p.asin, p.contents) for p in data.products]))
-    monkeypatch.setitem(webshop_ragen._shops, made._shop_key, shop)
     return made
 
 

@@ -36,6 +36,11 @@ def test_top50_identical_to_lucene_for_every_query() -> None:
 def test_analyzer_pieces() -> None:
     assert tokenize("men's t-shirts 4.25 oz, e.g. size:xl a_b _ ❤️x") == [
         "men's", "t", "shirts", "4.25", "oz", "e.g", "size:xl", "a_b", "❤️", "x"]
+    ascii_text = "men's t-shirts 4.25 oz, e.g. size:xl a_b _ 1,000;2 x" + "y" * 300
+    assert tokenize(ascii_text) == tokenize(ascii_text + " \u00e9")[:-1]  # fast == careful
+    assert [len(t) for t in tokenize(ascii_text)[-2:]] == [255, 46]
+    assert tokenize(ascii_text)[:9] == ["men's", "t", "shirts", "4.25", "oz", "e.g", "size:xl",
+                                        "a_b", "1,000;2"]
     assert analyze("The Women's Running Shoes") == ["women", "run", "shoe"]
     assert [stem(w) for w in ("caresses", "ponies", "agreed", "hopping", "happy",
                               "relational", "archaeology", "generalization", "electrical",
