@@ -315,7 +315,8 @@ def test_bench_command_runs_and_writes_json(tmp_path: Path) -> None:
                                           "sequential,thread", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert [r["backend"] for r in report["rows"]] == ["sequential", "thread"]
+    assert [(r["task"], r["backend"]) for r in report["rows"]] == [
+        ("ragen", "sequential"), ("ragen", "thread"), ("lite", "sequential"), ("lite", "thread")]
     for row in report["rows"]:
         assert row["active_backend"] == row["backend"] and row["valid_ratio"] == 1.0
         assert row["steps_per_s"] > 0 and row["shop_cores"] >= 0
