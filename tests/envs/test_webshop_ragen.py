@@ -106,3 +106,20 @@ def test_config_checks() -> None:
         turnpool.make("webshop", dataset="full")
     with pytest.raises(ValueError):
         turnpool.make("webshop", limit_goals=10)
+
+
+def test_oracle_buys_within_ragens_turn_limit() -> None:
+    from turnpool.envs.webshop_ragen import oracle
+
+    env = turnpool.make("webshop", split="test")
+    rewards = []
+    for seed in range(20):
+        obs, _ = env.reset(seed=seed)
+        for _ in range(9):
+            obs, reward, terminated, _, info = env.step(oracle(obs)[0])
+            assert info["action_is_valid"]
+            if terminated:
+                rewards.append(reward)
+                break
+    assert len(rewards) == 20 and sum(rewards) / 20 > 0.3
+    assert oracle(obs) == [] or not terminated

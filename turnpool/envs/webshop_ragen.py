@@ -216,3 +216,41 @@ class RagenWebShopEnv(TextEnv):
             shop_state, keywords=list(shop_state.keywords), options=dict(shop_state.options))
         self.obs, self.page_text = state["obs"], state["page_text"]
         self.steps, self.done = state["steps"], state["done"]
+
+
+# ---------------------------------------------------------------------- scripted policy
+_ACTIONS_TAIL = "\n You must choose from these actions:"
+
+
+def _goal_text(obs: str) -> str:
+    head = obs.split(".We must buy", 1)[0]
+    if " [SEP] " in head:
+        parts = head.split(" [SEP] ")
+        return parts[parts.index("Instruction:") + 1] if "Instruction:" in parts else ""
+    return head.removeprefix("Instruction: ")
+
+
+def oracle(obs: str, env_config: dict[str, Any] | None = None) -> list[str]:
+    """A simple scripted shopper from the page text alone (for tests and smoke runs): search
+    the goal's product words, open the first result, buy (RAGEN scores a purchase on all of the
+    product's options, so clicking options changes nothing). ``[]`` when nothing is left."""
+    if _ACTIONS_TAIL not in obs:
+        return []
+    listed = obs.rsplit(_ACTIONS_TAIL, 1)[1].removesuffix(".").split(", ")
+    if "search[<content>]" in listed:
+        goal = _goal_text(obs)
+        words = goal.split(" with ", 1)[0].split(", and price", 1)[0]
+        words = words.removeprefix("Find me ").removeprefix("find me ")
+        return [f"search[{words}]"] if words else []
+    if "click[buy now]" in listed:
+        return ["click[buy now]"]
+    links = [a for a in listed if a not in ("click[back to search]", "click[< prev]",
+                                            "click[next >]")]
+    if links:
+        return [links[0]]
+    if "click[< prev]" in listed:
+        return ["click[< prev]"]
+    return []
+
+
+RagenWebShopEnv.oracle = staticmethod(oracle)
