@@ -236,7 +236,7 @@ def oracle(obs: str, env_config: dict[str, Any] | None = None) -> list[str]:
     product's options, so clicking options changes nothing). ``[]`` when nothing is left."""
     if _ACTIONS_TAIL not in obs:
         return []
-    listed = obs.rsplit(_ACTIONS_TAIL, 1)[1].removesuffix(".").split(", ")
+    listed = [a for a in obs.rsplit(_ACTIONS_TAIL, 1)[1].removesuffix(".").split(", ") if a]
     if "search[<content>]" in listed:
         goal = _goal_text(obs)
         words = goal.split(" with ", 1)[0].split(", and price", 1)[0]
