@@ -62,6 +62,10 @@ def test_default_search_finds_the_goal_and_buys_it() -> None:
         link = f"click[{goal.asin.lower()}]"
         assert link in env.available_actions()  # the title finds its own product first page
         env.step(link)
+        assert isinstance(goal.goal_options, dict)
+        for value in goal.goal_options.values():  # RAGEN scores the clicked options
+            _, _, _, _, info = env.step(f"click[{value}]")
+            assert info["action_is_valid"] and not info["action_is_effective"]  # page unchanged
         _, reward, terminated, _, info = env.step("click[buy now]")
         assert terminated and info["success_purchase"] and info["success"] == (reward == 1)
         assert info["reward"] == reward and "r_type" in info
@@ -123,3 +127,17 @@ def test_oracle_buys_within_ragens_turn_limit() -> None:
                 break
     assert len(rewards) == 20 and sum(rewards) / 20 > 0.3
     assert oracle(obs) == [] or not terminated
+
+
+def test_ragen_manager_mode_picks_the_split() -> None:
+    from turnpool.ragen.state_manager import EnvStateManager
+
+    envs = {mode: turnpool.make("webshop", mode=mode) for mode in ("train", "val")}
+    for mode, env in envs.items():
+        cfg = {"es_manager": {mode: {"env_groups": 1, "group_size": 1, "env_configs": {
+            "tags": ["WebShop"], "n_groups": [1]}}},
+            "turnpool": {"backend": "sequential"}, "seed": {"train": 10000, "val": 123}}
+        with EnvStateManager(cfg, mode=mode) as es:
+            state = es.reset(seed=123 if mode == "val" else 10000)[0]["history"][0]["state"]
+        assert state == env.reset(seed=123 if mode == "val" else 10000)[0], mode
+    assert envs["train"].render() != envs["val"].render()

@@ -1,11 +1,11 @@
 """WebShop's reward as RAGEN computes it, on the small set.
 
 The reference (``tests/fixtures/webshop_ragen/rewards.json.gz``) holds 18,910 purchases scored
-by webshop-minimal's own ``get_reward`` outside the repo: every goal's perfect purchase (the
-goal's product at its drawn price, scored on the product's options as RAGEN's env does) and
-12,000 random (goal, product, options, price) cases: the goal's product, a product of the same
-query or any product; full, partial or single options; the drawn price, the bound itself, just
-above it or anything.
+by webshop-minimal's own ``get_reward`` (commit ec82552, the one RAGEN pins) outside the repo:
+every goal's perfect purchase (the goal's product at its drawn price with the goal's options
+clicked) and 12,000 random (goal, product, clicked options, price) cases: the goal's product,
+a product of the same query or any product; the goal's options, one value of every option or
+of some options; the drawn price, the bound itself, just above it or anything.
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def test_price_bound_is_inclusive() -> None:
     data = load_webshop()
     goal = next(g for g in data.goals if g.price_upper < 1_000_000)
     product = data.by_asin[goal.asin]
-    at = webshop_reward(product, goal, goal.price_upper, product.options)
-    above = webshop_reward(product, goal, goal.price_upper + 0.01, product.options)
+    wanted = dict(goal.goal_options)
+    at = webshop_reward(product, goal, goal.price_upper, wanted)
+    above = webshop_reward(product, goal, goal.price_upper + 0.01, wanted)
     assert at.price_ok and not above.price_ok
     n = len(goal.attributes) + len(goal.goal_options) + 1
     assert at.reward - above.reward == pytest.approx(at.r_type / n)
@@ -83,9 +84,9 @@ def test_type_score_without_spacy_is_an_approximation_not_an_error() -> None:
     product = data.by_asin[goal.asin]
     nouns = TitleNouns()  # empty table: spaCy if installed, else the word fallback
     nouns._tried, nouns._nlp = True, None  # force the fallback
-    r = webshop_reward(product, goal, 0.0, product.options, nouns)
+    r = webshop_reward(product, goal, 0.0, {}, nouns)
     words = nouns(product.title)  # repeated nouns count in the denominator, as in WebShop
     assert r.title_score == len(set(words)) / len(words) and r.r_type == 1.0
     other = dataclasses.replace(product, title="zzz qqq")
-    assert webshop_reward(other, goal, 0.0, product.options, nouns).r_type in (0.0, 0.1, 0.5, 1)
+    assert webshop_reward(other, goal, 0.0, {}, nouns).r_type in (0.0, 0.1, 0.5, 1)
     assert bundled_title_nouns()(product.title)  # the shipped table knows every title

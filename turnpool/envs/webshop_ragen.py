@@ -96,6 +96,9 @@ class RagenWebShopEnv(TextEnv):
     """
 
     action_kind = "webshop"
+    #: RAGEN's manager passes its mode (train / val) to this env's reset; RAGEN configs give it
+    #: to turnpool's envs as the ``mode`` kwarg (`turnpool.ragen.config.rollout_plan`).
+    ragen_reset_mode = True
     instruction = (
         "You are browsing an online shop. Based on the instruction, buy a product that close "
         "to the production description. You need to search, read the search results, pick a "
@@ -232,8 +235,9 @@ def _goal_text(obs: str) -> str:
 
 def oracle(obs: str, env_config: dict[str, Any] | None = None) -> list[str]:
     """A simple scripted shopper from the page text alone (for tests and smoke runs): search
-    the goal's product words, open the first result, buy (RAGEN scores a purchase on all of the
-    product's options, so clicking options changes nothing). ``[]`` when nothing is left."""
+    the goal's product words, open the first result, buy. It clicks no options: RAGEN's pages
+    do not show a selection, so a policy that sees only the page cannot tell what it clicked.
+    ``[]`` when nothing is left."""
     if _ACTIONS_TAIL not in obs:
         return []
     listed = [a for a in obs.rsplit(_ACTIONS_TAIL, 1)[1].removesuffix(".").split(", ") if a]

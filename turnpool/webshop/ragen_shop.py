@@ -25,8 +25,8 @@ a clickable of the page (other than ``search``); anything else does nothing. ``n
 ``< prev`` on results re-run the search for the new page; ``< prev`` on an item page goes back
 to the results, on a sub page back to the item; clicking a product opens it with no options
 selected, clicking an option value selects it; ``back to search`` returns to the search page;
-``buy now`` ends the episode with WebShop's reward on the product's *full* option lists (see
-`turnpool.webshop.reward`).
+``buy now`` ends the episode with WebShop's reward for the product and the options clicked on
+its page (see `turnpool.webshop.reward`).
 
 Search is pluggable: any ``query -> list of ASINs`` function (`turnpool.webshop.search`
 provides the default).
@@ -204,7 +204,7 @@ class RagenShop:
             product = self.data.by_asin[str(s.asin)]
             goal = self.data.goals[s.goal]
             result = webshop_reward(product, goal, self.data.prices[product.asin],
-                                    product.options, self.nouns)
+                                    s.options, self.nouns)
             s.kind, s.reward = "done", result.reward
             n = len(goal.attributes) + len(goal.goal_options) + 1
             parts: dict[str, Any] = {

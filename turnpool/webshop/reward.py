@@ -1,12 +1,12 @@
 """WebShop's reward for a purchase, with its fuzzy matching, colour normaliser and type score.
 
-For a goal and a purchased product, with ``price`` the product's drawn price and ``options``
-the option values the purchase is scored on (``{name: [values]}``)::
+For a goal and a purchased product, with ``price`` the product's drawn price and ``selected``
+the options clicked before buying (``{name: value}``)::
 
     attributes: a goal attribute counts when a product attribute matches it fuzzily (> 85),
                 or else when it is a substring of the lowercased title, bullets or description
-    options:    each goal option counts when some purchased option value matches it (> 85),
-                both sides first passed through the colour normaliser
+    options:    each goal option counts when some selected value matches it (> 85), both
+                sides first passed through the colour normaliser
     price:      price <= price_upper (inclusive)
     reward   =  r_type * (attributes + options + price) / (n_attributes + n_options + 1)
 
@@ -21,8 +21,12 @@ Quirks kept on purpose, because RAGEN's rewards have them:
   ``(name, value)`` pairs, for which "occurs in" means "equals the name or the value", and
   a pair that is not normalised is matched as the text of the pair (``"('color', 'dash')"``,
   i.e. the words of the name and the value).
-* RAGEN's env scores a purchase on *all* option values of the product, not on the ones the
-  agent clicked (``WebShopEnv`` passes ``product.options``).
+* Selected values are matched against goal options without looking at option names, so a
+  size value can satisfy a colour wish if the words match.
+
+This is webshop-minimal at ``ec82552``, the commit RAGEN pins. (Later commits of
+webshop-minimal score a purchase on all of the product's option values instead of the clicked
+ones; RAGEN does not use them.)
 
 The type score compares the nouns (spaCy ``en_core_web_sm`` tags NOUN / PROPN) of the two
 titles: ``title_score = |nouns(bought) & nouns(wanted)| / |nouns(wanted)|`` (0.2 if the wanted
@@ -198,15 +202,14 @@ def option_matches(bought_values: Iterable[str],
 
 
 def webshop_reward(bought: WsProduct, goal: WsGoal, price: float,
-                   options: Mapping[str, Sequence[str]],
+                   selected: Mapping[str, str],
                    nouns: TitleNouns | None = None) -> Reward:
-    """WebShop's ``get_reward`` for buying ``bought`` at ``price``, scored on ``options``."""
+    """WebShop's ``get_reward`` for buying ``bought`` at ``price`` with ``selected`` options."""
     nouns = nouns or bundled_title_nouns()
     r_type, query_match, category_match, title_score = type_score(bought, goal, nouns)
     price_ok = bool(price <= goal.price_upper) if goal.price_upper > 0 else False
     n_attr = attribute_matches(bought, goal.attributes)
-    values = [v for vs in options.values() for v in vs]
-    n_opt = option_matches(values, goal.goal_options)
+    n_opt = option_matches(list(selected.values()), goal.goal_options)
     total = (n_attr + n_opt + int(price_ok)) / (len(goal.attributes) + len(goal.goal_options) + 1)
     return Reward(total * r_type, r_type, query_match, category_match, title_score, n_attr,
                   n_opt, price_ok)
