@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import turnpool
-from turnpool.envs.webshop_ragen import RagenWebShopEnv
+from turnpool.envs.webshop_ragen import RagenWebShopEnv, oracle
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "webshop_ragen" / "pages.json.gz"
 
@@ -113,8 +113,6 @@ def test_config_checks() -> None:
 
 
 def test_oracle_buys_within_ragens_turn_limit() -> None:
-    from turnpool.envs.webshop_ragen import oracle
-
     env = turnpool.make("webshop", split="test")
     rewards = []
     for seed in range(20):
@@ -141,3 +139,29 @@ def test_ragen_manager_mode_picks_the_split() -> None:
             state = es.reset(seed=123 if mode == "val" else 10000)[0]["history"][0]["state"]
         assert state == env.reset(seed=123 if mode == "val" else 10000)[0], mode
     assert envs["train"].render() != envs["val"].render()
+
+
+def test_shop_service_serves_ragens_task() -> None:
+    import httpx
+
+    from turnpool.webshop.server import ShopServer
+
+    with ShopServer() as server, httpx.Client(base_url=server.url, trust_env=False,
+                                              timeout=30, follow_redirects=True) as web:
+        env = turnpool.make("webshop", split="test")
+        obs, _ = env.reset(seed=4)
+        first = web.get("/ragen/", params={"seed": 4, "split": "test"})
+        assert first.status_code == 200 and first.text.startswith(env.anchor_obs())
+        sid = str(first.url).rstrip("/").split("/")[-1]
+        act = oracle(obs)[0]
+        env_obs, *_ = env.step(act)
+        page = web.get(f"/ragen/s/{sid}/act", params={"action": act})
+        assert page.text.split("\n\nAvailable actions: ")[0] == env.anchor_obs()
+        assert page.text.split("\n\nAvailable actions: ")[1] == ", ".join(
+            env.available_actions())
+        people = web.get(f"/ragen/s/{sid}", params={"format": "html"})
+        assert "<a href=" in people.text and "Back to Search" in people.text
+        form = web.get(f"/ragen/s/{sid}/act", params={"q": "dress", "format": "html"})
+        assert form.status_code == 200 and "Page 1 (Total results:" in form.text
+        assert web.get("/ragen/s/nope").status_code == 404
+        assert web.get("/ragen/", params={"split": "dev"}).status_code == 400

@@ -35,12 +35,11 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any
 
 from turnpool.envs.base import TextEnv
-from turnpool.webshop.data import goal_for_seed, load_webshop
-from turnpool.webshop.ragen_shop import MAX_ACTION_CHARS, RagenShop, ShopState
+from turnpool.webshop.data import goal_for_seed
+from turnpool.webshop.ragen_shop import MAX_ACTION_CHARS, RagenShop, ShopState, shared_shop
 
 SPLITS = ("train", "val", "test")
 
@@ -62,26 +61,6 @@ RENDER_HINTS = "\n".join([
     "before click[buy now], but don't have to if only 1 action left, in that case you just "
     "click[buy now]. Never click description.",
 ])
-
-_shops: dict[tuple[Any, ...], RagenShop] = {}
-_shops_lock = threading.Lock()
-
-
-def shared_shop(file_path: str | None = None, attr_path: str | None = None,
-                human_goals_path: str | None = None, num_products: int | None = None,
-                draw_seed: int = 0) -> RagenShop:
-    """One shop (data + search index) per data set and process, shared by its envs."""
-    key = (file_path, attr_path, human_goals_path, num_products, draw_seed)
-    with _shops_lock:
-        shop = _shops.get(key)
-        if shop is None:
-            from turnpool.webshop.search import Bm25Search
-
-            data = load_webshop(file_path, attr_path, human_goals_path, num_products, draw_seed)
-            search = Bm25Search([(p.asin, p.contents) for p in data.products])
-            shop = _shops[key] = RagenShop(data, search)
-        return shop
-
 
 class RagenWebShopEnv(TextEnv):
     """RAGEN's WebShop (module docstring).

@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnpool.webshop.data import WebShopData, WsProduct
+from turnpool.webshop.data import WebShopData, WsProduct, load_webshop
 from turnpool.webshop.reward import TitleNouns, webshop_reward
 
 PRODUCT_WINDOW = 10
@@ -257,3 +258,24 @@ def _html_safe_json(value: object) -> str:
     text = json.dumps(value, sort_keys=True)
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("'", "\\u0027"))
+
+
+_shops: dict[tuple[Any, ...], RagenShop] = {}
+_shops_lock = threading.Lock()
+
+
+def shared_shop(file_path: str | None = None, attr_path: str | None = None,
+                human_goals_path: str | None = None, num_products: int | None = None,
+                draw_seed: int = 0) -> RagenShop:
+    """One shop (data + search index) per data set and process, shared by its envs and the
+    web service; the bundled small set with no paths."""
+    key = (file_path, attr_path, human_goals_path, num_products, draw_seed)
+    with _shops_lock:
+        shop = _shops.get(key)
+        if shop is None:
+            from turnpool.webshop.search import Bm25Search
+
+            data = load_webshop(file_path, attr_path, human_goals_path, num_products, draw_seed)
+            search = Bm25Search([(p.asin, p.contents) for p in data.products])
+            shop = _shops[key] = RagenShop(data, search)
+        return shop
