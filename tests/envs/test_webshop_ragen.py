@@ -165,3 +165,25 @@ def test_shop_service_serves_ragens_task() -> None:
         assert form.status_code == 200 and "Page 1 (Total results:" in form.text
         assert web.get("/ragen/s/nope").status_code == 404
         assert web.get("/ragen/", params={"split": "dev"}).status_code == 400
+
+
+def test_item_and_sub_pages_of_every_product_match_ragen() -> None:
+    """sha256 of RAGEN's page text (webshop-minimal's templates read back as RAGEN reads them)
+    for the item, description, features and reviews pages of all 1,000 products."""
+    import hashlib
+
+    from turnpool.webshop.ragen_shop import ShopState, shared_shop
+
+    with gzip.open(FIXTURE.with_name("item_pages.json.gz"), "rt", encoding="utf-8") as f:
+        ref = json.load(f)
+    shop = shared_shop()
+    wrong = []
+    for asin, pages in ref["pages"].items():
+        for kind, digest in pages.items():
+            state = ShopState(goal=ref["goal_index"], keywords=["x"], asin=asin,
+                              kind="item_page" if kind == "item" else "item_sub_page",
+                              sub_page="" if kind == "item" else kind)
+            text = shop.observation(state)
+            if hashlib.sha256(text.encode()).hexdigest() != digest:
+                wrong.append((asin, kind))
+    assert len(ref["pages"]) == 1000 and wrong == []

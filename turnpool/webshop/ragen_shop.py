@@ -150,7 +150,7 @@ class RagenShop:
             if s.sub_page == "Description":
                 pieces.append(product.description)
             elif s.sub_page == "Features":
-                pieces += product.bullets
+                pieces += [f" {b}" for b in product.bullets]  # the template's " {{bullet}}"
             return _visible(pieces), False, clicks
         radios: dict[str, Clickable] = {}
         for name, values in product.options.items():
@@ -248,9 +248,19 @@ class RagenShop:
         return out
 
 
+_ASCII_SPACE = " \t\n\r\f"
+
+
 def _visible(pieces: list[str]) -> list[str]:
-    """Text nodes as the page reader sees them: stripped, empty ones absent."""
-    return [t.strip() for t in pieces if t.strip()]
+    """Text pieces as RAGEN's page reader sees them: an empty value makes no text node; a
+    node of ASCII blanks reads as a newline (then skipped) when it holds one, else as a space,
+    which strips to an empty piece; anything else is stripped."""
+    out = []
+    for t in pieces:
+        if not t or (not t.strip(_ASCII_SPACE) and "\n" in t):
+            continue
+        out.append(t.strip())
+    return out
 
 
 def _html_safe_json(value: object) -> str:
