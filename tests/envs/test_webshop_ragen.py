@@ -187,3 +187,24 @@ def test_item_and_sub_pages_of_every_product_match_ragen() -> None:
             if hashlib.sha256(text.encode()).hexdigest() != digest:
                 wrong.append((asin, kind))
     assert len(ref["pages"]) == 1000 and wrong == []
+
+
+def test_pool_backends_give_identical_episodes() -> None:
+    from turnpool.pool import EnvPool
+
+    def run(backend: str) -> list[object]:
+        trace: list[object] = []
+        with EnvPool("webshop", env_num=2, group_n=2, seed=31, env_kwargs={"split": "val"},
+                     backend=backend, num_workers=2 if backend != "sequential" else None,
+                     step_timeout=120.0) as pool:
+            obs, _ = pool.reset()
+            trace.append(obs)
+            for _ in range(4):
+                acts = [(oracle(o) or ["click[< prev]"])[0] for o in obs]
+                obs, rewards, dones, infos = pool.step(acts)
+                trace.append((obs, rewards, dones, [i["action_is_valid"] for i in infos]))
+        return trace
+
+    sequential = run("sequential")
+    assert sequential[0][0] == sequential[0][1] != sequential[0][2]  # groups share a goal
+    assert run("process") == sequential
