@@ -63,7 +63,7 @@ RENDER_HINTS = "\n".join([
 ])
 
 class RagenWebShopEnv(TextEnv):
-    """RAGEN's WebShop (module docstring).
+    """RAGEN's WebShop task on webshop-minimal's small set (details: module docstring).
 
     Config: ``split`` or RAGEN's ``mode`` ("train" | "val" | "test"), ``file_path`` (a
     WebShop product list or ``documents.jsonl``; the bundled small set by default),
