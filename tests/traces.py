@@ -24,6 +24,8 @@ ENVS: dict[str, tuple[dict[str, Any], list[Any]]] = {
     "metamathqa": ({}, ["9", "10", "The answer is: 9", "x"]),
     "sokoban": ({"dim_room": (6, 6), "num_boxes": 1, "max_steps": 8},
                 ["Up", "Down", "Left", "Right", 1, 4, "push"]),
+    "webshop": ({"split": "val"}, ["search[red cotton shirt]", "click[next >]", "click[< prev]",
+                                   "click[back to search]", "search[dress]", "click[b0]"]),
     "webshop_lite": ({"max_steps": 6}, ["search[red cotton shirt]", "click[buy now]",
                                    "click[back to search]", "click[next >]"]),
 }
