@@ -24,7 +24,9 @@ ENVS: dict[str, tuple[dict[str, Any], list[Any]]] = {
     "metamathqa": ({}, ["9", "10", "The answer is: 9", "x"]),
     "sokoban": ({"dim_room": (6, 6), "num_boxes": 1, "max_steps": 8},
                 ["Up", "Down", "Left", "Right", 1, 4, "push"]),
-    "webshop": ({"max_steps": 6}, ["search[red cotton shirt]", "click[buy now]",
+    "webshop": ({"split": "val"}, ["search[red cotton shirt]", "click[next >]", "click[< prev]",
+                                   "click[back to search]", "search[dress]", "click[b0]"]),
+    "webshop_lite": ({"max_steps": 6}, ["search[red cotton shirt]", "click[buy now]",
                                    "click[back to search]", "click[next >]"]),
 }
 
@@ -36,11 +38,11 @@ def _strip(info: dict[str, Any]) -> dict[str, Any]:
 def _actions(rng: np.random.Generator, env_type: str, obs: str) -> list[Any]:
     vocab = ENVS[env_type][1]
     n = int(rng.integers(1, 4))
-    if env_type == "webshop":  # each action is an HTTP round trip; keep the test quick
+    if env_type == "webshop_lite":  # each action is an HTTP round trip; keep the test quick
         n = 1
     acts: list[Any] = []
     for _ in range(n):
-        if env_type == "webshop" and rng.random() < 0.7:
+        if env_type == "webshop_lite" and rng.random() < 0.7:
             acts.append((oracle(obs) or ["click[buy now]"])[0])
         else:
             acts.append(vocab[int(rng.integers(0, len(vocab)))])
@@ -74,7 +76,7 @@ def run_trace(pool: EnvPool) -> list[Any]:
 def mixed_pool(shop_url: str, **kwargs: Any) -> EnvPool:
     specs = []
     for name, (env_kwargs, _) in ENVS.items():
-        kw = dict(env_kwargs, server_url=shop_url) if name == "webshop" else env_kwargs
+        kw = dict(env_kwargs, server_url=shop_url) if name == "webshop_lite" else env_kwargs
         specs.append(EnvGroupSpec(name, name, N_GROUPS, kw))
     return EnvPool.from_specs(specs, group_n=GROUP_N, seed=2024, step_timeout=60.0,
                               fallback=False, **kwargs)

@@ -39,7 +39,7 @@ def shop_url() -> Iterator[str]:
 
 
 def _env(url: str, **kw: Any) -> WebShopEnv:
-    env = turnpool.make("webshop", server_url=url, **kw)
+    env = turnpool.make("webshop_lite", server_url=url, **kw)
     assert isinstance(env, WebShopEnv)
     return env
 
@@ -270,8 +270,8 @@ def test_unreachable_service_gives_a_clear_error() -> None:
 
 
 def test_env_starts_its_own_server_when_no_url_is_given() -> None:
-    env = turnpool.make("webshop", split="test")
-    twin = turnpool.make("webshop", split="test")
+    env = turnpool.make("webshop_lite", split="test")
+    twin = turnpool.make("webshop_lite", split="test")
     assert isinstance(env, WebShopEnv) and isinstance(twin, WebShopEnv)
     obs, info = env.reset(seed=0)
     assert env.server_url is not None and env.server_url.startswith("http://127.0.0.1:")
@@ -287,7 +287,7 @@ def test_pool_groups_identical_and_backends_agree(shop_url: str) -> None:
     kwargs = {"server_url": shop_url, "split": "test"}
     runs = {}
     for backend, workers in (("sequential", None), ("thread", 3), ("process", 2)):
-        with EnvPool("webshop", env_num=2, group_n=3, seed=40, env_kwargs=kwargs,
+        with EnvPool("webshop_lite", env_num=2, group_n=3, seed=40, env_kwargs=kwargs,
                      backend=backend, num_workers=workers, step_timeout=60.0) as pool:
             assert pool.backend_name == backend
             obs, _ = pool.reset()
@@ -315,7 +315,8 @@ def test_bench_command_runs_and_writes_json(tmp_path: Path) -> None:
                                           "sequential,thread", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert [r["backend"] for r in report["rows"]] == ["sequential", "thread"]
+    assert [(r["task"], r["backend"]) for r in report["rows"]] == [
+        ("ragen", "sequential"), ("ragen", "thread"), ("lite", "sequential"), ("lite", "thread")]
     for row in report["rows"]:
         assert row["active_backend"] == row["backend"] and row["valid_ratio"] == 1.0
         assert row["steps_per_s"] > 0 and row["shop_cores"] >= 0

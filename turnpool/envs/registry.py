@@ -174,7 +174,8 @@ for _name, _entry in {
     "bandit": "turnpool.envs.bandit:BanditEnv",
     "countdown": "turnpool.envs.countdown:CountdownEnv",
     "metamathqa": "turnpool.envs.metamathqa:MetaMathQAEnv",
-    "webshop": "turnpool.envs.webshop:WebShopEnv",
+    "webshop": "turnpool.envs.webshop_ragen:RagenWebShopEnv",
+    "webshop_lite": "turnpool.envs.webshop:WebShopEnv",
 }.items():
     register(_name, _entry)
 

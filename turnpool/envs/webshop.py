@@ -1,4 +1,7 @@
-"""The ``webshop`` env: an agent shops on the local WebShop service over HTTP.
+"""The ``webshop_lite`` env: an agent shops on the local synthetic WebShop service over HTTP.
+
+The lighter task (a made-up catalog, its own pages and reward); RAGEN's WebShop task is the
+``webshop`` env (`turnpool.envs.webshop_ragen`).
 
 The observation is the shop's page text followed by ``Available actions: ...``; actions are
 ``search[<query>]`` (on the search page) and ``click[<name>]`` for a name in that list. The
@@ -25,7 +28,7 @@ wait; an unreachable service raises `WebShopUnavailable` with what to do about i
 Example:
     >>> import turnpool
     >>> from turnpool.envs.webshop import oracle
-    >>> env = turnpool.make("webshop", split="test")
+    >>> env = turnpool.make("webshop_lite", split="test")
     >>> obs, info = env.reset(seed=0)
     >>> obs, reward, terminated, truncated, info = env.step(oracle(obs)[0])
     >>> info["action_is_valid"]

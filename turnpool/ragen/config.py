@@ -286,6 +286,18 @@ def pool_options(cfg: DictConfig) -> dict[str, Any]:
     return options
 
 
+def _reset_takes_mode(env_type: str) -> bool:
+    """Whether RAGEN's env of this type reads the manager's mode at reset (WebShop's split):
+    such env classes say so with ``ragen_reset_mode = True`` and get ``mode=`` as a kwarg."""
+    from turnpool.envs.registry import resolve
+
+    try:
+        cls, _ = resolve(env_type)
+    except (ImportError, ValueError, KeyError, AttributeError):
+        return False  # reported where the env is built
+    return bool(getattr(cls, "ragen_reset_mode", False))
+
+
 def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
     """The typed view of a loaded config for ``mode`` ("train" or "val")."""
     if mode not in ("train", "val"):
@@ -299,9 +311,13 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
     tags: list[TagSpec] = []
     for tag, n in zip(es[mode]["env_configs"]["tags"], n_groups):
         c = custom[tag]
+        env_kwargs = dict(c.get("env_config") or {})
+        if "mode" not in env_kwargs and "split" not in env_kwargs \
+                and _reset_takes_mode(str(c["env_type"])):
+            env_kwargs["mode"] = mode
         tags.append(TagSpec(
             tag=tag, env_type=str(c["env_type"]), n_groups=n,
-            env_kwargs=dict(c.get("env_config") or {}),
+            env_kwargs=env_kwargs,
             max_actions_per_traj=int(c.get("max_actions_per_traj", 10)),
             env_instruction=c.get("env_instruction"),
             max_tokens=int(c.get("max_tokens") or fallback_tokens),

@@ -6,6 +6,7 @@ or the ``Accept`` header, text by default):
 * ``GET /`` starts a browsing session for a person (``?goal=N``) and redirects to it;
 * ``GET /s/{session}`` shows the session's page; ``GET /s/{session}/act?action=click[...]``
   (or ``?q=words`` for a search) applies an action and shows the new page;
+* ``/ragen/...``: RAGEN's WebShop task on its real small set (`turnpool.webshop.ragen_web`);
 * the agent API, JSON: ``GET /api/meta``, ``POST /api/reset {"session", "goal"}``,
   ``POST /api/step {"session", "action"}``, ``GET /api/page?session=``,
   ``DELETE /api/session/{session}``. Replies carry the page text, the available actions,
@@ -41,6 +42,7 @@ from fastapi.responses import (
 )
 
 from turnpool.webshop.catalog import load_catalog
+from turnpool.webshop.ragen_web import add_ragen_routes
 from turnpool.webshop.shop import MAX_ACTION_CHARS, Outcome, Page, Shop
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ def create_app(catalog_path: str | None = None, latency_ms: float = 0.0) -> Fast
     shop = Shop(load_catalog(catalog_path))
     app = FastAPI(title="turnpool webshop", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.shop = shop
+    add_ragen_routes(app)  # RAGEN's WebShop on its small set, under /ragen/
     human_ids = itertools.count()
     delay = max(0.0, float(latency_ms)) / 1000.0
 
