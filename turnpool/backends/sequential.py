@@ -31,7 +31,7 @@ from turnpool.worker.deadline import (
     signal_timer_free,
 )
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import Reply, Request, failed_reply
+from turnpool.worker.protocol import Op, Reply, Request, failed_reply
 
 
 class SequentialBackend(Backend):
@@ -42,6 +42,7 @@ class SequentialBackend(Backend):
 
     def start(self, timeout: float) -> None:
         self._deadline = InProcessDeadline()
+        self._limits = Op.limits(self.step_timeout, self.reset_timeout)
         self._threads: ThreadBackend | None = None
         self._hosts = [EnvHost(self.builds_of(k), self._deadline.mark)
                        for k in range(self.num_workers)]
@@ -58,7 +59,7 @@ class SequentialBackend(Backend):
 
     def send(self, worker: int, request: Request) -> None:
         if self._threads is None:
-            limit = request[1].limit(self.step_timeout, self.reset_timeout)
+            limit = self._limits[request[1]]
             if limit is None or signal_timer_free():
                 self._run(worker, request, limit)
                 return

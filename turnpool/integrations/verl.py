@@ -160,8 +160,7 @@ class TurnpoolAgentLoop(AgentLoopBase):
                     result = TurnResult(obs="", reward_sum=0.0, terminated=False,
                                         truncated=True, info={"failure": "timeout"},
                                         n_executed=0,
-                                        error=f"no answer from the env after {wait_s:.0f} s",
-                                        failure="timeout")
+                                        error=f"no answer from the env after {wait_s:.0f} s")
                 metrics["tool_calls"] += time.perf_counter() - t0
             apply_turn(ep, plan, result, settings)
             if len(response) >= budget:

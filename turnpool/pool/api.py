@@ -284,7 +284,7 @@ class EnvPool:
             return [], [], [], []
         # TurnResult's fields, unpacked in its declared order (one C-level transpose; this is
         # the per-env hot path)
-        obs, rewards, terminated, truncated, infos, _, _, _ = zip(*res)
+        obs, rewards, terminated, truncated, infos, _, _ = zip(*res)
         return (list(obs), list(rewards), list(map(operator.or_, terminated, truncated)),
                 list(infos))
 

@@ -81,6 +81,7 @@ class Dispatcher:
         self.backend = backend
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout
+        self._limits = Op.limits(step_timeout, reset_timeout)
         self.replay = ReplayLog(backend.slices, num_envs)
         self._seq = 0
         #: failed envs (until their next reset) -> why, and their failure class
@@ -161,7 +162,7 @@ class Dispatcher:
             now = time.monotonic()
             wake = end
             for w in active:
-                limit = queues[w][0].op.limit(self.step_timeout, self.reset_timeout)
+                limit = self._limits[queues[w][0].op]
                 if limit is None:
                     continue
                 due = queues[w][0].clock + limit

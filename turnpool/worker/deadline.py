@@ -69,8 +69,8 @@ def signal_timer_free() -> bool:
 class InProcessDeadline:
     """Per-env deadlines for the envs the main thread runs (see the module docstring).
 
-    `begin` starts a request with a per-env budget (None: no deadline; a budget needs
-    `signal_timer_free`), `mark` is the host's progress callback (called with each env id
+    `begin` starts a request with a per-env budget (None: no deadline; the caller checks
+    `signal_timer_free` first), `mark` is the host's progress callback (called with each env id
     before its work, ``-1`` when the request is done), `end` disarms.
     """
 
@@ -90,9 +90,6 @@ class InProcessDeadline:
         if limit is None:
             self.limit = None
             return
-        if not signal_timer_free():
-            raise RuntimeError("an in-process deadline needs the main thread's timer signal; "
-                               "run the envs in a thread of their own elsewhere")
         self.limit = float(limit)
         self._use_signal = True
         left, self._their_interval = signal.getitimer(signal.ITIMER_REAL)

@@ -132,7 +132,7 @@ class EnvHost:
                 continue
             info["terminated"] = terminated
             info["truncated"] = truncated
-            append((obs, total, terminated, truncated, info, n, None, None))
+            append((obs, total, terminated, truncated, info, n, None))
         return results, failed
 
     def reset(self, groups: Sequence[tuple[int, Sequence[int]]]

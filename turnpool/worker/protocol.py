@@ -83,6 +83,12 @@ class Op(enum.IntEnum):
             return None
         return reset_timeout + step_timeout
 
+    @staticmethod
+    def limits(step_timeout: float | None, reset_timeout: float | None
+               ) -> dict[Op, float | None]:
+        """`limit` of every op (backends and the pool look deadlines up per request)."""
+        return {op: op.limit(step_timeout, reset_timeout) for op in Op}
+
     @property
     def timeout_text(self) -> str:
         """How a deadline missed by this request is named in ``info["error"]``."""
@@ -159,16 +165,21 @@ class TurnResult(NamedTuple):
     info: dict[str, Any]
     n_executed: int
     error: str | None
-    #: the failure class (`FAILURE_CLASSES`) when ``error`` is set, else None
-    failure: str | None = None
 
     @property
     def done(self) -> bool:
         return self.terminated or self.truncated
 
+    @property
+    def failure(self) -> str | None:
+        """The failure class (`FAILURE_CLASSES`) when ``error`` is set, else None: the
+        ``info["failure"]`` field set where the failure was decided (the record stays seven
+        plain fields on the wire, which counts for microsecond envs)."""
+        return failure_of(self.info) if self.error is not None else None
+
 
 #: A `TurnResult` on the wire: the same fields, in the same order, as a plain tuple.
-WireTurn = tuple[str, float, bool, bool, dict[str, Any], int, str | None, str | None]
+WireTurn = tuple[str, float, bool, bool, dict[str, Any], int, str | None]
 
 _as_turn_result = partial(tuple.__new__, TurnResult)
 
@@ -184,8 +195,11 @@ class ResetResult(NamedTuple):
     obs: str
     info: dict[str, Any]
     error: str | None
-    #: the failure class when ``error`` is set (`TurnResult.failure`)
-    failure: str | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """The failure class when ``error`` is set (as `TurnResult.failure`)."""
+        return failure_of(self.info) if self.error is not None else None
 
 
 @dataclass(frozen=True)
@@ -252,13 +266,12 @@ def error_info(reason: str, failure: str = "env_error") -> dict[str, Any]:
 
 def error_step(reason: str, n_executed: int = 0, failure: str = "env_error") -> TurnResult:
     """A failed env's step result: done (truncated: the episode was cut, not finished), 0 reward."""
-    return TurnResult("", 0.0, False, True, error_info(reason, failure), n_executed, reason,
-                      failure)
+    return TurnResult("", 0.0, False, True, error_info(reason, failure), n_executed, reason)
 
 
 def error_reset(reason: str, failure: str = "env_error") -> ResetResult:
     """A failed env's reset result."""
-    return ResetResult("", error_info(reason, failure), reason, failure)
+    return ResetResult("", error_info(reason, failure), reason)
 
 
 def failed_reply(request: Request, reason: str, failure: str) -> Reply:
