@@ -197,3 +197,60 @@ def test_environment_factory_trains_two_steps(tiny_model_dir: Path, tmp_path: Pa
     assert leases.leased <= 4 + 1  # the batch's instances (+ TRL's probe) hold slots
     for batch in trainer.batches:
         assert batch["tool_mask"].shape == batch["completion_mask"].shape
+
+
+@pytest.mark.parametrize("thinking", [None, False])
+def test_rollout_func_qwen3_template_multi_turn(tiny_model_dir: Path, tmp_path: Path,
+                                                thinking: bool | None) -> None:
+    """Qwen3's stock template drops earlier <think> blocks when it re-renders a chat; the
+    episode still trains as one sequence: exactly the tokens the model saw and sampled."""
+    from trl.chat_template_utils import qwen3_chat_template
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = qwen3_chat_template
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    rollout = TurnpoolRollout("sokoban", {"dim_room": (6, 6)},
+                              settings=CollectorSettings(max_turn=3),
+                              pool_options={"backend": "sequential"}, seed=3)
+    kwargs = {} if thinking is None else {"chat_template_kwargs": {"enable_thinking": thinking}}
+    outs: list[tuple[list[Any], dict[str, Any]]] = []
+    original = rollout.__call__
+
+    def recording(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        out = original(prompts, trainer)
+        outs.append((list(rollout.last_trajectories), out))
+        return out
+
+    trainer = RecordingTrainer(
+        model=model, reward_funcs=[turnpool_reward],
+        args=_config(tmp_path, max_completion_length=256, top_k=20, min_p=0.01,
+                     repetition_penalty=1.1, temperature=0.7, **kwargs),
+        train_dataset=Dataset.from_dict({"prompt": ["play"] * 8}), processing_class=tok,
+        rollout_func=recording)
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+    assert trainer.state.global_step == 2 and len(outs) == 2
+    multi = 0
+    for trajs, out in outs:
+        for t, prompt, completion, mask in zip(trajs, out["prompt_ids"], out["completion_ids"],
+                                               out["env_mask"]):
+            assert t.error is None and t.is_one_sequence
+            ids = list(t.turns[0].prompt_ids or [])
+            for k, turn in enumerate(t.turns):
+                ids += (turn.prompt_ids or []) if k else []
+                ids += turn.response_ids or []
+            assert prompt + completion == ids  # what the model saw and sampled
+            assert sum(mask) == sum(len(turn.response_ids or []) for turn in t.turns)
+            assert len(completion) <= 256  # max_completion_length bounds the episode
+            text = tok.decode(prompt + completion)
+            if thinking is False:
+                assert text.count("<think>\n\n</think>") == len(t.turns)
+            if len(t.turns) > 1:
+                multi += 1
+            # the episode ends for a true reason: turns, its token budget, or the env
+            assert t.end_reason in ("max_turn", "token_budget", "terminated", "truncated",
+                                    "action_budget")
+            assert (t.end_reason == "max_turn") == (len(t.turns) == 3 and not t.turns[-1].done)
+    assert multi > 0  # the crash this guards against needs a second turn

@@ -217,6 +217,22 @@ def turnpool_reward(completions: Sequence[Any], turnpool_score: Sequence[float |
     return list(turnpool_score)
 
 
+def trainer_sampling(trainer: Any) -> dict[str, Any]:
+    """``generate`` keyword arguments from a GRPOTrainer's sampling settings (``top_k``,
+    ``min_p``, ``repetition_penalty``, then ``generation_kwargs`` over them)."""
+    args = getattr(trainer, "args", None)
+    out: dict[str, Any] = {}
+    for key in ("top_k", "min_p", "repetition_penalty"):
+        value = getattr(trainer, key, getattr(args, key, None))
+        if value is not None:
+            out[key] = value
+    if out.get("top_k") == 0:  # TRL: 0 disables top-k, HF generate wants None
+        out.pop("top_k")
+    extra = getattr(args, "generation_kwargs", None) or {}
+    out.update(json.loads(extra) if isinstance(extra, str) else dict(extra))
+    return out
+
+
 class TurnpoolRollout:
     """A ``rollout_func`` for ``GRPOTrainer`` that plays multi-turn turnpool episodes.
 
@@ -228,9 +244,19 @@ class TurnpoolRollout:
         settings: turns per episode, action separator, format penalty, ... (the
             ``max_context_window`` is forced to -1: an episode is one token sequence).
         pool_options: `turnpool.pool.EnvPool` keyword arguments (backend, step_timeout, ...).
-        max_new_tokens: tokens per reply (default: the trainer's ``max_completion_length``).
+        max_new_tokens: tokens per reply (default: no limit of its own; each reply is
+            capped by what is left of the episode's ``max_completion_length``).
         seed: base of the episode seeds; batch ``k`` of process ``p`` uses a block of seeds
             of its own, group ``g`` one seed of that block.
+
+    The trainer's settings are honoured: ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+    ``repetition_penalty`` and ``generation_kwargs`` for sampling, ``chat_template_kwargs``
+    (``enable_thinking``, ...) for the chat template, and ``max_completion_length`` bounds the
+    episode's completion tokens (replies plus the env/template tokens between them), as TRL's
+    own multi-turn tool loop does: each reply gets what is left, and an episode whose next
+    turn does not fit ends with ``end_reason="token_budget"``. Sampled history is never
+    re-rendered (`turnpool.policies.tokens`), so templates that rewrite history (Qwen3's
+    think-stripping) train on exactly what the model saw.
     """
 
     def __init__(self, env_type: str | None = None, env_kwargs: Mapping[str, Any] | None = None,
@@ -246,6 +272,9 @@ class TurnpoolRollout:
                             max_actions_per_traj=max_actions_per_traj)]
         self.tags = list(tags)
         s = settings or CollectorSettings()
+        if s.max_episode_tokens is not None:
+            raise ValueError("TurnpoolRollout takes the episode's token budget from the "
+                             "trainer's max_completion_length; leave max_episode_tokens unset")
         turn = TurnSettings(**{**s.turn.__dict__, "max_context_window": -1})
         self.settings = CollectorSettings(**{**s.__dict__, "turn": turn,
                                              "collector_mode": "lockstep",
@@ -283,26 +312,30 @@ class TurnpoolRollout:
         tags = [TagSpec(**{**first.__dict__, "n_groups": n_groups})]
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         model = trainer.accelerator.unwrap_model(trainer.model)
+        budget = int(trainer.max_completion_length)
         policy = HFPolicy.from_model(
-            model, tokenizer,
-            max_new_tokens=int(self.max_new_tokens or trainer.max_completion_length),
-            temperature=float(trainer.temperature if training else trainer.temperature),
-            top_p=float(trainer.top_p), seed=self.seed + self.calls)
+            model, tokenizer, max_new_tokens=int(self.max_new_tokens or budget),
+            temperature=float(trainer.temperature), top_p=float(trainer.top_p),
+            seed=self.seed + self.calls, sampling=trainer_sampling(trainer),
+            template_kwargs=dict(getattr(trainer, "chat_template_kwargs", None) or {}))
         procs, rank = int(trainer.accelerator.num_processes), int(trainer.accelerator.process_index)
         base = self.seed + (self.calls * procs + rank) * n_groups
         self.calls += 1
         was_training = model.training
         model.eval()
         try:
-            collector = TrajectoryCollector(pool, policy, tags, self.settings)
+            settings = CollectorSettings(**{**self.settings.__dict__,
+                                            "max_episode_tokens": budget})
+            collector = TrajectoryCollector(pool, policy, tags, settings)
             batch = collector.collect(seed=base)
         finally:
             model.train(was_training)
         self.last_trajectories = batch.trajectories
-        return self.to_trl(batch.trajectories, tokenizer)
+        return self.to_trl(batch.trajectories, tokenizer, budget)
 
     @staticmethod
-    def to_trl(trajectories: Sequence[Trajectory], tokenizer: Any) -> dict[str, Any]:
+    def to_trl(trajectories: Sequence[Trajectory], tokenizer: Any,
+               max_completion_length: int | None = None) -> dict[str, Any]:
         """The dict GRPOTrainer expects from a rollout_func, one row per trajectory."""
         eos = int(tokenizer.eos_token_id)
         out: dict[str, list[Any]] = {k: [] for k in (
@@ -311,13 +344,18 @@ class TurnpoolRollout:
         for t in trajectories:
             failure = failure_of(t)
             if t.has_tokens:
-                view = t.token_view()
+                # verbatim history: one sample per episode; a prompt cut to the model's input
+                # limit starts a new one, and only the first is trained (it is exact)
+                view = t.token_samples()[0]
                 prompt, resp, mask, lp = (view.prompt_ids, view.response_ids, view.loss_mask,
                                           view.logprobs)
             else:  # the env failed before the model said anything
                 prompt, resp, mask, lp = [eos], [], [], []
             if not resp:
                 resp, mask, lp = [eos], [0], [0.0]
+            if max_completion_length is not None:
+                resp, mask, lp = (resp[:max_completion_length], mask[:max_completion_length],
+                                  lp[:max_completion_length])
             if failure is not None:
                 mask = [0] * len(resp)
             out["prompt_ids"].append(prompt)
