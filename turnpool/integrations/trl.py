@@ -39,7 +39,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from turnpool.integrations.leases import EnvLeases, shared_leases
+from turnpool.policies.base import Message, TokenTurn, TurnContext
 from turnpool.policies.hf import HFPolicy
+from turnpool.policies.tokens import ChatRenderer, continue_chat
 from turnpool.pool import EnvPool
 from turnpool.rollout.collector import TrajectoryCollector, build_pool
 from turnpool.rollout.prompts import describe_env, make_env_prompt
@@ -233,6 +235,92 @@ def trainer_sampling(trainer: Any) -> dict[str, Any]:
     return out
 
 
+class VLLMClientPolicy:
+    """TRL's own ``VLLMClient`` (``GRPOTrainer`` with ``use_vllm=True, vllm_mode="server"``)
+    as a token-level policy: each conversation is rendered here
+    (`turnpool.policies.tokens.ChatRenderer`: the first prompt, then only each new turn's ids
+    after what the model saw and sampled) and sent as token ids; the ids and log-probabilities
+    the server sampled come back. TRL has already synced the trainer's weights to the server
+    before it calls the ``rollout_func``."""
+
+    def __init__(self, client: Any, tokenizer: Any, *, max_new_tokens: int, temperature: float,
+                 top_p: float, sampling: Mapping[str, Any] | None = None,
+                 generation_kwargs: Mapping[str, Any] | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.max_new_tokens = int(max_new_tokens)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.sampling = {k: v for k, v in dict(sampling or {}).items()
+                         if k in ("top_k", "min_p", "repetition_penalty") and v is not None}
+        self.generation_kwargs = dict(generation_kwargs or {})
+        self.renderer = ChatRenderer(tokenizer, template_kwargs)
+
+    def generate(self, batch: list[list[Message]],
+                 contexts: list[TurnContext] | None = None) -> list[str]:
+        return [t.text for t in self.generate_tokens(batch, [None] * len(batch), contexts)]
+
+    def generate_tokens(self, batch: list[list[Message]], prefixes: list[list[int] | None],
+                        contexts: list[TurnContext] | None = None,
+                        budgets: list[int | None] | None = None) -> list[TokenTurn]:
+        """See `turnpool.policies.base.TokenPolicy` (``budgets`` included)."""
+        out: list[TokenTurn | None] = []
+        jobs: list[tuple[int, list[int], list[int], bool, int]] = []
+        for k, (messages, prefix) in enumerate(zip(batch, prefixes)):
+            new, extends = continue_chat(self.tokenizer, messages, prefix,
+                                         renderer=self.renderer)
+            limit = self.max_new_tokens
+            budget = budgets[k] if budgets is not None else None
+            if budget is not None:
+                limit = min(limit, int(budget) - (len(new) if extends else 0))
+            if limit < 1:
+                out.append(TokenTurn("", new, [], [], extends, stop="token_budget"))
+                continue
+            out.append(None)
+            jobs.append((k, (list(prefix) if extends and prefix else []) + new, new, extends,
+                         limit))
+        if jobs:
+            res = self.client.generate(
+                prompts=[prompt for _, prompt, *_ in jobs], n=1,
+                temperature=self.temperature, top_p=self.top_p,
+                top_k=int(self.sampling.get("top_k") or 0),
+                min_p=float(self.sampling.get("min_p") or 0.0),
+                repetition_penalty=float(self.sampling.get("repetition_penalty") or 1.0),
+                max_tokens=max(job[4] for job in jobs), logprobs=0,
+                generation_kwargs=self.generation_kwargs or None)
+            lp_rows = res.get("logprobs") or [None] * len(jobs)
+            id_rows = res.get("logprob_token_ids") or [None] * len(jobs)
+            for (k, prompt, new, extends, limit), got, ids, lps, lp_ids in zip(
+                    jobs, res["prompt_ids"], res["completion_ids"], lp_rows, id_rows):
+                if [int(i) for i in got] != prompt:
+                    raise RuntimeError("the vLLM server answered for another prompt than the "
+                                       "one sent; the episode would not be token-exact")
+                ids = [int(i) for i in ids][:limit]
+                out[k] = TokenTurn(
+                    text=str(self.tokenizer.decode(ids, skip_special_tokens=True)),
+                    prompt_ids=new, response_ids=ids, logprobs=_sampled_logprobs(
+                        ids, lps, lp_ids), extends=extends, path="tokens")
+        return [turn for turn in out if turn is not None]
+
+    def close(self) -> None:
+        """The client belongs to the trainer: nothing to release."""
+
+
+def _sampled_logprobs(ids: list[int], lps: Any, lp_ids: Any) -> list[float]:
+    """The sampled tokens' log-probabilities from TRL's per-position top lists."""
+    out: list[float] = []
+    for t, tid in enumerate(ids):
+        value = 0.0
+        if lps is not None and lp_ids is not None and t < len(lps):
+            for cand, lp in zip(lp_ids[t], lps[t]):
+                if int(cand) == tid and lp is not None:
+                    value = float(lp)
+                    break
+        out.append(value)
+    return out
+
+
 class TurnpoolRollout:
     """A ``rollout_func`` for ``GRPOTrainer`` that plays multi-turn turnpool episodes.
 
@@ -313,11 +401,7 @@ class TurnpoolRollout:
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         model = trainer.accelerator.unwrap_model(trainer.model)
         budget = int(trainer.max_completion_length)
-        policy = HFPolicy.from_model(
-            model, tokenizer, max_new_tokens=int(self.max_new_tokens or budget),
-            temperature=float(trainer.temperature), top_p=float(trainer.top_p),
-            seed=self.seed + self.calls, sampling=trainer_sampling(trainer),
-            template_kwargs=dict(getattr(trainer, "chat_template_kwargs", None) or {}))
+        policy = self.policy_for(trainer, model, tokenizer, budget)
         procs, rank = int(trainer.accelerator.num_processes), int(trainer.accelerator.process_index)
         base = self.seed + (self.calls * procs + rank) * n_groups
         self.calls += 1
@@ -332,6 +416,29 @@ class TurnpoolRollout:
             model.train(was_training)
         self.last_trajectories = batch.trajectories
         return self.to_trl(batch.trajectories, tokenizer, budget)
+
+    def policy_for(self, trainer: Any, model: Any, tokenizer: Any, budget: int) -> Any:
+        """TRL's vLLM client in server mode, else HF ``generate`` on the training model;
+        either way with the trainer's sampling settings and ``chat_template_kwargs``."""
+        template_kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
+        sampling = trainer_sampling(trainer)
+        if getattr(trainer, "use_vllm", False):
+            if getattr(trainer, "vllm_mode", "server") != "server":
+                raise ValueError("TurnpoolRollout generates with vLLM in server mode only "
+                                 "(vllm_mode='server'); colocate mode is not supported yet")
+            args = getattr(trainer, "args", None)
+            extra = getattr(args, "generation_kwargs", None) or {}
+            return VLLMClientPolicy(
+                trainer.vllm_generation.vllm_client, tokenizer,
+                max_new_tokens=int(self.max_new_tokens or budget),
+                temperature=float(trainer.temperature), top_p=float(trainer.top_p),
+                sampling=sampling,
+                generation_kwargs=json.loads(extra) if isinstance(extra, str) else extra,
+                template_kwargs=template_kwargs)
+        return HFPolicy.from_model(
+            model, tokenizer, max_new_tokens=int(self.max_new_tokens or budget),
+            temperature=float(trainer.temperature), top_p=float(trainer.top_p),
+            seed=self.seed + self.calls, sampling=sampling, template_kwargs=template_kwargs)
 
     @staticmethod
     def to_trl(trajectories: Sequence[Trajectory], tokenizer: Any,

@@ -19,9 +19,9 @@ Endpoints (the subset of vLLM's API that token-level training uses):
 * ``GET /v1/models``, ``GET /health``.
 
 Every generation is appended to `TokenServer.log` (``prompt_ids``, ``token_ids``,
-``logprobs``, ``endpoint``): what the server received and sampled, for tests to compare with
-what a client recorded. Requests are bounded (body size, prompt and reply lengths); the server
-binds loopback only.
+``logprobs``, ``endpoint``, ``sampling``): what the server received and sampled, for tests
+to compare with what a client recorded. Requests are bounded (body size, prompt and reply
+lengths); the server binds loopback only.
 
 Example:
     >>> with TokenServer(model, tokenizer) as server:                      # doctest: +SKIP
@@ -112,7 +112,9 @@ class TokenServer:
             out = policy.generate_ids(batch)
             for prompt, (ids, lps) in zip(batch, out):
                 self.log.append({"endpoint": endpoint, "prompt_ids": list(prompt),
-                                 "token_ids": list(ids), "logprobs": list(lps)})
+                                 "token_ids": list(ids), "logprobs": list(lps),
+                                 "sampling": {"temperature": temperature,
+                                              "max_tokens": max_tokens, **sampling}})
         return out
 
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
