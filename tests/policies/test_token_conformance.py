@@ -6,6 +6,9 @@ tokens` runs the same at 10,000 episodes per template and prints the numbers).""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -42,3 +45,23 @@ def test_history_rewriting_templates_drift_when_re_rendered() -> None:
     results = [play_episode(tok, rng, 6) for _ in range(50)]
     assert all(r.mismatched == 0 for r in results)
     assert sum(r.drifted for r in results) > 25
+
+
+def test_bench_tokens_reports_per_template(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from turnpool.bench.tokens import command
+
+    out = tmp_path / "tokens.json"
+    res = CliRunner().invoke(command, ["--episodes", "30", "--templates", "qwen3,mistral",
+                                       "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text(encoding="utf-8"))
+    rows = {r["family"]: r for r in report["results"]}
+    assert set(rows) == {"qwen3", "mistral"}
+    for r in rows.values():
+        assert r["episodes"] == 30 and r["mismatched_tokens"] == 0 and r["bad_turns"] == 0
+        assert r["drifted_episodes"] > 0
+        assert {"render_us_turn1", "render_us_turn64", "full_us_turn1",
+                "full_us_turn64"} <= set(r)
+    assert "qwen3" in res.output and "drifted tokens" in res.output

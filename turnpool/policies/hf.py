@@ -54,6 +54,9 @@ class HFPolicy:
         max_input_tokens: int | None = None,
         assistant_prefix: str = "",
         max_response_chars: int = 65536,
+        sampling: dict[str, Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        history: str = "verbatim",
     ) -> None:
         path = Path(model_path)
         if not path.is_dir():
@@ -72,6 +75,9 @@ class HFPolicy:
         self.tokenizer.truncation_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.sampling = dict(sampling or {})
+        self.template_kwargs = dict(template_kwargs or {})
+        self.history = check_history_mode(history)
         model: Any = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=dtype if dtype == "auto" else getattr(torch, dtype),
             local_files_only=True)
@@ -119,8 +125,8 @@ class HFPolicy:
         self.assistant_prefix = assistant_prefix
         self.max_response_chars = int(max_response_chars)
         self.device = device
-        self.sampling: dict[str, Any] = {}
-        self.template_kwargs: dict[str, Any] = {}
+        self.sampling = {}
+        self.template_kwargs = {}
         self.history = "verbatim"
         self._renderer: ChatRenderer | None = None
         self.stats = PolicyStats()
