@@ -181,6 +181,7 @@ class HFPolicy:
         }
         if self.temperature > 0:
             gen_kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p)
+            gen_kwargs.update({k: v for k, v in self.sampling.items() if v is not None})
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
