@@ -22,8 +22,8 @@ Side by side, the usual alternative: render and tokenize the whole chat each tur
 model sampled (history re-rendered differently: thoughts dropped, a cut reply closed, a reply
 re-tokenized); ``drifted tokens`` counts the earlier tokens such prompts no longer reproduce.
 
-Speed: microseconds to build a turn's prompt at turn 1 and turn 64 of long episodes, for the
-renderer (O(new turn): flat) and for the full re-render (O(chat): grows).
+Speed: median microseconds to build a turn's prompt at turn 1 and turn 64 of long episodes,
+for the renderer (O(new turn): flat) and for the full re-render (O(chat): grows).
 
 The families' templates are the stock ones TRL ships (``trl.chat_template_utils``), except
 Mistral's, written here from Mistral's published format. Families or vocabularies whose
@@ -322,7 +322,7 @@ def play_episode(tok: ChatTokenizer, rng: np.random.Generator, turns: int,
 class Settings:
     episodes: int = 10_000
     max_turns: int = 8
-    timing_episodes: int = 20
+    timing_episodes: int = 40
     timing_turns: int = 64
     seed: int = 0
 
@@ -355,15 +355,16 @@ def measure_family(tok: ChatTokenizer, s: Settings, seed: int) -> dict[str, Any]
 
 
 def time_turns(tok: ChatTokenizer, s: Settings, rng: np.random.Generator) -> dict[str, float]:
-    """Mean µs to build turn 1's and turn ``timing_turns``'s new ids: renderer vs full
-    re-render + tokenize (after one untimed episode)."""
+    """Median µs to build turn 1's and turn ``timing_turns``'s new ids: renderer vs full
+    re-render + tokenize (after one untimed episode; medians, since the machine is shared)."""
     r = ChatRenderer(tok)
-    ours = {1: 0.0, s.timing_turns: 0.0}
-    full = {1: 0.0, s.timing_turns: 0.0}
+    last = s.timing_turns
+    ours: dict[int, list[float]] = {1: [], last: []}
+    full: dict[int, list[float]] = {1: [], last: []}
     for episode in range(s.timing_episodes + 1):  # the first one warms caches, untimed
         chat = [{"role": "user", "content": _grid(rng)}]
         seq = r.first(chat)
-        for k in range(1, s.timing_turns + 1):
+        for k in range(1, last + 1):
             sampled = [*tok.encode(f"<think>{_text(rng, 2, 6)}</think><answer>Up</answer>"),
                        tok.eos_token_id]
             seq += sampled
@@ -375,13 +376,13 @@ def time_turns(tok: ChatTokenizer, s: Settings, rng: np.random.Generator) -> dic
             if k in ours and episode:
                 tok.encode(render_chat(tok, chat, True))
                 t2 = time.perf_counter()
-                ours[k] += t1 - t0
-                full[k] += t2 - t1
+                ours[k].append(t1 - t0)
+                full[k].append(t2 - t1)
             seq += new
-    n = s.timing_episodes * 1e-6
-    return {"render_us_turn1": ours[1] / n, f"render_us_turn{s.timing_turns}":
-            ours[s.timing_turns] / n, "full_us_turn1": full[1] / n,
-            f"full_us_turn{s.timing_turns}": full[s.timing_turns] / n}
+    return {"render_us_turn1": 1e6 * float(np.median(ours[1])),
+            f"render_us_turn{last}": 1e6 * float(np.median(ours[last])),
+            "full_us_turn1": 1e6 * float(np.median(full[1])),
+            f"full_us_turn{last}": 1e6 * float(np.median(full[last]))}
 
 
 def run_benchmark(s: Settings, names: Sequence[str], progress: ProgressFn) -> Report:
