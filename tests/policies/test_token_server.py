@@ -90,6 +90,26 @@ def test_chat_fallback_is_marked_and_gives_one_sample_per_turn(
                 t.token_view()
 
 
+def test_per_turn_history_gives_one_exact_sample_per_turn(
+        served: tuple[TokenServer, Any]) -> None:
+    """history="per_turn": each turn is prompted with the template's full render (Qwen3: no
+    earlier thoughts) and is its own sample, exactly what the server got and sampled."""
+    server, tok = served
+    server.log.clear()
+    trajs = _collect(OpenAIPolicy(server.url, tokenizer=tok, max_tokens=24, history="per_turn"))
+    for t in trajs:
+        samples = t.token_samples()
+        assert len(samples) == len(t.turns) and {x.token_path for x in t.turns} == {"tokens"}
+        for sample, turn in zip(samples, t.turns):
+            assert any(e["prompt_ids"] == sample.prompt_ids
+                       and e["token_ids"] == sample.response_ids for e in server.log)
+            assert sample.loss_mask == [1] * len(turn.response_ids or [])
+        assert t.turns[0].llm_raw_response.startswith("<think>push box</think>")
+        if len(samples) > 1:  # Qwen3's re-render dropped the earlier replies' thoughts
+            assert "push box" not in tok.decode(samples[-1].prompt_ids)
+    assert max(len(t.turns) for t in trajs) > 1
+
+
 def test_token_budget_ends_the_episode(served: tuple[TokenServer, Any]) -> None:
     server, tok = served
     policy = OpenAIPolicy(server.url, tokenizer=tok, max_tokens=64)
