@@ -15,15 +15,17 @@ faults isolated) instead of env code running in the trainer's process:
   GRPO group share their start state.
 
 * `TurnpoolRollout` is a ``rollout_func``: it runs turnpool's multi-turn collector with the
-  trainer's model as the policy (`turnpool.policies.hf.HFPolicy.from_model`, sampling with the
-  trainer's temperature and top-p) and returns ``prompt_ids``, ``completion_ids`` (replies and
-  the env/template tokens between them), ``logprobs``, ``env_mask`` (1 on model tokens) and
-  the extra keys ``turnpool_score``, ``turnpool_success``, ``turnpool_failure``,
-  ``turnpool_num_turns`` for reward functions; `turnpool_reward` is the reward function that
-  reads them. Each run of ``num_generations`` identical prompts is one turnpool group (one
-  seed); the prompt text itself is not shown to the model, the env's own prompt is. A failed
-  trajectory (env error, timeout, lost worker) keeps its place but gets reward None and an
-  all-zero ``env_mask``, so it is neither scored 0 nor trained on.
+  trainer's model as the policy (TRL's own vLLM client in ``vllm_mode="server"``, else
+  `turnpool.policies.hf.HFPolicy.from_model`; the trainer's sampling settings and
+  ``chat_template_kwargs`` either way; ``max_completion_length`` bounds each episode) and
+  returns ``prompt_ids``, ``completion_ids`` (replies and the env/template tokens between them),
+  ``logprobs``, ``env_mask`` (1 on model tokens) and the extra keys ``turnpool_score``,
+  ``turnpool_success``, ``turnpool_failure``, ``turnpool_num_turns`` for reward functions;
+  `turnpool_reward` is the reward function that reads them. Each run of ``num_generations``
+  identical prompts is one turnpool group (one seed); the prompt text itself is not shown to the
+  model, the env's own prompt is. A failed trajectory (env error, timeout, lost worker) keeps
+  its place but gets reward None and an all-zero ``env_mask``, so it is neither scored 0 nor
+  trained on.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ current observation, the legal action names, the turn index, the seed, ...), so 
 policies can act without parsing prompts and stay deterministic per env whatever the batch
 composition. LLM-backed policies ignore it.
 
-A policy that can also report tokens (`TokenPolicy`: the ``hf`` policy) implements
+A policy that can also report tokens (`TokenPolicy`: ``hf``, ``openai``) implements
 ``generate_tokens``: given, per conversation, the token ids the model has already seen and
 said (its previous prompt and reply), it extends them with the tokens of the new messages
 only, so that a multi-turn episode is one token sequence the model really saw, and returns a
