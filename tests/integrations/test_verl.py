@@ -41,13 +41,16 @@ class TinyServer:
         return TokenOutput(token_ids=ids, log_probs=logprobs)
 
 
-def _run_batch(model_dir: Path, section: dict[str, Any], rows: list[dict[str, Any]]
-               ) -> tuple[list[AgentLoopOutput], Any, float]:
+def _run_batch(model_dir: Path, section: dict[str, Any], rows: list[dict[str, Any]],
+               template: str | None = None, data: dict[str, Any] | None = None,
+               response_length: int = 512) -> tuple[list[AgentLoopOutput], Any, float]:
     tok = AutoTokenizer.from_pretrained(model_dir)
+    if template is not None:
+        tok.chat_template = template
     server = TinyServer(model_dir)
-    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 2048,
-                                                              "response_length": 512}},
-                            "data": {}, "turnpool": section})
+    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {
+                                "prompt_length": 2048, "response_length": response_length}},
+                            "data": data or {}, "turnpool": section})
 
     async def one(row: dict[str, Any]) -> AgentLoopOutput:
         loop = hydra.utils.instantiate(
@@ -89,6 +92,37 @@ def test_agent_loop_runs_a_batch(tiny_model_dir: Path) -> None:
     # members of a group (same seed) see the same first prompt; other groups do not
     assert outs[0].prompt_ids == outs[1].prompt_ids != outs[2].prompt_ids
     assert [o.extra_fields["turnpool_seed"] for o in outs] == [40, 40, 41, 41, 42, 42]
+
+
+@pytest.mark.parametrize("response_length", [1024, 200])
+def test_agent_loop_qwen3_template_runs_to_the_true_end(tiny_model_dir: Path,
+                                                        response_length: int) -> None:
+    """Qwen3's stock template drops earlier thoughts when it re-renders a chat: the loop keeps
+    the sampled history and plays to max_turn, and turnpool_end names the true reason."""
+    from trl.chat_template_utils import qwen3_chat_template
+
+    section = {"env_type": "sokoban", "env_kwargs": {"dim_room": [6, 6]}, "capacity": 4,
+               "max_turn": 3, "max_actions_per_traj": 50,
+               "pool": {"backend": "thread", "num_workers": 2}}
+    rows = [{"index": i, "extra_info": {"seed": 7 + i}} for i in range(4)]
+    outs, tok, _ = _run_batch(tiny_model_dir, section, rows, template=qwen3_chat_template,
+                              data={"apply_chat_template_kwargs": {"enable_thinking": False}},
+                              response_length=response_length)
+    for out in outs:
+        turns = (out.num_turns - 1) // 2
+        end = out.extra_fields["turnpool_end"]
+        text = tok.decode(out.prompt_ids + out.response_ids)
+        # every generation prompt got the template's empty thought (enable_thinking=False)
+        assert text.count("<think>\n\n</think>") == turns
+        assert len(out.response_ids) <= response_length
+        if end == "max_turn":
+            assert turns == 3
+        elif end == "response_length":
+            assert turns < 3 and response_length == 200
+        else:
+            assert end in ("terminated", "truncated")
+    ends = [o.extra_fields["turnpool_end"] for o in outs]
+    assert ("max_turn" in ends) if response_length == 1024 else ("response_length" in ends)
 
 
 def test_agent_loop_hanging_env_is_cut(tiny_model_dir: Path) -> None:

@@ -1,5 +1,5 @@
-"""``turnpool bench envs|pool|rollout|webshop|serve|soak``: each benchmark is imported only when
-run."""
+"""``turnpool bench envs|pool|rollout|webshop|serve|soak|tokens``: each benchmark is imported
+only when run."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ _BENCHES: dict[str, str] = {
     "webshop": "turnpool.bench.webshop:command",
     "serve": "turnpool.bench.serve:command",
     "soak": "turnpool.bench.soak:command",
+    "tokens": "turnpool.bench.tokens:command",
 }
 
 

@@ -10,9 +10,14 @@ failed env, not a stuck batch.
 Each turn uses turnpool's own turn logic (`turnpool.rollout.prompts.build_messages`,
 `turnpool.rollout.episode.plan_turn` / `apply_turn`, the same as the collector), generates
 with verl's ``server_manager.generate`` from token ids, and extends the sequence with
-`turnpool.policies.tokens.continue_chat`, so ``response_mask`` is 1 exactly on sampled tokens
-and 0 on env/template tokens. ``reward_score`` is the episode's reward sum plus its format
-penalty. A failed env (error, timeout, lost worker) is marked, never silently scored:
+`turnpool.policies.tokens.ChatRenderer` (sampled history is never re-rendered, so templates
+that rewrite history, such as Qwen3's, keep every turn; verl's
+``data.apply_chat_template_kwargs`` reach the template), so ``response_mask`` is 1 exactly on
+sampled tokens and 0 on env/template tokens. ``extra_fields["turnpool_end"]`` names why the
+episode ended: the episode's reason (``terminated``, ``truncated``, ``action_budget``,
+``error``), ``max_turn``, or ``response_length`` when verl's response budget ran out first.
+``reward_score`` is the episode's reward sum plus its format penalty. A failed env (error,
+timeout, lost worker) is marked, never silently scored:
 ``extra_fields["turnpool_failure"]`` names the failure class and its ``response_mask`` is all
 zeros, so it carries no gradient; filter on it to drop it from group baselines.
 
@@ -39,7 +44,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from turnpool.integrations.leases import shared_leases
-from turnpool.policies.tokens import continue_chat
+from turnpool.policies.tokens import ChatRenderer
 from turnpool.pool import TurnResult
 from turnpool.pool.slots import PoolTimeout, SlotEngine
 from turnpool.rollout.episode import apply_turn, plan_turn, start_episode
@@ -115,6 +120,8 @@ class TurnpoolAgentLoop(AgentLoopBase):
         prompt = make_env_prompt(spec, settings)
         metrics = {"generate_sequences": 0.0, "tool_calls": 0.0}
         tokenizer: Any = self.tokenizer
+        renderer = ChatRenderer(tokenizer, _plain(getattr(self, "apply_chat_template_kwargs",
+                                                          None)) or {})
         obs, info, *_ = await leases.reset(slot, seed, timeout=wait_s)
         ep = start_episode(prompt, slot, 0, seed, obs, info)
         budget = int(self.rollout_config.response_length)
@@ -124,17 +131,18 @@ class TurnpoolAgentLoop(AgentLoopBase):
         mask: list[int] = []
         logprobs: list[float] = []
         turns = 0
+        end = "max_turn"
         for _ in range(int(opts["max_turn"])):
             if ep.done:
                 break
             messages = build_messages(ep, settings)
-            prefix = None if prompt_ids is None else prompt_ids + response
-            new, extends = continue_chat(tokenizer, messages, prefix)
             if prompt_ids is None:
-                prompt_ids = self._cap_text_prompt_length(new)
-            elif not extends or len(response) + len(new) >= budget:
-                break  # the template cannot continue in token space, or no room is left
+                prompt_ids = self._cap_text_prompt_length(renderer.first(messages))
             else:
+                new = renderer.extend(messages, response)
+                if len(response) + len(new) >= budget:
+                    end = "response_length"  # no room left for the next turn's reply
+                    break
                 response += new
                 mask += [0] * len(new)
                 logprobs += [0.0] * len(new)
@@ -163,7 +171,8 @@ class TurnpoolAgentLoop(AgentLoopBase):
                                         error=f"no answer from the env after {wait_s:.0f} s")
                 metrics["tool_calls"] += time.perf_counter() - t0
             apply_turn(ep, plan, result, settings)
-            if len(response) >= budget:
+            if len(response) >= budget and not ep.done:
+                end = "response_length"
                 break
         failure = None
         if ep.error is not None:
@@ -172,7 +181,7 @@ class TurnpoolAgentLoop(AgentLoopBase):
             mask = [0] * len(mask)
         score = sum(t.reward for t in ep.turns) + ep.penalty
         extra = {"turnpool_failure": failure, "turnpool_success": bool(ep.success),
-                 "turnpool_seed": seed, "turnpool_end": ep.end_reason if ep.done else "max_turn",
+                 "turnpool_seed": seed, "turnpool_end": ep.end_reason if ep.done else end,
                  "turnpool_error": ep.error}
         return AgentLoopOutput(
             prompt_ids=prompt_ids or [int(tokenizer.eos_token_id)],

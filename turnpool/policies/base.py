@@ -6,7 +6,7 @@ current observation, the legal action names, the turn index, the seed, ...), so 
 policies can act without parsing prompts and stay deterministic per env whatever the batch
 composition. LLM-backed policies ignore it.
 
-A policy that can also report tokens (`TokenPolicy`: the ``hf`` policy) implements
+A policy that can also report tokens (`TokenPolicy`: ``hf``, ``openai``) implements
 ``generate_tokens``: given, per conversation, the token ids the model has already seen and
 said (its previous prompt and reply), it extends them with the tokens of the new messages
 only, so that a multi-turn episode is one token sequence the model really saw, and returns a
@@ -83,6 +83,8 @@ class TokenTurn:
     only the env/template tokens that follow the given prefix. ``logprobs`` holds one
     log-probability per ``response_ids`` token under the distribution it was drawn from.
     ``has_ids`` is False for a reply that came without tokens (only ``text`` is meaningful).
+    ``path`` says how the ids were obtained: ``"tokens"`` (ids in, ids out: exact) or
+    ``"chat"`` (a chat endpoint rendered and tokenized the chat itself).
     """
 
     text: str
@@ -91,6 +93,10 @@ class TokenTurn:
     logprobs: list[float]
     extends: bool
     has_ids: bool = True
+    path: str = "tokens"
+    #: set when the policy did not generate because the episode's token budget is spent:
+    #: the episode ends with this reason and the turn is not played
+    stop: str | None = None
 
     @classmethod
     def text_only(cls, text: str) -> TokenTurn:
@@ -108,7 +114,11 @@ class TokenPolicy(Policy, Protocol):
     ) -> Sequence[TokenTurn]:
         """One `TokenTurn` per conversation (``has_ids`` False where a reply came without
         tokens); ``prefixes[i]`` is the token sequence conversation ``i`` has so far
-        (previous prompt + reply), None on its first turn."""
+        (previous prompt + reply), None on its first turn. A policy may also accept
+        ``budgets=[...]`` (completion tokens left per conversation, None: no limit; the
+        collector passes it only with ``max_episode_tokens``): it caps the reply to what is
+        left after the new prompt tokens and answers ``stop="token_budget"`` when nothing
+        is left."""
         ...
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from turnpool.policies.base import Message, PolicyStats, TokenTurn, TurnContext
-from turnpool.policies.tokens import continue_chat, encode_text
+from turnpool.policies.tokens import ChatRenderer, check_history_mode, continue_chat, encode_text
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,9 @@ class HFPolicy:
         max_input_tokens: int | None = None,
         assistant_prefix: str = "",
         max_response_chars: int = 65536,
+        sampling: dict[str, Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        history: str = "verbatim",
     ) -> None:
         path = Path(model_path)
         if not path.is_dir():
@@ -72,6 +75,9 @@ class HFPolicy:
         self.tokenizer.truncation_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.sampling = dict(sampling or {})
+        self.template_kwargs = dict(template_kwargs or {})
+        self.history = check_history_mode(history)
         model: Any = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=dtype if dtype == "auto" else getattr(torch, dtype),
             local_files_only=True)
@@ -81,15 +87,25 @@ class HFPolicy:
     def from_model(cls, model: Any, tokenizer: Any, *, max_new_tokens: int = 128,
                    temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
                    batch_size: int = 64, max_input_tokens: int | None = None,
-                   assistant_prefix: str = "", max_response_chars: int = 65536) -> HFPolicy:
+                   assistant_prefix: str = "", max_response_chars: int = 65536,
+                   sampling: dict[str, Any] | None = None,
+                   template_kwargs: dict[str, Any] | None = None,
+                   history: str = "verbatim") -> HFPolicy:
         """A policy over a model and tokenizer already loaded (say, a trainer's). The model is
         used as it is (device, dtype, train/eval mode are the caller's); generation runs under
-        ``torch.inference_mode``. The tokenizer is not modified: padding is done here."""
+        ``torch.inference_mode``. The tokenizer is not modified: padding is done here.
+
+        ``sampling`` adds ``generate`` keyword arguments (``top_k``, ``min_p``,
+        ``repetition_penalty``, ...; used when sampling), ``template_kwargs`` go to the chat
+        template (``enable_thinking``), ``history`` is a `turnpool.policies.tokens` mode."""
         self = cls.__new__(cls)
         self._settings("", next(model.parameters()).device, max_new_tokens, temperature, top_p,
                        seed, batch_size, max_input_tokens, assistant_prefix, max_response_chars)
         self.tokenizer = tokenizer
         self.model = model
+        self.sampling = dict(sampling or {})
+        self.template_kwargs = dict(template_kwargs or {})
+        self.history = check_history_mode(history)
         return self
 
     def _settings(self, model_path: str, device: Any, max_new_tokens: int, temperature: float,
@@ -109,6 +125,10 @@ class HFPolicy:
         self.assistant_prefix = assistant_prefix
         self.max_response_chars = int(max_response_chars)
         self.device = device
+        self.sampling = {}
+        self.template_kwargs = {}
+        self.history = "verbatim"
+        self._renderer: ChatRenderer | None = None
         self.stats = PolicyStats()
         self._lock = threading.Lock()
         self._calls = 0
@@ -144,7 +164,7 @@ class HFPolicy:
     # ------------------------------------------------------------------ internals
     def _render(self, messages: list[Message]) -> str:
         text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True)
+            messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs)
         return str(text) + self.assistant_prefix
 
     def _generate_chunk(self, prompts: list[str]) -> list[str]:
@@ -161,6 +181,7 @@ class HFPolicy:
         }
         if self.temperature > 0:
             gen_kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p)
+            gen_kwargs.update({k: v for k, v in self.sampling.items() if v is not None})
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
@@ -174,10 +195,10 @@ class HFPolicy:
     # ------------------------------------------------------------------ tokens
     def generate_tokens(
         self, batch: list[list[Message]], prefixes: list[list[int] | None],
-        contexts: list[TurnContext] | None = None,
+        contexts: list[TurnContext] | None = None, budgets: list[int | None] | None = None,
     ) -> list[TokenTurn]:
         """Replies with their tokens; each conversation continues from ``prefixes[i]`` (see
-        `turnpool.policies.base.TokenPolicy`)."""
+        `turnpool.policies.base.TokenPolicy`, ``budgets`` included)."""
         if len(prefixes) != len(batch):
             raise ValueError(f"{len(prefixes)} prefixes for {len(batch)} conversations")
         if not batch:
@@ -185,50 +206,74 @@ class HFPolicy:
         if self._closed:
             raise RuntimeError("hf policy is closed")
         forced = encode_text(self.tokenizer, self.assistant_prefix) if self.assistant_prefix else []
-        inputs: list[tuple[list[int], list[int], bool]] = []  # (input ids, new ids, extends)
-        for messages, prefix in zip(batch, prefixes):
-            new, extends = continue_chat(self.tokenizer, messages, prefix)
+        # (input ids, new ids, extends, reply limit); limit < 1: no room left, no generation
+        inputs: list[tuple[list[int], list[int], bool, int]] = []
+        renderer = self.renderer
+        for k, (messages, prefix) in enumerate(zip(batch, prefixes)):
+            new, extends = continue_chat(self.tokenizer, messages, prefix,
+                                         history=self.history, renderer=renderer)
             new = new + forced
             ids = (list(prefix) if extends and prefix else []) + new
             if self.max_input_tokens and len(ids) > int(self.max_input_tokens):
                 ids = ids[-int(self.max_input_tokens):]
                 new, extends = ids, False
-            inputs.append((ids, new, extends))
-        out: list[TokenTurn] = []
+            limit = self.max_new_tokens
+            budget = budgets[k] if budgets is not None else None
+            if budget is not None:
+                limit = min(limit, int(budget) - (len(new) if extends else len(forced)))
+            inputs.append((ids, new, extends, limit))
+        out: list[TokenTurn | None] = [
+            TokenTurn("", new, [], [], extends, stop="token_budget") if limit < 1 else None
+            for _, new, extends, limit in inputs]
+        todo = [k for k, turn in enumerate(out) if turn is None]
         with self._lock:
             start = time.perf_counter()
             self._calls += 1
             self.stats.calls += 1
-            for lo in range(0, len(inputs), self.batch_size):
-                chunk = inputs[lo:lo + self.batch_size]
-                for (_, new, extends), (reply, logps) in zip(
-                        chunk, self.generate_ids([ids for ids, _, _ in chunk])):
+            for lo in range(0, len(todo), self.batch_size):
+                chunk = todo[lo:lo + self.batch_size]
+                replies = self.generate_ids([inputs[k][0] for k in chunk],
+                                            max(inputs[k][3] for k in chunk))
+                for k, (reply, logps) in zip(chunk, replies):
+                    _, new, extends, limit = inputs[k]
+                    reply, logps = reply[:limit], logps[:limit]
                     text = str(self.tokenizer.decode(reply, skip_special_tokens=True))
-                    out.append(TokenTurn(
+                    out[k] = TokenTurn(
                         text=(self.assistant_prefix + text)[: self.max_response_chars],
-                        prompt_ids=new, response_ids=reply, logprobs=logps, extends=extends))
-            self.stats.requests += len(inputs)
+                        prompt_ids=new, response_ids=reply, logprobs=logps, extends=extends)
+            self.stats.requests += len(todo)
             self.stats.generate_seconds += time.perf_counter() - start
-        return out
+        return [turn for turn in out if turn is not None]
 
-    def generate_ids(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    @property
+    def renderer(self) -> ChatRenderer:
+        """The `turnpool.policies.tokens.ChatRenderer` for this tokenizer and template."""
+        if self._renderer is None:
+            self._renderer = ChatRenderer(self.tokenizer, self.template_kwargs)
+        return self._renderer
+
+    def generate_ids(self, prompts: list[list[int]], max_new_tokens: int | None = None
+                     ) -> list[tuple[list[int], list[float]]]:
         """Sample from token ids (left-padded here); each reply is cut after its first
-        end-of-turn token and comes with its tokens' log-probabilities."""
+        end-of-turn token and comes with its tokens' log-probabilities (of the distribution
+        sampled from: after temperature, top-k/top-p/min-p and repetition penalty)."""
         torch = self._torch
         pad = self.tokenizer.pad_token_id
         pad = self.tokenizer.eos_token_id if pad is None else pad
-        eos = self.tokenizer.eos_token_id
+        ends = sorted(self.renderer.end_ids)
         width = max(len(p) for p in prompts)
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts],
                                  device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
                             device=self.device)
-        gen_kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens,
-                                      "pad_token_id": pad, "eos_token_id": eos,
-                                      "output_scores": True, "return_dict_in_generate": True}
+        gen_kwargs: dict[str, Any] = {
+            "max_new_tokens": int(max_new_tokens or self.max_new_tokens),
+            "pad_token_id": pad, "eos_token_id": ends,
+            "output_scores": True, "return_dict_in_generate": True}
         if self.temperature > 0:
             gen_kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p,
                               top_k=None)
+            gen_kwargs.update({k: v for k, v in self.sampling.items() if v is not None})
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
@@ -242,8 +287,9 @@ class HFPolicy:
         replies: list[tuple[list[int], list[float]]] = []
         for b in range(new.shape[0]):
             ids = [int(i) for i in new[b, :steps].tolist()]
-            if eos in ids:
-                ids = ids[: ids.index(eos) + 1]
+            stop = next((k for k, i in enumerate(ids) if i in self.renderer.end_ids), None)
+            if stop is not None:
+                ids = ids[: stop + 1]
             lp = [] if logps is None else [float(x) for x in logps[b, : len(ids)].tolist()]
             replies.append((ids, lp))
         return replies

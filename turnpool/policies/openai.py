@@ -12,12 +12,17 @@ later call could succeed, and a rollout must not spend its time failing every ep
 Response bodies are read up to ``max_body_bytes`` and replies are cut to
 ``max_response_chars``: the server's text is hostile input like any model output.
 
-Tokens: with ``return_token_ids=True`` the request also asks for ``logprobs`` and vLLM's
-``return_token_ids``; when the server answers with ``prompt_token_ids`` and the choice's
-``token_ids``, `OpenAIPolicy.generate_tokens` returns them (`turnpool.policies.base.TokenTurn`)
-and the collector records them per turn. A chat endpoint tokenizes the whole chat itself, so
-each turn's ``prompt_ids`` is a whole prompt (``extends=False``): single-turn episodes give a
-training sequence, multi-turn ones a record per turn.
+Tokens (`OpenAIPolicy.generate_tokens`, what the collector uses): with a ``tokenizer`` (the
+served model's, a local directory or an object) the policy renders the chat itself
+(`turnpool.policies.tokens.ChatRenderer`: the first prompt, then only each new turn's ids
+appended to what the model saw and sampled) and sends **token ids** to the completions
+endpoint (``prompt`` = a list of ids, as vLLM and SGLang accept), reading back the sampled ids
+(vLLM's ``return_token_ids``) and their log-probabilities: a multi-turn episode is then one
+exact sequence (``token_path="tokens"``). Only when asked (``token_path="chat"``, or
+``return_token_ids=True`` without a tokenizer) does it fall back to the chat endpoint, which
+renders and tokenizes the whole chat itself every turn: each turn's ``prompt_ids`` is then a
+whole prompt (``extends=False``, ``token_path="chat"`` on the turn) and a multi-turn episode
+gives one sample per turn (`turnpool.rollout.trajectory.Trajectory.token_samples`).
 
 Example:
     >>> policy = OpenAIPolicy(base_url="http://127.0.0.1:8000/v1", model="qwen",
@@ -46,6 +51,7 @@ from turnpool.policies.base import (
     TokenTurn,
     TurnContext,
 )
+from turnpool.policies.tokens import ChatRenderer, check_history_mode, continue_chat
 
 logger = logging.getLogger(__name__)
 
@@ -103,12 +109,32 @@ class OpenAIPolicy:
         max_response_chars: int = 65536,
         max_body_bytes: int = 8 * 2**20,
         return_token_ids: bool = False,
+        tokenizer: Any = None,
+        token_path: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        history: str = "verbatim",
+        sampling: dict[str, Any] | None = None,
     ) -> None:
         if on_error not in ("empty", "raise"):
             raise ValueError(f"on_error must be 'empty' or 'raise', got {on_error!r}")
         if concurrency < 1 or max_retries < 0 or timeout <= 0:
             raise ValueError("need concurrency >= 1, max_retries >= 0 and timeout > 0")
         self.url = base_url.rstrip("/") + "/chat/completions"
+        self.completions_url = base_url.rstrip("/") + "/completions"
+        if isinstance(tokenizer, str):
+            tokenizer = _load_tokenizer(tokenizer)
+        self.tokenizer = tokenizer
+        self.token_path = token_path or ("tokens" if tokenizer is not None else "chat")
+        if self.token_path not in ("tokens", "chat"):
+            raise ValueError(f"token_path must be 'tokens' or 'chat', got {token_path!r}")
+        if self.token_path == "tokens" and tokenizer is None:
+            raise ValueError("token_path='tokens' needs the served model's tokenizer")
+        self.template_kwargs = dict(template_kwargs or {})
+        self.history = check_history_mode(history)
+        #: extra sampling fields for the request body (top_k, min_p, repetition_penalty, ...)
+        self.sampling = dict(sampling or {})
+        self._renderer = (ChatRenderer(tokenizer, self.template_kwargs)
+                          if tokenizer is not None else None)
         self.model = model
         self.max_tokens = int(max_tokens)
         self.temperature = float(temperature)
@@ -148,13 +174,21 @@ class OpenAIPolicy:
         the reason; or raises, see on_error)."""
         if not batch:
             return []
+        return self._run([(self.url, self._payload(messages)) for messages in batch])
+
+    def _run(self, requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        """POST each ``(url, body)`` on the thread pool under one call budget; a failed
+        request gives a `FailedReply` (or raises, see ``on_error``)."""
+        if not requests:
+            return []
         if self._closed:
             raise RuntimeError("openai policy is closed")
+        batch = requests
         start = time.monotonic()
         budget = self._call_budget(len(batch))
         until = start + budget
         futures: list[Future[str]] = [
-            self._pool.submit(self._request, messages, until) for messages in batch]
+            self._pool.submit(self._request, url, body, until) for url, body in batch]
         # Attempts stop at ``until`` by themselves; the extra ``timeout`` only catches a server
         # that trickles bytes slowly enough to dodge httpx's per-read timeout.
         _, not_done = wait_futures(futures, timeout=budget + self.timeout)
@@ -179,7 +213,7 @@ class OpenAIPolicy:
             self.stats.calls += 1
             self.stats.generate_seconds += time.monotonic() - start
         if unreachable == len(batch):
-            raise PolicyUnreachable(f"cannot reach the policy endpoint {self.url} after "
+            raise PolicyUnreachable(f"cannot reach the policy endpoint {batch[0][0]} after "
                                     f"{self.max_retries + 1} attempt(s): {failures[0]}")
         if failures and self.on_error == "raise":
             raise PolicyRequestError(f"{len(failures)}/{len(batch)} requests failed; "
@@ -188,14 +222,42 @@ class OpenAIPolicy:
 
     def generate_tokens(
         self, batch: list[list[Message]], prefixes: list[list[int] | None],
-        contexts: list[TurnContext] | None = None,
+        contexts: list[TurnContext] | None = None, budgets: list[int | None] | None = None,
     ) -> list[TokenTurn]:
-        """`generate` plus the server's token ids per reply (``has_ids`` False where it sent
-        none, or without ``return_token_ids``); a chat endpoint cannot use ``prefixes``.
-        A failed request keeps its `FailedReply` as the text, so the collector still sees a
-        ``policy_error`` and never scores it."""
-        return [getattr(reply, "tokens", None) or TokenTurn.text_only(reply)
-                for reply in self.generate(batch, contexts)]
+        """Replies with their token ids (see the module doc). On the token path each
+        conversation continues from ``prefixes[i]``; on the chat path the server's ids are
+        returned (``has_ids`` False where it sent none, or without ``return_token_ids``).
+        ``budgets``: see `turnpool.policies.base.TokenPolicy`. A failed request keeps its
+        `FailedReply` as the text, so the collector sees a ``policy_error`` and never scores
+        it."""
+        if self.token_path == "chat":
+            return [getattr(reply, "tokens", None) or TokenTurn.text_only(reply)
+                    for reply in self.generate(batch, contexts)]
+        if len(prefixes) != len(batch):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(batch)} conversations")
+        assert self._renderer is not None
+        out: list[TokenTurn | None] = []
+        jobs: list[tuple[int, list[int], bool, dict[str, Any]]] = []
+        for k, (messages, prefix) in enumerate(zip(batch, prefixes)):
+            new, extends = continue_chat(self.tokenizer, messages, prefix,
+                                         history=self.history, renderer=self._renderer)
+            limit = self.max_tokens
+            budget = budgets[k] if budgets is not None else None
+            if budget is not None:
+                limit = min(limit, int(budget) - (len(new) if extends else 0))
+            if limit < 1:
+                out.append(TokenTurn("", new, [], [], extends, stop="token_budget"))
+                continue
+            out.append(None)
+            prompt = (list(prefix) if extends and prefix else []) + new
+            jobs.append((k, new, extends, self._completion_body(prompt, limit)))
+        replies = self._run([(self.completions_url, body) for *_, body in jobs])
+        for (k, new, extends, _), reply in zip(jobs, replies):
+            turn = getattr(reply, "tokens", None)
+            out[k] = TokenTurn.text_only(reply) if turn is None else TokenTurn(
+                text=turn.text, prompt_ids=new, response_ids=turn.response_ids,
+                logprobs=turn.logprobs, extends=extends, path="tokens")
+        return [turn for turn in out if turn is not None]
 
     def close(self) -> None:
         """Stop the thread pool and the HTTP client (idempotent; in-flight requests abort)."""
@@ -232,9 +294,21 @@ class OpenAIPolicy:
         body.update(self.extra_body)
         return body
 
-    def _request(self, messages: list[Message], until: float) -> str:
-        """One conversation: attempts with backoff until success, a permanent error or time."""
-        body = self._payload(messages)
+    def _completion_body(self, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+        body: dict[str, Any] = {"prompt": prompt, "max_tokens": int(max_tokens),
+                                "temperature": self.temperature, "stream": False,
+                                "logprobs": 0, "return_token_ids": True,
+                                "skip_special_tokens": False}
+        for key, value in (("model", self.model), ("top_p", self.top_p), ("seed", self.seed),
+                           ("stop", self.stop)):
+            if value is not None:
+                body[key] = value
+        body.update(self.sampling)
+        body.update(self.extra_body)
+        return body
+
+    def _request(self, url: str, body: dict[str, Any], until: float) -> str:
+        """One request: attempts with backoff until success, a permanent error or time."""
         attempt = 0
         while True:
             remaining = until - time.monotonic()
@@ -244,14 +318,14 @@ class OpenAIPolicy:
                 raise PolicyRequestError(reason)
             self._count(requests=1)
             try:
-                return self._attempt(body, min(self.timeout, remaining))
+                return self._attempt(url, body, min(self.timeout, remaining))
             except _Failure as exc:
                 if exc.timeout:
                     self._count(timeouts=1)
                 if not exc.retryable or attempt >= self.max_retries:
                     self._count(failures=1, error=str(exc))
                     logger.debug("request to %s failed after %d attempt(s): %s",
-                                 self.url, attempt + 1, exc)
+                                 url, attempt + 1, exc)
                     if exc.unreachable:
                         raise _Unreachable(str(exc)) from None
                     raise PolicyRequestError(str(exc)) from None
@@ -261,9 +335,9 @@ class OpenAIPolicy:
             if self._closing.wait(min(pause, max(0.0, until - time.monotonic()))):
                 continue  # closed while backing off: the loop head reports it
 
-    def _attempt(self, body: dict[str, Any], timeout: float) -> str:
+    def _attempt(self, url: str, body: dict[str, Any], timeout: float) -> str:
         try:
-            with self._client.stream("POST", self.url, json=body,
+            with self._client.stream("POST", url, json=body,
                                      timeout=httpx.Timeout(timeout)) as response:
                 raw = bytearray()
                 for chunk in response.iter_bytes():
@@ -286,6 +360,8 @@ class OpenAIPolicy:
         if status != 200:
             snippet = bytes(raw[:200]).decode("utf-8", "replace")
             raise _Failure(f"HTTP {status}: {snippet}", retryable=status in _RETRY_STATUS)
+        if "prompt" in body:
+            return self._completion_reply(raw, body)
         try:
             data = json.loads(raw)
             content = data["choices"][0]["message"].get("content")
@@ -295,6 +371,29 @@ class OpenAIPolicy:
             return ""
         text = content[: self.max_response_chars]
         return _with_tokens(text, data) if self.return_token_ids else text
+
+    def _completion_reply(self, raw: bytearray, body: dict[str, Any]) -> str:
+        """A completions response on the token path: the sampled ids are the truth; the text
+        is decoded from them here (the server's text is not needed)."""
+        try:
+            choice = json.loads(raw)["choices"][0]
+            ids = [int(i) for i in choice["token_ids"]]
+            lps = [float(x) for x in ((choice.get("logprobs") or {}).get("token_logprobs")
+                                      or [])][: len(ids)]
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise _Failure(f"no token ids in the completion ({type(exc).__name__}); the "
+                           f"server must support return_token_ids (vLLM >= 0.10.2)",
+                           retryable=False) from None
+        if len(ids) > int(body["max_tokens"]):
+            raise _Failure(f"the server sampled {len(ids)} tokens, over max_tokens",
+                           retryable=False)
+        text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        reply = _Reply(text[: self.max_response_chars])
+        reply.tokens = TokenTurn(text=str(reply), prompt_ids=list(body["prompt"]),
+                                 response_ids=ids,
+                                 logprobs=[0.0 if math.isnan(x) else x for x in lps]
+                                 + [0.0] * (len(ids) - len(lps)), extends=False)
+        return reply
 
     def _count(self, requests: int = 0, failures: int = 0, retries: int = 0,
                timeouts: int = 0, error: str | None = None) -> None:
@@ -306,6 +405,16 @@ class OpenAIPolicy:
             if error is not None:
                 self.stats.errors.append(error[:200])
                 del self.stats.errors[:-100]
+
+
+def _load_tokenizer(path: str) -> Any:
+    """The served model's tokenizer from a local directory (never a hub download)."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def _with_tokens(text: str, data: Any) -> str:
@@ -321,5 +430,5 @@ def _with_tokens(text: str, data: Any) -> str:
     reply = _Reply(text)
     reply.tokens = TokenTurn(text=text, prompt_ids=prompt, response_ids=ids,
                              logprobs=logprobs + [0.0] * (len(ids) - len(logprobs)),
-                             extends=False)
+                             extends=False, path="chat")
     return reply

@@ -275,6 +275,14 @@ class TrajectoryCollector:
         replies = ([t.text for t in tokens] if tokens is not None
                    else self.turns.generate(messages, contexts))
         self._clock.policy_s += time.perf_counter() - t0
+        if tokens is not None and any(t.stop for t in tokens):
+            for ep, tok in zip(active, tokens):
+                if tok.stop:  # no room for another reply: the episode ends here
+                    ep.done, ep.truncated, ep.end_reason = True, True, tok.stop
+            keep = [k for k, tok in enumerate(tokens) if not tok.stop]
+            active = [active[k] for k in keep]
+            tokens = [tokens[k] for k in keep]
+            replies = [replies[k] for k in keep]
         plans = self.turns.plan(active, replies)
         t0 = time.perf_counter()
         results = step_plans(self.pool, active, plans)
@@ -289,6 +297,7 @@ class TrajectoryCollector:
                 turn = ep.turns[-1]
                 turn.prompt_ids, turn.response_ids = list(tok.prompt_ids), list(tok.response_ids)
                 turn.logprobs, turn.prompt_extends = list(tok.logprobs), bool(tok.extends)
+                turn.token_path = tok.path
         self._clock.turns += 1
         self._clock.turn_s += time.perf_counter() - start
 
@@ -300,7 +309,13 @@ class TrajectoryCollector:
         window = self.settings.turn.max_context_window
         prefixes = [token_prefix(ep.turns) if window is None or window <= 0 else None
                     for ep in active]
-        out = self.policy.generate_tokens(messages, prefixes, contexts)
+        limit = self.settings.max_episode_tokens
+        if limit is None:
+            out = self.policy.generate_tokens(messages, prefixes, contexts)
+        else:
+            budgets: list[int | None] = [limit - completion_tokens(ep.turns) for ep in active]
+            out = self.policy.generate_tokens(  # type: ignore[call-arg]
+                messages, prefixes, contexts, budgets=budgets)
         if len(out) != len(active):
             raise RuntimeError(f"policy returned {len(out)} replies for {len(active)} "
                                f"conversations")
@@ -475,6 +490,19 @@ def token_prefix(turns: Sequence[Turn]) -> list[int] | None:
         seq += turn.prompt_ids
         seq += turn.response_ids
     return seq or None
+
+
+def completion_tokens(turns: Sequence[Turn]) -> int:
+    """Completion tokens of the episode's current sample: replies and the env/template tokens
+    between them since its last whole prompt (0 before the first reply)."""
+    n = 0
+    for k, turn in enumerate(turns):
+        if k == 0 or not turn.prompt_extends:
+            n = 0
+        elif turn.prompt_ids is not None:
+            n += len(turn.prompt_ids)
+        n += len(turn.response_ids or [])
+    return n
 
 
 def step_group_uid(group_uid: str, anchor_obs: str) -> str:

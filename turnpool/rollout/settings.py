@@ -103,6 +103,11 @@ class CollectorSettings:
     #: (left out of the batch, counted) or "keep" (kept with its failed trajectories marked by
     #: ``error`` / ``failure``, for trainers that need one output per prompt and mask failures)
     failed_groups: str = "drop"
+    #: token-level policies only: completion tokens one episode may hold (replies plus the
+    #: env/template tokens between them, after the first prompt); each reply is capped to
+    #: what is left and the episode ends with ``end_reason="token_budget"`` once no reply
+    #: fits (TRL's ``max_completion_length``). None: no limit.
+    max_episode_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.failed_groups not in ("drop", "keep"):
@@ -114,6 +119,8 @@ class CollectorSettings:
             raise ValueError(f"episode_retries must be >= 0, got {self.episode_retries}")
         if self.max_turn < 1:
             raise ValueError(f"max_turn must be >= 1, got {self.max_turn}")
+        if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
+            raise ValueError(f"max_episode_tokens must be >= 1, got {self.max_episode_tokens}")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,12 @@ Token level: when the policy reports tokens (`turnpool.policies.base.TokenPolicy
 turn, the env/template tokens since the previous reply after that), ``response_ids`` and
 ``logprobs``; `Trajectory.token_view` joins them into the one sequence a trainer consumes,
 with ``loss_mask`` 1 on model tokens and 0 on env/template tokens, and the JSONL line carries
-it under ``tokens``. Text-only turns leave these fields out of the JSONL altogether.
+it under ``tokens``. A turn that starts over from a whole prompt (``per_turn`` history mode, a
+chat endpoint, a prompt cut to ``max_input_tokens``) starts a new sample:
+`Trajectory.token_samples` gives one `TokenView` per sample, each exactly what the model saw
+and sampled, and the JSONL line carries them under ``token_samples``. ``token_path`` says how
+a turn's ids were obtained: ``"tokens"`` (token ids in and out, exact) or ``"chat"`` (a chat
+endpoint tokenized the chat itself). Text-only turns leave these fields out of the JSONL.
 """
 
 from __future__ import annotations
@@ -52,10 +57,12 @@ class Turn:
     logprobs: list[float] | None = None
     #: False when ``prompt_ids`` is a whole prompt that does not continue the earlier turns
     prompt_extends: bool | None = None
+    #: "tokens" (ids in, ids out) or "chat" (the server tokenized a chat); None: no tokens
+    token_path: str | None = None
 
 
 #: Turn fields that exist only for token-level turns (left out of text-only JSONL).
-TOKEN_FIELDS = ("prompt_ids", "response_ids", "logprobs", "prompt_extends")
+TOKEN_FIELDS = ("prompt_ids", "response_ids", "logprobs", "prompt_extends", "token_path")
 
 
 @dataclass(frozen=True)
@@ -117,26 +124,24 @@ class Trajectory:
         return bool(self.turns) and all(t.response_ids is not None and t.prompt_ids is not None
                                         for t in self.turns)
 
-    def token_view(self) -> TokenView:
-        """The episode as one token sequence (see `TokenView`).
-
-        Raises ``ValueError`` when a turn has no tokens or starts over from a whole prompt
-        (its history could not be continued in token space), since a single sequence would
-        then claim the model saw what it did not.
-        """
+    def token_samples(self) -> list[TokenView]:
+        """The episode as training samples: one per run of turns that continue each other
+        (one in ``verbatim`` history mode, one per turn in ``per_turn`` mode), each exactly
+        the tokens the model was given and sampled. Raises ``ValueError`` without tokens."""
         if not self.has_tokens:
             raise ValueError(f"trajectory of env {self.env_id} has no token ids "
                              f"(the policy does not report tokens)")
-        first = self.turns[0]
-        prompt = list(first.prompt_ids or [])
+        samples: list[TokenView] = []
+        prompt: list[int] = []
         response: list[int] = []
         mask: list[int] = []
         logps: list[float] = []
         for k, turn in enumerate(self.turns):
-            if k > 0:
-                if not turn.prompt_extends:
-                    raise ValueError(f"turn {k} of env {self.env_id} restarts from a whole "
-                                     f"prompt; the episode is not one token sequence")
+            if k == 0 or not turn.prompt_extends:
+                if k > 0:
+                    samples.append(TokenView(prompt, response, mask, logps))
+                prompt, response, mask, logps = list(turn.prompt_ids or []), [], [], []
+            else:
                 env_ids = list(turn.prompt_ids or [])
                 response += env_ids
                 mask += [0] * len(env_ids)
@@ -146,7 +151,27 @@ class Trajectory:
             response += ids
             mask += [1] * len(ids)
             logps += (lp + [0.0] * len(ids))[: len(ids)]
-        return TokenView(prompt, response, mask, logps)
+        samples.append(TokenView(prompt, response, mask, logps))
+        return samples
+
+    @property
+    def is_one_sequence(self) -> bool:
+        """True when the token-level episode is one sequence (every later turn extends)."""
+        return self.has_tokens and all(t.prompt_extends for t in self.turns[1:])
+
+    def token_view(self) -> TokenView:
+        """The episode as one token sequence (see `TokenView`).
+
+        Raises ``ValueError`` when a turn has no tokens or starts over from a whole prompt
+        (``per_turn`` history, a chat endpoint): a single sequence would then claim the model
+        saw what it did not; use `token_samples` for those.
+        """
+        samples = self.token_samples()
+        if len(samples) > 1:
+            k = next(k for k, t in enumerate(self.turns) if k and not t.prompt_extends)
+            raise ValueError(f"turn {k} of env {self.env_id} starts from a whole prompt "
+                             f"({len(samples)} samples); use token_samples()")
+        return samples[0]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -155,8 +180,10 @@ class Trajectory:
             if turn.get("response_ids") is None:
                 for key in TOKEN_FIELDS:
                     turn.pop(key, None)
-        if self.has_tokens and all(t.prompt_extends for t in self.turns[1:]):
+        if self.is_one_sequence:
             d["tokens"] = self.token_view().to_dict()
+        elif self.has_tokens:
+            d["token_samples"] = [v.to_dict() for v in self.token_samples()]
         return _jsonable(d)  # type: ignore[no-any-return]
 
     @classmethod
