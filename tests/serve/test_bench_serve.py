@@ -1,5 +1,7 @@
 """``turnpool bench serve`` end to end on a tiny load: both servers start as processes, the
-same client load runs against each, and the table, JSON report and PNG plot come out."""
+same client load runs against each in interleaved windows (A B, then B A), and the table,
+JSON report (with per-pair ratios, their median and spread, and the machine's load) and PNG
+plot come out; ``--url`` drives a server that is already running."""
 
 from __future__ import annotations
 
@@ -10,24 +12,51 @@ import pytest
 from click.testing import CliRunner
 
 from turnpool.cli import main
+from turnpool.serve import ServeSettings, TurnpoolServer
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_bench_serve_compares_both_servers(tmp_path: Path) -> None:
+def test_bench_serve_compares_both_servers_interleaved(tmp_path: Path) -> None:
     out, png = tmp_path / "serve.json", tmp_path / "serve.png"
     res = CliRunner().invoke(main, ["bench", "serve", "--sessions", "4", "--hold", "16",
-                                    "--seconds", "1", "--warmup", "0.2", "--json", str(out),
-                                    "--plot", str(png)])
+                                    "--seconds", "1", "--warmup", "0.2", "--pairs", "2",
+                                    "--json", str(out), "--plot", str(png)])
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text(encoding="utf-8"))
-    assert {r["server"] for r in report["rows"]} == {"openenv", "turnpool"}
-    for row in report["rows"]:
+    rows = report["rows"]
+    # interleaved: pair 0 runs openenv then turnpool, pair 1 the other way round
+    assert [(r["pair"], r["server"]) for r in rows] == [
+        (0, "openenv"), (0, "turnpool"), (1, "turnpool"), (1, "openenv")]
+    for row in rows:
         assert row["running"] == 4 and row["errors"] == 0 and row["steps"] > 0
         assert row["p50_ms"] <= row["p99_ms"] and row["rss_mb"] > 0
         assert row["cpu_us_per_step"] > 0
-    turnpool_row = next(r for r in report["rows"] if r["server"] == "turnpool")
-    assert turnpool_row["x_openenv"] > 0
+        assert row["load_1m"] >= 0 and 0 <= row["other_busy"] <= 1
+    ratios = [r["x_openenv"] for r in rows if r["server"] == "turnpool"]
+    level = report["summary"][0]
+    assert level["pairs"] == 2 and level["x_openenv_min"] == min(ratios)
+    assert level["x_openenv_max"] == max(ratios)
+    assert min(ratios) <= level["x_openenv_median"] <= max(ratios)
     assert {k: h["held"] for k, h in report["holds"].items()} == {"openenv": 16, "turnpool": 16}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "x openenv" in res.output and "sessions held" in res.output
+
+
+def test_bench_serve_drives_a_running_server_by_url(tmp_path: Path) -> None:
+    out = tmp_path / "serve.json"
+    settings = ServeSettings(env="sokoban", max_sessions=8, backend="sequential")
+    with TurnpoolServer(settings) as srv:
+        res = CliRunner().invoke(main, ["bench", "serve", "--servers", "turnpool",
+                                        "--url", f"turnpool={srv.url}", "--sessions", "3",
+                                        "--hold", "0", "--seconds", "0.5", "--warmup", "0.1",
+                                        "--pairs", "1", "--json", str(out)])
+        assert res.exit_code == 0, res.output
+        served = srv.engine.steps_total
+    report = json.loads(out.read_text(encoding="utf-8"))
+    (row,) = report["rows"]
+    assert row["running"] == 3 and row["steps"] > 0 and row["steps"] <= served
+    assert row["rss_mb"] is None and row["cpu_us_per_step"] is None  # not ours to measure
+    assert report["external"] == ["turnpool"]
+    bad = CliRunner().invoke(main, ["bench", "serve", "--url", "nginx=http://127.0.0.1:1"])
+    assert bad.exit_code == 2 and "NAME=URL" in bad.output

@@ -10,13 +10,22 @@ into pool calls). A client process drives each the same way over the same wire m
 resets with its own seed, then steps as fast as replies come back (closed loop, no think
 time) and resets when its episode ends. Only the measurement window counts (after a warm-up).
 
+The servers are measured interleaved: every server runs for the whole benchmark, and at each
+load level ``--pairs`` rounds each give every server one window, in alternating order (A B, B
+A, A B, ...), so a change in the machine's load between windows falls on both. Each window
+records the machine's 1-minute load and the share of CPU the servers and the client did not
+use (``other_busy``); the report gives, per level, the median and the spread of the per-pair
+ratio (turnpool over OpenEnv, steps/s and p99).
+
 Then each server is asked to hold as many sessions as it can, up to ``--hold``: the client
 opens them, resets each and steps each once, all kept open; "held" counts the sessions whose
 step was answered. RSS is the server process plus its children (the pool's workers), sampled
-at the end of each phase.
+at the end of each phase. ``--url NAME=URL`` drives a server that is already running (a
+user's own OpenEnv server, say) in place of starting NAME; its CPU and RSS are not known.
 
     turnpool bench serve                           # 64 / 256 / 1024 sessions, hold 4096
     turnpool bench serve --sessions 64 --hold 256 --seconds 3 --json serve.json --plot serve.png
+    turnpool bench serve --url openenv=http://127.0.0.1:8001 --hold 0
 """
 
 from __future__ import annotations
@@ -119,6 +128,22 @@ def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class RunningServer:
+    """A server started elsewhere (``--url``): only its URL is known."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def rss_mb(self) -> float | None:
+        return None
+
+    def cpu_s(self) -> float | None:
+        return None
+
+    def close(self) -> None:
+        pass
 
 
 class ServerProcess:
@@ -313,8 +338,10 @@ async def _load(url: str, sessions: int, warmup: float, seconds: float,
     window[0], window[1] = now + warmup, now + warmup + seconds
     started.set()
     print("started", flush=True)  # the parent starts counting server CPU time here
+    cpu0 = time.process_time()
     await asyncio.sleep(warmup + seconds)
     stop.set()
+    client_cpu = time.process_time() - cpu0
     print("stopped", flush=True)  # ... and stops here (closing sessions is not counted)
     await asyncio.wait(tasks, timeout=60)
     lat.sort()
@@ -325,7 +352,7 @@ async def _load(url: str, sessions: int, warmup: float, seconds: float,
     return {"sessions": sessions, "running": ready, "steps": counts["steps"],
             "all_steps": counts["all_steps"], "steps_per_s": counts["steps"] / seconds,
             "p50_ms": pct(0.50), "p99_ms": pct(0.99), "errors": counts["errors"],
-            "refused": counts["refused"]}
+            "refused": counts["refused"], "client_cpu_s": client_cpu}
 
 
 async def _hold(url: str, sessions: int, connect_parallel: int = 64) -> dict[str, Any]:
@@ -406,7 +433,7 @@ def _end_client(proc: subprocess.Popen[str], last_input: str, timeout: float) ->
         proc.wait(timeout=30)
 
 
-def _hold_on(server: ServerProcess, sessions: int) -> dict[str, Any]:
+def _hold_on(server: ServerProcess | RunningServer, sessions: int) -> dict[str, Any]:
     proc = _start_client(["hold", server.url, str(sessions)])
     try:
         line = _read_line(proc, 900)
@@ -419,48 +446,123 @@ def _hold_on(server: ServerProcess, sessions: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- the benchmark
+def _machine_busy_s() -> float:
+    import psutil
+
+    t = psutil.cpu_times()
+    return float(t.user + t.system)
+
+
+def _window(kind: str, server: ServerProcess | RunningServer, n: int, warmup: float,
+            seconds: float) -> dict[str, Any]:
+    """One load window on one server, with the machine's state over it: ``other_busy`` is
+    the share of all cores busy with neither the server nor the load client."""
+    import psutil
+
+    marks: dict[str, tuple[float | None, float, float]] = {}
+
+    def mark(name: str) -> None:  # server CPU, machine CPU, wall clock
+        marks[name] = (server.cpu_s(), _machine_busy_s(), time.monotonic())
+
+    row = _client(["load", server.url, str(n), str(warmup), str(seconds)],
+                  timeout=warmup + seconds + 600, on_mark=mark)
+    cpu = other = None
+    if "started" in marks and "stopped" in marks:
+        (s0, m0, w0), (s1, m1, w1) = marks["started"], marks["stopped"]
+        cpu = s1 - s0 if s0 is not None and s1 is not None else None
+        ours = (cpu or 0.0) + float(row.get("client_cpu_s") or 0.0)
+        cores = psutil.cpu_count() or 1
+        other = max(0.0, (m1 - m0 - ours) / ((w1 - w0) * cores)) if w1 > w0 else None
+    row.update(server=kind, rss_mb=server.rss_mb(), server_cpu_s=cpu,
+               cpu_us_per_step=cpu / row["all_steps"] * 1e6
+               if cpu is not None and row["all_steps"] else None,
+               load_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+               other_busy=other if cpu is not None else None)
+    return row
+
+
+def _median(values: list[float]) -> float | None:
+    import statistics
+
+    return statistics.median(values) if values else None
+
+
+def summarize(rows: list[dict[str, Any]], levels: list[int]) -> list[dict[str, Any]]:
+    """Per level: the per-pair ratios turnpool / openenv (steps/s, p99) with median and
+    spread, and each server's median steps/s, p99 and CPU per step."""
+    out = []
+    for n in levels:
+        at = [r for r in rows if r["sessions"] == n]
+        pairs = sorted({r["pair"] for r in at})
+        ratios, p99s = [], []
+        for p in pairs:
+            by = {r["server"]: r for r in at if r["pair"] == p}
+            ref, ours = by.get("openenv"), by.get("turnpool")
+            if ref and ours and ref["steps_per_s"]:
+                ratios.append(ours["steps_per_s"] / ref["steps_per_s"])
+                if ref["p99_ms"] and ours["p99_ms"]:
+                    p99s.append(ours["p99_ms"] / ref["p99_ms"])
+        entry: dict[str, Any] = {"sessions": n, "pairs": len(pairs),
+                                 "x_openenv_median": _median(ratios),
+                                 "x_openenv_min": min(ratios) if ratios else None,
+                                 "x_openenv_max": max(ratios) if ratios else None,
+                                 "p99_ratio_median": _median(p99s)}
+        for kind in sorted({r["server"] for r in at}):
+            mine = [r for r in at if r["server"] == kind]
+            entry[kind] = {
+                "steps_per_s": _median([r["steps_per_s"] for r in mine]),
+                "p99_ms": _median([r["p99_ms"] for r in mine if r["p99_ms"] is not None]),
+                "cpu_us_per_step": _median([r["cpu_us_per_step"] for r in mine
+                                            if r.get("cpu_us_per_step") is not None])}
+        out.append(entry)
+    return out
+
+
 def run(levels: list[int], hold: int, warmup: float, seconds: float,
-        servers: tuple[str, ...], progress: Any = None) -> dict[str, Any]:
+        servers: tuple[str, ...], progress: Any = None, pairs: int = 4,
+        urls: dict[str, str] | None = None) -> dict[str, Any]:
+    urls = dict(urls or {})
     rows: list[dict[str, Any]] = []
     holds: dict[str, dict[str, Any]] = {}
     capacity = max([hold, *levels])
-    for kind in servers:
-        if progress:
-            progress(f"{kind}: starting a server for {capacity} sessions")
-        server = ServerProcess(kind, capacity)
-        try:
-            for n in levels:
-                if progress:
-                    progress(f"{kind}: {n} sessions")
-                marks: dict[str, float] = {}
-
-                def mark(name: str, marks: dict[str, float] = marks,
-                         server: ServerProcess = server) -> None:
-                    marks[name] = server.cpu_s()
-
-                row = _client(["load", server.url, str(n), str(warmup), str(seconds)],
-                              timeout=warmup + seconds + 600, on_mark=mark)
-                cpu = marks.get("stopped", 0.0) - marks.get("started", 0.0)
-                row.update(server=kind, rss_mb=server.rss_mb(), server_cpu_s=cpu,
-                           cpu_us_per_step=cpu / row["all_steps"] * 1e6
-                           if row["all_steps"] else None)
-                rows.append(row)
-                log.info("%s %d sessions: %.0f steps/s", kind, n, row["steps_per_s"])
-            if hold:
+    running: dict[str, ServerProcess | RunningServer] = {}
+    try:
+        for kind in servers:
+            if kind in urls:
+                running[kind] = RunningServer(urls[kind])
+                continue
+            if progress:
+                progress(f"{kind}: starting a server for {capacity} sessions")
+            running[kind] = ServerProcess(kind, capacity)
+        for n in levels:
+            for p in range(pairs):
+                order = list(running) if p % 2 == 0 else list(reversed(running))
+                for kind in order:
+                    if progress:
+                        progress(f"{n} sessions, pair {p + 1}/{pairs}: {kind}")
+                    row = _window(kind, running[kind], n, warmup, seconds)
+                    row["pair"] = p
+                    rows.append(row)
+                    log.info("%s %d sessions: %.0f steps/s", kind, n, row["steps_per_s"])
+        for n in levels:
+            for p in range(pairs):
+                by = {r["server"]: r for r in rows if r["sessions"] == n and r["pair"] == p}
+                ref = by.get("openenv", {}).get("steps_per_s")
+                for r in by.values():
+                    r["x_openenv"] = r["steps_per_s"] / ref if ref else None
+        if hold:
+            for kind, server in running.items():
                 if progress:
                     progress(f"{kind}: holding up to {hold} sessions")
                 holds[kind] = _hold_on(server, hold)
-        finally:
+    finally:
+        for server in running.values():
             server.close()
-    for n in levels:
-        by = {r["server"]: r for r in rows if r["sessions"] == n}
-        ref = by.get("openenv", {}).get("steps_per_s")
-        for r in by.values():
-            r["x_openenv"] = r["steps_per_s"] / ref if ref else None
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {"benchmark": "serve", "env": ENV, "levels": levels, "hold": hold,
-            "warmup_s": warmup, "seconds": seconds, "rows": rows, "holds": holds,
-            "machine": machine_info(loadavg_1m_at_end=load)}
+            "warmup_s": warmup, "seconds": seconds, "pairs": pairs, "rows": rows,
+            "summary": summarize(rows, levels), "holds": holds,
+            "external": sorted(urls), "machine": machine_info(loadavg_1m_at_end=load)}
 
 
 def render(report: dict[str, Any]) -> list[Any]:
@@ -468,26 +570,43 @@ def render(report: dict[str, Any]) -> list[Any]:
 
     table = Table(title=f"serve: {report['env']}, closed-loop sessions, {report['seconds']:g} s "
                         f"window, {report['machine']['cpu_count']} cpus")
-    for col in ("sessions", "server", "running", "steps/s", "x openenv", "p50 ms", "p99 ms",
-                "cpu us/step", "errors", "RSS MB"):
+    for col in ("sessions", "pair", "server", "running", "steps/s", "x openenv", "p50 ms",
+                "p99 ms", "cpu us/step", "errors", "RSS MB", "load 1m", "other busy"):
         table.add_column(col, justify="left" if col == "server" else "right")
 
     def ms(v: float | None) -> str:
         return f"{v:.1f}" if v is not None else "-"
 
+
     for r in report["rows"]:
         x = r.get("x_openenv")
-        table.add_row(str(r["sessions"]), r["server"], str(r["running"]),
-                      f"{r['steps_per_s']:.0f}", f"{x:.2f}" if x else "-", ms(r["p50_ms"]),
-                      ms(r["p99_ms"]), ms(r.get("cpu_us_per_step")), str(r["errors"]),
-                      f"{r['rss_mb']:.0f}")
+        other = r.get("other_busy")
+        table.add_row(str(r["sessions"]), str(r.get("pair", 0) + 1), r["server"],
+                      str(r["running"]), f"{r['steps_per_s']:.0f}", f"{x:.2f}" if x else "-",
+                      ms(r["p50_ms"]), ms(r["p99_ms"]), ms(r.get("cpu_us_per_step")),
+                      str(r["errors"]), ms(r.get("rss_mb")), ms(r.get("load_1m")),
+                      f"{other:.0%}" if other is not None else "-")
     out: list[Any] = [table]
+    if report.get("summary"):
+        summary = Table(title="per level, over the pairs (interleaved windows)")
+        for col in ("sessions", "pairs", "x openenv median", "x openenv min..max",
+                    "p99 turnpool/openenv", "turnpool cpu us/step", "openenv cpu us/step"):
+            summary.add_column(col, justify="right")
+        for e in report["summary"]:
+            lo, hi = e.get("x_openenv_min"), e.get("x_openenv_max")
+            summary.add_row(str(e["sessions"]), str(e["pairs"]),
+                            ms(e.get("x_openenv_median")),
+                            f"{lo:.2f}..{hi:.2f}" if lo is not None and hi is not None else "-",
+                            ms(e.get("p99_ratio_median")),
+                            ms((e.get("turnpool") or {}).get("cpu_us_per_step")),
+                            ms((e.get("openenv") or {}).get("cpu_us_per_step")))
+        out.append(summary)
     if report["holds"]:
         held = Table(title=f"sessions held (asked {report['hold']}: open, reset, step, keep)")
         for col in ("server", "held", "seconds to open", "RSS MB"):
             held.add_column(col, justify="left" if col == "server" else "right")
         for kind, h in report["holds"].items():
-            held.add_row(kind, str(h["held"]), ms(h.get("open_s")), f"{h['rss_mb']:.0f}")
+            held.add_row(kind, str(h["held"]), ms(h.get("open_s")), ms(h.get("rss_mb")))
         out.append(held)
     out.append("running: sessions that reset and stepped; x openenv: steps/s over OpenEnv's "
                "reference server at the same load; cpu us/step: CPU time of the server process "
@@ -503,14 +622,20 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4))
-    for kind in SERVERS:
-        rows = [r for r in report["rows"] if r["server"] == kind]
-        if not rows:
+    for kind in SERVERS:  # medians over the pairs; the bars are each window's spread
+        at = [e for e in report["summary"] if kind in e]
+        if not at:
             continue
-        xs = [r["sessions"] for r in rows]
-        ax1.plot(xs, [r["steps_per_s"] for r in rows], marker="o", label=kind)
-        ax2.plot(xs, [r["p99_ms"] or 0 for r in rows], marker="o", label=kind)
-        ax3.plot(xs, [r.get("cpu_us_per_step") or 0 for r in rows], marker="o", label=kind)
+        xs = [e["sessions"] for e in at]
+        for ax, key in ((ax1, "steps_per_s"), (ax2, "p99_ms"), (ax3, "cpu_us_per_step")):
+            ys = [e[kind][key] or 0 for e in at]
+            line = ax.plot(xs, ys, marker="o", label=kind)[0]
+            for e in at:
+                vals = [r[key] for r in report["rows"] if r["server"] == kind
+                        and r["sessions"] == e["sessions"] and r.get(key) is not None]
+                if vals:
+                    ax.vlines(e["sessions"], min(vals), max(vals), color=line.get_color(),
+                              alpha=0.5)
     for ax, label in ((ax1, "steps/s"), (ax2, "p99 step latency (ms)"),
                       (ax3, "server CPU us per step")):
         ax.set_xscale("log", base=2)
@@ -533,10 +658,16 @@ def plot(report: dict[str, Any], path: Path) -> None:
 @click.option("--seconds", default=10.0, show_default=True, help="Measured window per level.")
 @click.option("--warmup", default=2.0, show_default=True, help="Unmeasured seconds first.")
 @click.option("--servers", default=",".join(SERVERS), show_default=True)
+@click.option("--pairs", default=4, show_default=True,
+              help="Interleaved rounds per level: each gives every server one window.")
+@click.option("--url", "urls", multiple=True, metavar="NAME=URL",
+              help="Drive a server already running at URL as NAME (openenv or turnpool) "
+                   "instead of starting one; repeatable.")
 @json_option("Also write the report as JSON here.")
 @plot_option("Also save a PNG plot here.")
 def command(sessions: str, hold: int, seconds: float, warmup: float, servers: str,
-            json_path: Path | None, plot_path: Path | None) -> None:
+            pairs: int, urls: tuple[str, ...], json_path: Path | None,
+            plot_path: Path | None) -> None:
     """OpenEnv's reference server vs turnpool serve: steps/s, latency, sessions held, RSS."""
     try:
         levels = [int(x) for x in sessions.split(",") if x.strip()]
@@ -546,9 +677,19 @@ def command(sessions: str, hold: int, seconds: float, warmup: float, servers: st
     unknown = set(chosen) - set(SERVERS)
     if unknown:
         raise click.BadParameter(f"unknown servers {sorted(unknown)}; known: {SERVERS}")
-    console = start(width=120)
+    given: dict[str, str] = {}
+    for item in urls:
+        name, sep, url = item.partition("=")
+        if not sep or name not in SERVERS or not url.startswith(("http://", "https://")):
+            raise click.BadParameter(f"--url takes NAME=URL with NAME one of {SERVERS}, got "
+                                     f"{item!r}")
+        given[name] = url
+    if pairs < 1:
+        raise click.BadParameter("--pairs must be >= 1")
+    console = start(width=160)
     report = measure_and_print(
-        console, lambda progress: run(levels, hold, warmup, seconds, chosen, progress), render)
+        console, lambda progress: run(levels, hold, warmup, seconds, chosen, progress, pairs,
+                                      given), render)
     write_outputs(console, report, json_path, plot_path, plot)
 
 

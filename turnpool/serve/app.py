@@ -45,6 +45,7 @@ from turnpool.pool import TurnResult
 from turnpool.serve import mcp
 from turnpool.serve.engine import PoolEngine, PoolFull, PoolTimeout, SlotReset, retryable
 from turnpool.serve.errors import ProtocolError
+from turnpool.serve.metrics import CONTENT_TYPE
 from turnpool.serve.page import STATUS_PAGE
 
 #: Largest client message (bytes of JSON) the server reads; longer ones are refused.
@@ -120,6 +121,8 @@ class Server:
         self.refused = 0
         self.reaped = 0
         self._rate: deque[tuple[float, int]] = deque(maxlen=16)
+        #: the Prometheus registry (None without ``prometheus-client``: /metrics says so)
+        self.metrics = _metrics(self)
 
     # ------------------------------------------------------------------ lifecycle
     def open(self, kind: str) -> Session:
@@ -237,8 +240,11 @@ class Server:
             raise ProtocolError("VALIDATION_ERROR", "no episode: send reset first")
         if session.done:
             raise ProtocolError("VALIDATION_ERROR", "the episode is over: send reset")
+        began = time.perf_counter()
         res: TurnResult = await self._run(session, self.engine.step(
             session.slot, actions, timeout=self.settings.call_timeout_s()))
+        if self.metrics is not None:
+            self.metrics.observe_step(time.perf_counter() - began)
         if res.error is not None:
             session.done = True
             session.failures += 1
@@ -284,13 +290,17 @@ class Server:
                 "reward": reward, "done": done, "metadata": meta}
 
     # ------------------------------------------------------------------ status
+    def step_rate(self) -> float:
+        """Steps per second over the reaper's last samples (about 16 s)."""
+        if len(self._rate) >= 2:
+            (t0, n0), (t1, n1) = self._rate[0], self._rate[-1]
+            return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+        return 0.0
+
     def status(self) -> dict[str, Any]:
         eng = self.engine
         now = time.monotonic()
-        rate = 0.0
-        if len(self._rate) >= 2:
-            (t0, n0), (t1, n1) = self._rate[0], self._rate[-1]
-            rate = (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+        rate = self.step_rate()
         listed = sorted(self.sessions.values(), key=lambda s: s.created)[:MAX_LISTED_SESSIONS]
         return {
             "env": self.settings.env, "backend": eng.pool.backend_name,
@@ -366,6 +376,14 @@ def _readme(env: str, doc: str, tools: mcp.Tools) -> str:
     return "\n\n".join(parts)
 
 
+def _metrics(server: Server) -> Any:
+    try:
+        from turnpool.serve.metrics import Metrics
+        return Metrics(server)
+    except ImportError:  # prometheus-client is optional
+        return None
+
+
 def dumps(obj: Any) -> str:
     return json.dumps(obj, default=_jsonable, separators=(",", ":"))
 
@@ -431,6 +449,12 @@ def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         return HTMLResponse(STATUS_PAGE)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        if server.metrics is None:
+            return json_response({"detail": "install prometheus-client for /metrics"}, 501)
+        return Response(server.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/api/status")
     async def api_status() -> Response:

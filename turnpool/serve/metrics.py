@@ -1,0 +1,90 @@
+"""``/metrics`` of ``turnpool serve`` in Prometheus's text format (``prometheus-client``).
+
+One registry per server (several servers may live in one process, as in the tests). The step
+latency histogram is observed per step on the server; everything else is read from the
+engine's and the sessions' own counters when scraped, so a scrape costs the hot path nothing:
+
+* ``turnpool_step_latency_seconds`` (histogram): a step's time in the server, from its
+  message to its reply (pool round trip included);
+* ``turnpool_steps_total``, ``turnpool_resets_total``, ``turnpool_batches_total`` (counters;
+  ``rate()`` gives steps/s) and ``turnpool_step_rate`` (the server's own recent steps/s);
+* ``turnpool_failures_total{failure=...}`` (counter per class of
+  `turnpool.worker.protocol.FAILURE_CLASSES`);
+* ``turnpool_sessions{kind=...}``, ``turnpool_slots_capacity``, ``turnpool_slots_leased``,
+  ``turnpool_worker_sessions{worker=...}`` (gauges: sessions per kind, and per worker how many
+  of its slots sessions hold).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from turnpool.worker.protocol import FAILURE_CLASSES
+
+#: Step latency buckets (seconds): sub-millisecond steps to a full deadline.
+BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+           10.0, 30.0, 60.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    """The registry of one server; ``observe_step`` is the only call on the hot path."""
+
+    def __init__(self, server: Any) -> None:
+        from prometheus_client import CollectorRegistry, Histogram
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._latency = Histogram("turnpool_step_latency_seconds",
+                                  "A step's time in the server, message to reply",
+                                  buckets=BUCKETS, registry=self.registry)
+        self.observe_step = self._latency.observe
+        self.registry.register(_ServerCollector(server))
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        out: bytes = generate_latest(self.registry)
+        return out
+
+
+class _ServerCollector:
+    """Reads the engine's and the sessions' counters at scrape time."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        server = self.server
+        engine = server.engine
+        for name, value, help_text in (
+                ("turnpool_steps", engine.steps_total, "Env steps served"),
+                ("turnpool_resets", engine.resets_total, "Episodes started"),
+                ("turnpool_batches", engine.batches_total, "Pool calls that carried steps")):
+            yield CounterMetricFamily(name, help_text, value=value)
+        failures = CounterMetricFamily("turnpool_failures", "Failed env turns by class",
+                                       labels=["failure"])
+        for failure in FAILURE_CLASSES:
+            failures.add_metric([failure], engine.failures.get(failure, 0))
+        yield failures
+        yield GaugeMetricFamily("turnpool_step_rate", "Recent steps per second",
+                                value=server.step_rate())
+        sessions = GaugeMetricFamily("turnpool_sessions", "Open sessions by kind",
+                                     labels=["kind"])
+        kinds = Counter(s.kind for s in list(server.sessions.values()))
+        for kind in ("ws", "http", "mcp", "once"):
+            sessions.add_metric([kind], kinds.get(kind, 0))
+        yield sessions
+        yield GaugeMetricFamily("turnpool_slots_capacity", "Env slots", value=engine.capacity)
+        yield GaugeMetricFamily("turnpool_slots_leased", "Env slots held by sessions",
+                                value=engine.leased)
+        owner = {i: w for w, ids in enumerate(engine.pool.backend.slices) for i in ids}
+        per_worker = Counter(owner.get(s.slot, -1) for s in list(server.sessions.values()))
+        workers = GaugeMetricFamily("turnpool_worker_sessions",
+                                    "Sessions whose env slot a worker holds", labels=["worker"])
+        for w in range(len(engine.pool.backend.slices)):
+            workers.add_metric([str(w)], per_worker.get(w, 0))
+        yield workers
