@@ -577,6 +577,9 @@ def render(report: dict[str, Any]) -> list[Any]:
     def ms(v: float | None) -> str:
         return f"{v:.1f}" if v is not None else "-"
 
+    def ratio(v: float | None) -> str:
+        return f"{v:.2f}" if v is not None else "-"
+
 
     for r in report["rows"]:
         x = r.get("x_openenv")
@@ -595,9 +598,9 @@ def render(report: dict[str, Any]) -> list[Any]:
         for e in report["summary"]:
             lo, hi = e.get("x_openenv_min"), e.get("x_openenv_max")
             summary.add_row(str(e["sessions"]), str(e["pairs"]),
-                            ms(e.get("x_openenv_median")),
+                            ratio(e.get("x_openenv_median")),
                             f"{lo:.2f}..{hi:.2f}" if lo is not None and hi is not None else "-",
-                            ms(e.get("p99_ratio_median")),
+                            ratio(e.get("p99_ratio_median")),
                             ms((e.get("turnpool") or {}).get("cpu_us_per_step")),
                             ms((e.get("openenv") or {}).get("cpu_us_per_step")))
         out.append(summary)
