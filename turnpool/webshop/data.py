@@ -17,13 +17,14 @@ rules, what WebShop's ``SimServer`` holds:
   and ``", and price lower than X.00 dollars"`` where X is the larger of two draws from the
   first four multiples of 10 above the price (no bound when fewer than two exist).
   Human goals (``items_human_ins.json``) are one per written instruction that has attributes.
-* order: the goal list shuffled as ``random.seed(233); random.shuffle(goals)``.
+* order: the goal list shuffled by Python's generator seeded with 233 (here a local
+  ``random.Random(233)``, which draws the same).
 
 Prices and price bounds are random draws in WebShop, made from Python's process-global
 generator, which RAGEN never seeds before building the server. turnpool makes the same draws,
 in the same order, from a local ``random.Random(draw_seed)`` (0 by default): the goals equal
-RAGEN's when RAGEN's process would have run ``random.seed(draw_seed)`` just before building its
-WebShop server (the reference fixtures were recorded that way).
+RAGEN's when RAGEN's process had seeded its global generator with ``draw_seed`` just before
+building its WebShop server (the reference fixtures were recorded that way).
 
 The small set ships inside the package (``turnpool/data/webshop_small/``), so nothing needs
 to be downloaded; other data sets load from user paths with `load_webshop`.
