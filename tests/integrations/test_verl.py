@@ -137,6 +137,76 @@ def test_agent_loop_hanging_env_is_cut(tiny_model_dir: Path) -> None:
         assert "timeout" in out.extra_fields["turnpool_error"]
         assert sum(out.response_mask) == 0  # marked: no gradient from a failed env
         assert out.num_turns == 3  # one turn, then the env was cut
+        assert out.extra_fields["turnpool_attempts"] == 2  # replayed once from its seed
+
+
+@pytest.fixture(scope="module")
+def untrained_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model before fine-tuning: its next-token distribution is broad."""
+    from turnpool.policies.tiny_llm import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("untrained-llama"), seed=2)
+
+
+def test_group_members_sample_distinct_replies(untrained_model_dir: Path) -> None:
+    """2 groups x 4 at temperature 1, each reply one ``generate`` call of its own (as verl's
+    server manager makes them): members of a group share the prompt, never the sample."""
+    section = {"env_type": "bandit", "capacity": 8, "max_turn": 1,
+               "pool": {"backend": "thread", "num_workers": 2}}
+    rows = [{"index": i, "extra_info": {"seed": 70 + i // 4}} for i in range(8)]
+    outs, _, _ = _run_batch(untrained_model_dir, section, rows)
+    for g in (0, 4):
+        group = outs[g:g + 4]
+        assert len({tuple(o.prompt_ids) for o in group}) == 1
+        assert len({tuple(o.response_ids) for o in group}) == 4
+
+
+def _padded(outs: list[AgentLoopOutput]) -> tuple[Any, Any]:
+    """verl's token_level_rewards (the score on the last response token) and response_mask."""
+    import torch
+
+    width = max(len(o.response_ids) for o in outs)
+    rewards = torch.zeros(len(outs), width)
+    mask = torch.zeros(len(outs), width, dtype=torch.long)
+    for i, o in enumerate(outs):
+        mask[i, :len(o.response_mask)] = torch.tensor(o.response_mask, dtype=torch.long)
+        rewards[i, len(o.response_ids) - 1] = float(o.reward_score or 0.0)
+    return rewards, mask
+
+
+def test_a_hanging_env_is_replayed_and_never_biases_its_group(tiny_model_dir: Path) -> None:
+    """2 groups x 4; one member of group 0 hangs on every try. It is replayed once from its
+    seed, then marked; verl's ``turnpool_grpo`` estimator gives the healthy rows exactly the
+    advantages of the batch without the failed row, where verl's plain GRPO does not."""
+    import numpy as np
+    import torch
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_adv_estimator_fn
+
+    section = {"env_type": "sleep", "env_kwargs": {"sleep_ms": 1, "episode_len": 2},
+               "capacity": 4, "max_turn": 2, "retries": 1,
+               "pool": {"backend": "process", "num_workers": 1, "step_timeout": 2.0}}
+    rows: list[dict[str, Any]] = [{"index": i, "extra_info": {"seed": 5 + i // 4}}
+                                  for i in range(8)]
+    rows[1]["extra_info"]["env_kwargs"] = {"sleep_ms": 3_600_000}
+    outs, _, elapsed = _run_batch(tiny_model_dir, section, rows)
+    assert elapsed < 120
+    failed = [i for i, o in enumerate(outs) if o.extra_fields["turnpool_failure"] is not None]
+    assert failed == [1]
+    assert outs[1].extra_fields["turnpool_attempts"] == 2  # replayed once, then marked
+    assert all(o.extra_fields["turnpool_attempts"] == 1 for k, o in enumerate(outs) if k != 1)
+    assert sum(outs[1].response_mask) == 0
+
+    rewards, mask = _padded(outs)
+    uid = np.array(["g0"] * 4 + ["g1"] * 4, dtype=object)
+    adv, _ = get_adv_estimator_fn("turnpool_grpo")(
+        token_level_rewards=rewards, response_mask=mask, index=uid, config=None)
+    healthy = [i for i in range(8) if i != 1]
+    alone, _ = compute_grpo_outcome_advantage(rewards[healthy], mask[healthy], uid[healthy])
+    assert torch.equal(adv[healthy], alone)
+    assert torch.count_nonzero(adv[1]) == 0
+    # verl's own grpo counts the failed row in group 0's mean: the healthy rows move
+    plain, _ = compute_grpo_outcome_advantage(rewards, mask, uid)
+    assert not torch.equal(plain[[0, 2, 3]], alone[:3])
 
 
 def test_loop_options_need_an_env() -> None:
