@@ -16,6 +16,7 @@ from trl import GRPOConfig, GRPOTrainer
 from turnpool.integrations.leases import shared_leases
 from turnpool.integrations.trl import (
     TurnpoolRollout,
+    check_whole_groups,
     environment_factory,
     seed_of_row,
     turnpool_reward,
@@ -315,3 +316,28 @@ def test_rollout_func_generates_through_trls_vllm_client(tiny_model_dir: Path,
         assert [i for i, m in zip(completion, mask) if m] == sampled
         assert tok.decode(seq).count("<think>\n\n</think>") == len(t.turns)  # enable_thinking
     assert max(len(t.turns) for t in rollout.last_trajectories) > 1
+
+
+def test_a_batch_that_splits_groups_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    """2 prompts per device x 2 steps per generation on 2 processes: TRL accepts groups of 8
+    (the global batch is 8) but each process gets 4 prompts, half a group. TurnpoolRollout
+    refuses before it starts anything, naming the setting to change."""
+    cfg = _config(tmp_path, per_device_train_batch_size=2, num_generations=4,
+                  steps_per_generation=2)
+    check_whole_groups(cfg, 2)
+    cfg.num_generations = 8  # what TRL's own check accepts on 2 processes (8 % 8 == 0)
+    with pytest.raises(ValueError, match="Raise steps_per_generation .e.g. to 4.") as err:
+        check_whole_groups(cfg, 2)
+    assert "num_generations = 8" in str(err.value)
+
+    class Accel:
+        num_processes = 2
+
+    class Trainer:  # the attributes TurnpoolRollout reads before it starts anything
+        args = cfg
+        accelerator = Accel()
+
+    rollout = TurnpoolRollout("bandit")
+    with pytest.raises(ValueError, match="whole GRPO groups"):
+        rollout(["p"] * 4, Trainer())
+    assert rollout._pools == {}  # no pool was started

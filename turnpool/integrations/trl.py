@@ -222,6 +222,45 @@ def turnpool_reward(completions: Sequence[Any], turnpool_score: Sequence[float |
     return list(turnpool_score)
 
 
+def check_whole_groups(args: Any, num_processes: int) -> None:
+    """Raise ``ValueError`` unless every process's generation batch holds whole GRPO groups.
+
+    TRL hands each process ``per_device_train_batch_size * steps_per_generation`` consecutive
+    prompts of the global generation batch (group members are adjacent) and only checks that
+    the global batch holds whole groups; `TurnpoolRollout` plays one turnpool
+    group (one seed) per GRPO group, so a group cut between processes cannot be played. The
+    error names the settings to change. Eval batches are checked the same way.
+    """
+    procs = max(1, int(num_processes))
+    g = int(args.num_generations)
+    per_device = int(args.per_device_train_batch_size)
+    steps = int(getattr(args, "steps_per_generation", None) or 1)
+    per_proc = per_device * steps
+    if per_proc % g:
+        raise ValueError(
+            f"TurnpoolRollout needs whole GRPO groups on every process: each of the {procs} "
+            f"processes gets per_device_train_batch_size * steps_per_generation = "
+            f"{per_device} * {steps} = {per_proc} prompts per generation, not a multiple of "
+            f"num_generations = {g}. Raise steps_per_generation (e.g. to "
+            f"{steps * _steps_for(per_proc, g)}) or per_device_train_batch_size, or lower "
+            f"num_generations")
+    g_eval = int(getattr(args, "num_generations_eval", None) or g)
+    eval_batch = int(getattr(args, "per_device_eval_batch_size", 0) or 0)
+    if getattr(args, "eval_strategy", "no") not in ("no", None) and eval_batch % g_eval:
+        raise ValueError(
+            f"TurnpoolRollout needs whole GRPO groups on every process: "
+            f"per_device_eval_batch_size = {eval_batch} is not a multiple of "
+            f"num_generations_eval = {g_eval}; change per_device_eval_batch_size")
+
+
+def _steps_for(per_device: int, group: int) -> int:
+    """The smallest ``steps_per_generation`` whose per-process batch holds whole groups."""
+    k = 1
+    while (per_device * k) % group:
+        k += 1
+    return k
+
+
 def trainer_sampling(trainer: Any) -> dict[str, Any]:
     """``generate`` keyword arguments from a GRPOTrainer's sampling settings (``top_k``,
     ``min_p``, ``repetition_penalty``, then ``generation_kwargs`` over them)."""
@@ -375,6 +414,7 @@ class TurnpoolRollout:
         self.max_new_tokens = max_new_tokens
         self.seed = int(seed)
         self.calls = 0
+        self._checked = False
         self.last_trajectories: list[Trajectory] = []
         self._pools: dict[tuple[int, int], EnvPool] = {}
         self.__name__ = "turnpool_rollout"
@@ -388,6 +428,9 @@ class TurnpoolRollout:
         return self._pools[key]
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        if not self._checked:  # the trainer's first generation: before any env or sample
+            check_whole_groups(trainer.args, int(trainer.accelerator.num_processes))
+            self._checked = True
         training = bool(trainer.model.training)
         g = int(trainer.num_generations if training else trainer.num_generations_eval)
         n = len(prompts)
@@ -396,7 +439,8 @@ class TurnpoolRollout:
         for k in range(0, n, g):
             if any(p != prompts[k] for p in prompts[k:k + g]):
                 raise ValueError("the prompts of a GRPO group differ: each process must get "
-                                 "whole groups of num_generations identical prompts")
+                                 "whole groups of num_generations identical prompts (see "
+                                 "check_whole_groups)")
         n_groups = n // g
         pool = self._pool(n_groups, g)
         first = self.tags[0]
