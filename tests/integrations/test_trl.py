@@ -341,3 +341,17 @@ def test_a_batch_that_splits_groups_is_refused_naming_the_setting(tmp_path: Path
     with pytest.raises(ValueError, match="whole GRPO groups"):
         rollout(["p"] * 4, Trainer())
     assert rollout._pools == {}  # no pool was started
+
+
+def test_environment_factory_rejects_malformed_calls_with_a_reason() -> None:
+    Count = environment_factory("countdown", pool_options={"backend": "sequential"},
+                                capacity=1)
+    env = Count()
+    env.reset(seed=1)
+    replies = [env.act(""), env.act(None), env.act(["1+2"])]
+    assert all(r.startswith("Invalid call:") for r in replies)
+    assert len(env.invalid_calls) == 3 and env.tool_steps == 0
+    env.act("1+2")
+    assert env.tool_steps == 1
+    assert env.act("again").startswith("Invalid call: the episode is over")
+    assert len(env.invalid_calls) == 4

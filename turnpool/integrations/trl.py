@@ -113,6 +113,9 @@ def environment_factory(
     prompt = make_env_prompt(spec, TurnSettings())
     desc = describe_env(env_type, kwargs)
     names = prompt.valid_names
+    taken = set(_RESERVED)
+    tool_names = [_tool_name(action, taken) for action in names or ()]
+    intro = tool_prompt(env_type, desc.instruction, desc.grid_vocab, tool_names, max_actions)
     wait_s = float(options.get("step_timeout") or 0.0) + WAIT_MARGIN_S
 
     def leases() -> SlotEngine:
@@ -125,6 +128,8 @@ def environment_factory(
         self._failure = None
         self._actions = 0
         self._release = None
+        self.tool_steps = 0  # env steps taken through tool calls
+        self.invalid_calls = []  # why each rejected call was rejected (list of str)
 
     def reset(self: Any, **row: Any) -> str:
         """Start a new episode (gives the previous env slot back first)."""
@@ -134,11 +139,12 @@ def environment_factory(
         self._slot = slot
         self._release = weakref.finalize(self, pool.release, slot)
         self._reward, self._done, self._failure, self._actions = 0.0, False, None, 0
+        self.tool_steps, self.invalid_calls = 0, []
         obs, info, *_ = pool.submit_reset(slot, seed_of_row(row, seed_key)).result(wait_s)
         if info.get("error"):
             self._done, self._failure = True, str(info.get("failure") or "env_error")
             return f"The environment failed to start: {info['error']}"
-        return f"{prompt.prefix}\n{obs}"
+        return f"{intro}\n{without_answer_format(obs)}"
 
     def get_reward(self: Any) -> float | None:
         """The episode's reward so far; None when the env failed (TRL leaves it unscored)."""
@@ -149,11 +155,13 @@ def environment_factory(
             self._release()
         self._slot, self._release = None, None
 
-    def _act(self: Any, action: str) -> str:
+    def _act(self: Any, action: Any) -> str:
         if self._slot is None:
-            return "No episode is running."
+            return self._reject("no episode is running")
         if self._done:
-            return "The episode is over; no more actions are accepted."
+            return self._reject("the episode is over; no more actions are accepted")
+        if not isinstance(action, str) or not action.strip():
+            return self._reject(f"the action must be non-empty text, got {type(action).__name__}")
         if max_actions is not None and self._actions >= max_actions:
             self._done = True
             return "The action budget is spent; the episode is over."
@@ -164,19 +172,25 @@ def environment_factory(
             self._done, self._failure = True, "timeout"
             return f"The environment failed: no answer after {wait_s:.0f} s"
         self._actions += 1
+        self.tool_steps += 1
         self._reward += float(res.reward_sum)
         if res.error:
             self._done = True
             self._failure = str(res.info.get("failure") or "env_error")
             return f"The environment failed: {res.error}"
         self._done = bool(res.terminated or res.truncated)
-        text = f"{res.obs}\nReward: {res.reward_sum}"
+        text = f"{without_answer_format(res.obs)}\nReward: {res.reward_sum}"
         if res.info.get("action_is_valid") is False:
+            self.invalid_calls.append(f"not a valid action: {str(action)[:80]!r}")
             text += "\nThat action was not valid."
         return text + ("\nThe episode is over." if self._done else "")
 
+    def _reject(self: Any, reason: str) -> str:
+        self.invalid_calls.append(reason[:200])
+        return f"Invalid call: {reason}."
+
     members: dict[str, Any] = {"__init__": __init__, "reset": reset, "get_reward": get_reward,
-                               "_give_back": _give_back, "_act": _act,
+                               "_give_back": _give_back, "_act": _act, "_reject": _reject,
                                "__doc__": f"turnpool env {env_type!r} as a TRL environment."}
     if names:
         taken = set(_RESERVED)
@@ -188,6 +202,35 @@ def environment_factory(
     cls = type(name, (), members)
     cls.__module__ = __name__
     return cls
+
+
+_ANSWER_FORMAT = re.compile(r"[^.\n?!]*<answer>.*?</answer>[^.\n]*\.?[ \t]*")
+
+
+def without_answer_format(text: str) -> str:
+    """``text`` without the sentences that ask for ``<answer>`` tags (RAGEN envs' texts do):
+    a tool-calling model acts through its tools."""
+    return _ANSWER_FORMAT.sub("", text)
+
+
+def tool_prompt(env_type: str, instruction: str, grid_vocab: Mapping[str, str] | None,
+                tool_names: Sequence[str], max_actions: int | None) -> str:
+    """What an `environment_factory` episode tells the model first: the env's rules (without
+    the ``<answer>`` format of text rollouts), its symbols, and the tools to call."""
+    rules = re.split(r"\s*Answer with\b", instruction, maxsplit=1)[0].strip()
+    lines = [rules] if rules else [f"You are playing the {env_type} environment."]
+    if grid_vocab:
+        lines.append("Symbols: " + ", ".join(f"{k} {v}" for k, v in grid_vocab.items()))
+    if tool_names:
+        calls = ", ".join(f"{n}()" for n in tool_names)
+        lines.append(f"Act by calling the tools {calls}: one call per action. Each call "
+                     f"returns the new state, the reward and whether the episode is over.")
+    else:
+        lines.append("Act by calling the tool act(action) with one action per call. Each call "
+                     "returns the new state, the reward and whether the episode is over.")
+    if max_actions is not None:
+        lines.append(f"You may take up to {max_actions} actions.")
+    return "\n".join(lines)
 
 
 def _action_tool(action: str, env_type: str) -> Callable[[Any], str]:
@@ -206,8 +249,9 @@ def _text_tool(env_type: str, instruction: str) -> Callable[[Any, str], str]:
     def act(self: Any, action: str) -> str:
         return str(self._act(action))
 
+    rules = re.split(r"\s*Answer with\b", instruction, maxsplit=1)[0]
     act.__doc__ = (f"Take one action in the {env_type} environment.\n\n"
-                   f"Args:\n    action: The action text ({instruction[:200].strip() or 'free text'}"
+                   f"Args:\n    action: The action text ({rules[:200].strip() or 'free text'}"
                    f").\n\nReturns:\n    The new observation, the reward and whether the episode "
                    f"is over.\n")
     act.__annotations__ = {"action": str, "return": str}

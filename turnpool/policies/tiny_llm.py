@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +300,54 @@ def _fine_tune(model: Any, tokenizer: Any, steps: int, seed: int,
         loss.backward()
         optimizer.step()
     logger.info("tiny model fine-tuned for %d steps, final loss %.3f", steps, loss.item())
+
+
+def fine_tune_replies(model: Any, tokenizer: Any, prompts: Sequence[str],
+                      replies: Sequence[str], steps: int, seed: int = 0, batch_size: int = 16,
+                      lr: float = 3e-3, tail_tokens: int = 64, full_context: float = 0.0
+                      ) -> float:
+    """Supervised steps teaching ``model`` to answer rendered ``prompts[i]`` with
+    ``replies[i]`` (each step draws ``batch_size`` pairs with a local generator; the loss covers
+    the reply tokens; only the last ``tail_tokens`` of a prompt are fed, which keeps steps cheap,
+    except that a fraction ``full_context`` of the rows get a random longer tail, up to the
+    whole prompt, so the reply also holds at full prompt length).
+    Used to give the tiny model a behaviour a test needs, such as calling tools. Returns the
+    last step's loss; leaves the model in eval mode and the global torch RNG untouched."""
+    import torch
+
+    if len(prompts) != len(replies) or not prompts:
+        raise ValueError("need as many replies as prompts, and at least one")
+    rng = np.random.default_rng([seed, 3])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    loss = torch.tensor(float("nan"))
+    try:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        model.train()
+        for _ in range(steps):
+            ids, labels = [], []
+            for k in rng.integers(0, len(prompts), size=batch_size):
+                p = tokenizer(prompts[k], add_special_tokens=False)["input_ids"]
+                r = tokenizer(replies[k], add_special_tokens=False)["input_ids"]
+                keep = tail_tokens
+                if full_context > 0 and rng.random() < full_context:
+                    keep = int(rng.integers(tail_tokens, max(tail_tokens, len(p)) + 1))
+                p = p[-keep:]
+                ids.append(p + r)
+                labels.append([-100] * len(p) + r)
+            width = max(len(x) for x in ids)
+            pad = tokenizer.pad_token_id
+            input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+            label_ids = torch.tensor([[-100] * (width - len(x)) + x for x in labels])
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+            loss = model(input_ids=input_ids, attention_mask=mask, labels=label_ids).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+        model.eval()
+    return float(loss.item())
 
 
 def _make_loadable_by_v4(path: Path) -> None:
