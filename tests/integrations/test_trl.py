@@ -343,6 +343,81 @@ def test_a_batch_that_splits_groups_is_refused_naming_the_setting(tmp_path: Path
     assert rollout._pools == {}  # no pool was started
 
 
+def _readme_block(marker: str) -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("```python\n", text.index(marker)) + len("```python\n")
+    return text[start:text.index("```\n", start)]
+
+
+def test_readme_environment_factory_runs_with_a_tool_calling_model(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's environment_factory block, run as written, with the tiny model fine-tuned
+    here to answer in Qwen's <tool_call> JSON: TRL parses the calls and they step turnpool envs.
+    """
+    import numpy as np
+    from trl.chat_template_utils import (
+        get_training_chat_template,
+        is_chat_template_prefix_preserving,
+        qwen2_5_chat_template,
+    )
+
+    from turnpool.policies.tiny_llm import fine_tune_replies
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = qwen2_5_chat_template
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    # what TRL renders for a row: the row's user message + the env's first message, with tools
+    Probe = environment_factory("bandit", pool_options={"backend": "sequential"}, capacity=1)
+    probe = Probe()
+    tools = [getattr(probe, name) for name in ("dragon", "phoenix")]  # TRL's order: by name
+    template = (None if is_chat_template_prefix_preserving(tok)
+                else get_training_chat_template(tok))  # the template TRL trains with
+    rng = np.random.default_rng(0)
+    prompts, replies = [], []
+    for seed in range(8):
+        first = probe.reset(seed=seed)
+        assert "phoenix()" in first and "<answer>" not in first
+        chat = [{"role": "user", "content": "Pull an arm." + first}]
+        rendered = tok.apply_chat_template(chat, tools=tools, chat_template=template,
+                                           tokenize=False, add_generation_prompt=True)
+        for _ in range(4):
+            name = ("phoenix", "dragon")[int(rng.integers(2))]
+            prompts.append(str(rendered))
+            replies.append(f'<tool_call>\n{{"name": "{name}", "arguments": {{}}}}\n'
+                           f'</tool_call><|im_end|>')
+    fine_tune_replies(model, tok, prompts, replies, steps=150, seed=0, lr=5e-3, batch_size=8,
+                      tail_tokens=48, full_context=0.5)
+
+    monkeypatch.chdir(tmp_path)
+    import trl.trainer.grpo_trainer as grpo
+
+    parsed: list[dict[str, Any]] = []  # what TRL's own parser made of each completion
+    parse = grpo.parse_response
+
+    def recorded(*args: Any, **kw: Any) -> Any:
+        out = parse(*args, **kw)
+        parsed.append(out)
+        return out
+
+    monkeypatch.setattr(grpo, "parse_response", recorded)
+    scope: dict[str, Any] = {"model": model, "tokenizer": tok}
+    # the README's own code (trusted text of this repository), run as a user would paste it
+    code = compile(_readme_block("environment_factory example"), "README.md", "exec")
+    exec(code, scope)  # noqa: S102
+    trainer = scope["trainer"]
+    assert trainer.state.global_step == 1
+    envs = trainer.environments
+    steps = sum(e.tool_steps for e in envs)
+    calls = sum(len(m.get("tool_calls") or []) for m in parsed)
+    assert 0 < steps <= calls  # env steps caused by the model's (well-formed) tool calls
+    # a garbled <tool_call> stays text: no env step, no exception
+    garbled = [m for m in parsed if "<tool" in str(m.get("content")) and not m.get("tool_calls")]
+    assert len(parsed) >= 8 and steps <= len(parsed) - len(garbled)
+    logged = [h for h in trainer.state.log_history if "tools/call_frequency" in h]
+    assert logged and logged[0]["tools/call_frequency"] > 0
+    assert all(isinstance(r, str) for e in envs for r in e.invalid_calls)
+
+
 def test_environment_factory_rejects_malformed_calls_with_a_reason() -> None:
     Count = environment_factory("countdown", pool_options={"backend": "sequential"},
                                 capacity=1)

@@ -309,8 +309,9 @@ def fine_tune_replies(model: Any, tokenizer: Any, prompts: Sequence[str],
     """Supervised steps teaching ``model`` to answer rendered ``prompts[i]`` with
     ``replies[i]`` (each step draws ``batch_size`` pairs with a local generator; the loss covers
     the reply tokens; only the last ``tail_tokens`` of a prompt are fed, which keeps steps cheap,
-    except that a fraction ``full_context`` of the rows get a random longer tail, up to the
-    whole prompt, so the reply also holds at full prompt length).
+    except that a fraction ``full_context`` of the steps feed whole prompts (a quarter of the
+    batch, so those steps cost about as much as the others), so the reply also holds at full
+    prompt length).
     Used to give the tiny model a behaviour a test needs, such as calling tools. Returns the
     last step's loss; leaves the model in eval mode and the global torch RNG untouched."""
     import torch
@@ -326,13 +327,12 @@ def fine_tune_replies(model: Any, tokenizer: Any, prompts: Sequence[str],
         model.train()
         for _ in range(steps):
             ids, labels = [], []
-            for k in rng.integers(0, len(prompts), size=batch_size):
+            long = full_context > 0 and rng.random() < full_context
+            for k in rng.integers(0, len(prompts), size=max(1, batch_size // 4) if long
+                                  else batch_size):
                 p = tokenizer(prompts[k], add_special_tokens=False)["input_ids"]
                 r = tokenizer(replies[k], add_special_tokens=False)["input_ids"]
-                keep = tail_tokens
-                if full_context > 0 and rng.random() < full_context:
-                    keep = int(rng.integers(tail_tokens, max(tail_tokens, len(p)) + 1))
-                p = p[-keep:]
+                p = p if long else p[-tail_tokens:]
                 ids.append(p + r)
                 labels.append([-100] * len(p) + r)
             width = max(len(x) for x in ids)
