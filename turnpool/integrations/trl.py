@@ -12,7 +12,9 @@ faults isolated) instead of env code running in the trainer's process:
   ``get_reward()`` returns the episode's reward sum, or None for a failed env (TRL then
   leaves the rollout unscored instead of scoring it 0). The dataset row's ``seed`` column
   (or, without one, a digest of the row) is the episode's seed, so the repeated rows of a
-  GRPO group share their start state.
+  GRPO group share their start state. ``reset`` tells the model its tools (`tool_prompt`;
+  RAGEN texts' ``<answer>`` sentences are dropped), a call the env cannot take is answered
+  with the reason and recorded in ``invalid_calls``, and ``tool_steps`` counts env steps.
 
 * `TurnpoolRollout` is a ``rollout_func``: it runs turnpool's multi-turn collector with the
   trainer's model as the policy (TRL's own vLLM client in ``vllm_mode="server"``, else
