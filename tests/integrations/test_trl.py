@@ -354,39 +354,17 @@ def test_readme_environment_factory_runs_with_a_tool_calling_model(
     """The README's environment_factory block, run as written, with the tiny model fine-tuned
     here to answer in Qwen's <tool_call> JSON: TRL parses the calls and they step turnpool envs.
     """
-    import numpy as np
-    from trl.chat_template_utils import (
-        get_training_chat_template,
-        is_chat_template_prefix_preserving,
-        qwen2_5_chat_template,
-    )
+    from trl.chat_template_utils import qwen2_5_chat_template
 
-    from turnpool.policies.tiny_llm import fine_tune_replies
+    from turnpool.policies.tiny_llm import teach_tool_calls
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tok.chat_template = qwen2_5_chat_template
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    # what TRL renders for a row: the row's user message + the env's first message, with tools
     Probe = environment_factory("bandit", pool_options={"backend": "sequential"}, capacity=1)
-    probe = Probe()
-    tools = [getattr(probe, name) for name in ("dragon", "phoenix")]  # TRL's order: by name
-    template = (None if is_chat_template_prefix_preserving(tok)
-                else get_training_chat_template(tok))  # the template TRL trains with
-    rng = np.random.default_rng(0)
-    prompts, replies = [], []
-    for seed in range(8):
-        first = probe.reset(seed=seed)
-        assert "phoenix()" in first and "<answer>" not in first
-        chat = [{"role": "user", "content": "Pull an arm." + first}]
-        rendered = tok.apply_chat_template(chat, tools=tools, chat_template=template,
-                                           tokenize=False, add_generation_prompt=True)
-        for _ in range(4):
-            name = ("phoenix", "dragon")[int(rng.integers(2))]
-            prompts.append(str(rendered))
-            replies.append(f'<tool_call>\n{{"name": "{name}", "arguments": {{}}}}\n'
-                           f'</tool_call><|im_end|>')
-    fine_tune_replies(model, tok, prompts, replies, steps=150, seed=0, lr=5e-3, batch_size=8,
-                      tail_tokens=48, full_context=0.5)
+    first = Probe().reset(seed=0)
+    assert "phoenix()" in first and "dragon()" in first and "<answer>" not in first
+    teach_tool_calls(model, tok, Probe, "Pull an arm.")  # the README rows' user text
 
     monkeypatch.chdir(tmp_path)
     import trl.trainer.grpo_trainer as grpo

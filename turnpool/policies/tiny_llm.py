@@ -350,6 +350,42 @@ def fine_tune_replies(model: Any, tokenizer: Any, prompts: Sequence[str],
     return float(loss.item())
 
 
+def teach_tool_calls(model: Any, tokenizer: Any, env_class: type, user_text: str,
+                     seeds: Sequence[int] = range(8), steps: int = 150, seed: int = 0) -> float:
+    """Fine-tune ``model`` to answer an `turnpool.integrations.trl.environment_factory`
+    episode's first message with one Qwen-style ``<tool_call>`` JSON call of a random tool
+    (of the env's tools, as TRL lists them: public methods other than ``reset`` and
+    ``get_reward``, by name). Prompts are rendered as ``GRPOTrainer`` renders them: the row's
+    user text plus the env's ``reset`` text, with the tools, through the template TRL trains
+    with (``tokenizer.chat_template`` should be a Qwen2.5/Qwen3 template). Returns the loss."""
+    import inspect
+
+    from trl.chat_template_utils import (
+        get_training_chat_template,
+        is_chat_template_prefix_preserving,
+    )
+
+    env = env_class()
+    names = sorted(n for n, _ in inspect.getmembers(env_class, predicate=inspect.isfunction)
+                   if not n.startswith("_") and n not in ("reset", "get_reward"))
+    tools = [getattr(env, n) for n in names]
+    template = (None if is_chat_template_prefix_preserving(tokenizer)
+                else get_training_chat_template(tokenizer))
+    rng = np.random.default_rng([seed, 4])
+    prompts, replies = [], []
+    for s in seeds:
+        chat = [{"role": "user", "content": user_text + env.reset(seed=int(s))}]
+        rendered = str(tokenizer.apply_chat_template(chat, tools=tools, chat_template=template,
+                                                     tokenize=False, add_generation_prompt=True))
+        for _ in range(4):
+            name = names[int(rng.integers(len(names)))]
+            prompts.append(rendered)
+            replies.append(f'<tool_call>\n{{"name": "{name}", "arguments": {{}}}}\n'
+                           f"</tool_call>{tokenizer.eos_token}")
+    return fine_tune_replies(model, tokenizer, prompts, replies, steps=steps, seed=seed, lr=5e-3,
+                             batch_size=8, tail_tokens=48, full_context=0.5)
+
+
 def _make_loadable_by_v4(path: Path) -> None:
     """transformers 5 writes a tokenizer class that version 4 does not know; name the common one."""
     cfg_file = path / "tokenizer_config.json"
