@@ -11,7 +11,10 @@ how many came from the env and the chat template (mask 0), and the reward.
 In a real verl run, point ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` at a
 YAML list with ``- name: turnpool`` / ``_target_: turnpool.integrations.verl.TurnpoolAgentLoop``,
 set ``agent_name: turnpool`` in the dataset (or ``rollout.agent.default_agent_loop``), and
-add a ``turnpool:`` section to the trainer config (``+turnpool.env_type=sokoban``, ...).
+add a ``turnpool:`` section to the trainer config (``+turnpool.env_type=sokoban``, ...), and
+set ``algorithm.adv_estimator=turnpool_grpo`` so failed envs stay out of group baselines;
+``turnpool verl-config --env sokoban --out DIR`` writes all of it (YAML, group-seeded rows,
+overrides).
 """
 
 from __future__ import annotations

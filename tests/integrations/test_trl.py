@@ -16,6 +16,7 @@ from trl import GRPOConfig, GRPOTrainer
 from turnpool.integrations.leases import shared_leases
 from turnpool.integrations.trl import (
     TurnpoolRollout,
+    check_whole_groups,
     environment_factory,
     seed_of_row,
     turnpool_reward,
@@ -315,3 +316,95 @@ def test_rollout_func_generates_through_trls_vllm_client(tiny_model_dir: Path,
         assert [i for i, m in zip(completion, mask) if m] == sampled
         assert tok.decode(seq).count("<think>\n\n</think>") == len(t.turns)  # enable_thinking
     assert max(len(t.turns) for t in rollout.last_trajectories) > 1
+
+
+def test_a_batch_that_splits_groups_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    """2 prompts per device x 2 steps per generation on 2 processes: TRL accepts groups of 8
+    (the global batch is 8) but each process gets 4 prompts, half a group. TurnpoolRollout
+    refuses before it starts anything, naming the setting to change."""
+    cfg = _config(tmp_path, per_device_train_batch_size=2, num_generations=4,
+                  steps_per_generation=2)
+    check_whole_groups(cfg, 2)
+    cfg.num_generations = 8  # what TRL's own check accepts on 2 processes (8 % 8 == 0)
+    with pytest.raises(ValueError, match="Raise steps_per_generation .e.g. to 4.") as err:
+        check_whole_groups(cfg, 2)
+    assert "num_generations = 8" in str(err.value)
+
+    class Accel:
+        num_processes = 2
+
+    class Trainer:  # the attributes TurnpoolRollout reads before it starts anything
+        args = cfg
+        accelerator = Accel()
+
+    rollout = TurnpoolRollout("bandit")
+    with pytest.raises(ValueError, match="whole GRPO groups"):
+        rollout(["p"] * 4, Trainer())
+    assert rollout._pools == {}  # no pool was started
+
+
+def _readme_block(marker: str) -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("```python\n", text.index(marker)) + len("```python\n")
+    return text[start:text.index("```\n", start)]
+
+
+def test_readme_environment_factory_runs_with_a_tool_calling_model(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's environment_factory block, run as written, with the tiny model fine-tuned
+    here to answer in Qwen's <tool_call> JSON: TRL parses the calls and they step turnpool envs.
+    """
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from turnpool.policies.tiny_llm import teach_tool_calls
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = qwen2_5_chat_template
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    Probe = environment_factory("bandit", pool_options={"backend": "sequential"}, capacity=1)
+    first = Probe().reset(seed=0)
+    assert "phoenix()" in first and "dragon()" in first and "<answer>" not in first
+    teach_tool_calls(model, tok, Probe, "Pull an arm.")  # the README rows' user text
+
+    monkeypatch.chdir(tmp_path)
+    import trl.trainer.grpo_trainer as grpo
+
+    parsed: list[dict[str, Any]] = []  # what TRL's own parser made of each completion
+    parse = grpo.parse_response
+
+    def recorded(*args: Any, **kw: Any) -> Any:
+        out = parse(*args, **kw)
+        parsed.append(out)
+        return out
+
+    monkeypatch.setattr(grpo, "parse_response", recorded)
+    scope: dict[str, Any] = {"model": model, "tokenizer": tok}
+    # the README's own code (trusted text of this repository), run as a user would paste it
+    code = compile(_readme_block("environment_factory example"), "README.md", "exec")
+    exec(code, scope)  # noqa: S102
+    trainer = scope["trainer"]
+    assert trainer.state.global_step == 1
+    envs = trainer.environments
+    steps = sum(e.tool_steps for e in envs)
+    calls = sum(len(m.get("tool_calls") or []) for m in parsed)
+    assert 0 < steps <= calls  # env steps caused by the model's (well-formed) tool calls
+    # a garbled <tool_call> stays text: no env step, no exception
+    garbled = [m for m in parsed if "<tool" in str(m.get("content")) and not m.get("tool_calls")]
+    assert len(parsed) >= 8 and steps <= len(parsed) - len(garbled)
+    logged = [h for h in trainer.state.log_history if "tools/call_frequency" in h]
+    assert logged and logged[0]["tools/call_frequency"] > 0
+    assert all(isinstance(r, str) for e in envs for r in e.invalid_calls)
+
+
+def test_environment_factory_rejects_malformed_calls_with_a_reason() -> None:
+    Count = environment_factory("countdown", pool_options={"backend": "sequential"},
+                                capacity=1)
+    env = Count()
+    env.reset(seed=1)
+    replies = [env.act(""), env.act(None), env.act(["1+2"])]
+    assert all(r.startswith("Invalid call:") for r in replies)
+    assert len(env.invalid_calls) == 3 and env.tool_steps == 0
+    env.act("1+2")
+    assert env.tool_steps == 1
+    assert env.act("again").startswith("Invalid call: the episode is over")
+    assert len(env.invalid_calls) == 4

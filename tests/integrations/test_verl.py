@@ -137,6 +137,97 @@ def test_agent_loop_hanging_env_is_cut(tiny_model_dir: Path) -> None:
         assert "timeout" in out.extra_fields["turnpool_error"]
         assert sum(out.response_mask) == 0  # marked: no gradient from a failed env
         assert out.num_turns == 3  # one turn, then the env was cut
+        assert out.extra_fields["turnpool_attempts"] == 2  # replayed once from its seed
+
+
+@pytest.fixture(scope="module")
+def untrained_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model before fine-tuning: its next-token distribution is broad."""
+    from turnpool.policies.tiny_llm import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("untrained-llama"), seed=2)
+
+
+def test_group_members_sample_distinct_replies(untrained_model_dir: Path,
+                                              tmp_path: Path) -> None:
+    """verl's AgentLoopWorker, 2 groups x 4 at temperature 1, each reply one ``generate`` call
+    of its own (as verl's server manager makes them): members of a group share the prompt,
+    never the sample."""
+    section = {"env_type": "bandit", "capacity": 8, "max_turn": 1,
+               "pool": {"backend": "thread", "num_workers": 2}}
+    out = _worker_generate(untrained_model_dir, section, [{"seed": 70 + i // 4} for i in range(8)],
+                           [f"g{i // 4}" for i in range(8)], tmp_path)
+    prompts, responses = out.batch["prompts"], out.batch["responses"]
+    for g in (0, 4):
+        assert len({tuple(p.tolist()) for p in prompts[g:g + 4]}) == 1
+        assert len({tuple(r.tolist()) for r in responses[g:g + 4]}) == 4
+
+
+def _worker_generate(model_dir: Path, section: dict[str, Any], extra_info: list[dict[str, Any]],
+                     uid: list[str], tmp_path: Path) -> Any:
+    """verl's own AgentLoopWorker (its generated PPO config, the agent-loop YAML a user ships,
+    ``default_agent_loop=turnpool``) runs one batch; its server manager is `TinyServer`."""
+    import os
+
+    import numpy as np
+    import verl
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    config = OmegaConf.load(os.path.join(os.path.dirname(verl.__file__), "trainer", "config",
+                                         "_generated_ppo_trainer.yaml"))
+    OmegaConf.set_struct(config, False)
+    loops = tmp_path / "agent_loop.yaml"
+    loops.write_text("- name: turnpool\n  _target_: turnpool.integrations.verl.TurnpoolAgentLoop\n")
+    rollout = config.actor_rollout_ref.rollout
+    config.actor_rollout_ref.model.path = str(model_dir)
+    rollout.name, rollout.prompt_length, rollout.response_length = "vllm", 2048, 512
+    rollout.agent.agent_loop_config_path = str(loops)
+    rollout.agent.default_agent_loop = "turnpool"
+    config.turnpool = section
+    worker = AgentLoopWorker(config, llm_client=TinyServer(model_dir))
+    n = len(extra_info)
+    batch = DataProto.from_dict(non_tensors={
+        "raw_prompt": np.array([[] for _ in range(n)], dtype=object), "index": np.arange(n),
+        "extra_info": np.array(extra_info, dtype=object), "uid": np.array(uid, dtype=object)})
+    return asyncio.run(worker.generate_sequences(batch))
+
+
+def test_a_hanging_env_is_replayed_and_never_biases_its_group(tiny_model_dir: Path,
+                                                              tmp_path: Path) -> None:
+    """verl's AgentLoopWorker on 2 groups x 4; one member of group 0 hangs on every try. It is
+    replayed once from its seed, then marked; verl's advantage step with
+    ``adv_estimator=turnpool_grpo`` gives the healthy rows exactly the advantages of the batch
+    without the failed row, where verl's plain GRPO does not."""
+    import torch
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_adv_estimator_fn
+
+    section = {"env_type": "sleep", "env_kwargs": {"sleep_ms": 1, "episode_len": 2},
+               "capacity": 4, "max_turn": 2, "retries": 1,
+               "pool": {"backend": "process", "num_workers": 1, "step_timeout": 2.0}}
+    extra: list[dict[str, Any]] = [{"seed": 5 + i // 4} for i in range(8)]
+    extra[1]["env_kwargs"] = {"sleep_ms": 3_600_000}
+    uid = [f"g{i // 4}" for i in range(8)]
+    start = time.monotonic()
+    out = _worker_generate(tiny_model_dir, section, extra, uid, tmp_path)
+    assert time.monotonic() - start < 120
+    failure = list(out.non_tensor_batch["turnpool_failure"])
+    assert [i for i, f in enumerate(failure) if f is not None] == [1]
+    assert list(out.non_tensor_batch["turnpool_attempts"]) == [1, 2, 1, 1, 1, 1, 1, 1]
+    rewards, mask = out.batch["rm_scores"], out.batch["response_mask"]
+    assert int(mask[1].sum()) == 0 and all(int(mask[i].sum()) > 0 for i in range(8) if i != 1)
+
+    index = out.non_tensor_batch["uid"]
+    # what verl's compute_advantage calls for a registered estimator
+    adv, _ = get_adv_estimator_fn("turnpool_grpo")(
+        token_level_rewards=rewards, response_mask=mask, index=index, config=None)
+    healthy = [i for i in range(8) if i != 1]
+    alone, _ = compute_grpo_outcome_advantage(rewards[healthy], mask[healthy], index[healthy])
+    assert torch.equal(adv[healthy], alone)
+    assert torch.count_nonzero(adv[1]) == 0
+    # verl's own grpo counts the failed row in group 0's mean: the healthy rows move
+    plain, _ = compute_grpo_outcome_advantage(rewards, mask, index)
+    assert not torch.equal(plain[[0, 2, 3]], alone[:3])
 
 
 def test_loop_options_need_an_env() -> None:

@@ -117,6 +117,27 @@ def test_sampling_is_seeded_and_leaves_global_torch_rng_alone(noisy_model_dir: P
     assert HFPolicy(seed=10, **kw).generate(batch) != runs[0]
 
 
+def test_every_token_draw_is_fresh_and_reproducible(noisy_model_dir: Path) -> None:
+    """A GRPO group asks for the same prompt several times, one call each (verl's server
+    manager does): each call samples anew, and a policy with the same seed replays them all."""
+    import torch
+
+    kw: dict[str, Any] = {"model_path": str(noisy_model_dir), "max_new_tokens": 8,
+                          "temperature": 1.0}
+    prompt = [5, 6, 7, 8, 9]
+    state = torch.get_rng_state()
+    runs = []
+    for _ in range(2):
+        policy = HFPolicy(seed=4, **kw)
+        runs.append([policy.generate_ids([prompt])[0][0] for _ in range(4)]
+                    + [t.response_ids for t in policy.generate_tokens(
+                        [[{"role": "user", "content": "hi"}]] * 2, [None, None])])
+    assert torch.equal(torch.get_rng_state(), state)
+    assert runs[0] == runs[1]  # reproducible from the seed
+    assert len({tuple(r) for r in runs[0][:4]}) == 4  # distinct samples of one prompt
+    assert runs[0][4] != runs[0][5]
+
+
 def test_hf_policy_only_loads_local_directories(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="local directory"):
         HFPolicy(model_path=str(tmp_path / "missing"))

@@ -8,6 +8,7 @@ does not pay for ray or transformers:
     turnpool bench envs|pool|rollout|webshop [--json F]
     turnpool webshop serve
     turnpool serve --env sokoban [--config F] [--backend B] [--host H --port P]
+    turnpool verl-config --env sokoban --out DIR [--train-groups N] [--val-groups M]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _COMMANDS: dict[str, str] = {
     "bench": "turnpool.cli.bench:bench",
     "webshop": "turnpool.cli.webshop:webshop",
     "serve": "turnpool.cli.serve:serve",
+    "verl-config": "turnpool.cli.verl_config:verl_config",
 }
 
 

@@ -12,7 +12,9 @@ faults isolated) instead of env code running in the trainer's process:
   ``get_reward()`` returns the episode's reward sum, or None for a failed env (TRL then
   leaves the rollout unscored instead of scoring it 0). The dataset row's ``seed`` column
   (or, without one, a digest of the row) is the episode's seed, so the repeated rows of a
-  GRPO group share their start state.
+  GRPO group share their start state. ``reset`` tells the model its tools (`tool_prompt`;
+  RAGEN texts' ``<answer>`` sentences are dropped), a call the env cannot take is answered
+  with the reason and recorded in ``invalid_calls``, and ``tool_steps`` counts env steps.
 
 * `TurnpoolRollout` is a ``rollout_func``: it runs turnpool's multi-turn collector with the
   trainer's model as the policy (TRL's own vLLM client in ``vllm_mode="server"``, else
@@ -113,6 +115,9 @@ def environment_factory(
     prompt = make_env_prompt(spec, TurnSettings())
     desc = describe_env(env_type, kwargs)
     names = prompt.valid_names
+    taken = set(_RESERVED)
+    tool_names = [_tool_name(action, taken) for action in names or ()]
+    intro = tool_prompt(env_type, desc.instruction, desc.grid_vocab, tool_names, max_actions)
     wait_s = float(options.get("step_timeout") or 0.0) + WAIT_MARGIN_S
 
     def leases() -> SlotEngine:
@@ -125,6 +130,8 @@ def environment_factory(
         self._failure = None
         self._actions = 0
         self._release = None
+        self.tool_steps = 0  # env steps taken through tool calls
+        self.invalid_calls = []  # why each rejected call was rejected (list of str)
 
     def reset(self: Any, **row: Any) -> str:
         """Start a new episode (gives the previous env slot back first)."""
@@ -134,11 +141,12 @@ def environment_factory(
         self._slot = slot
         self._release = weakref.finalize(self, pool.release, slot)
         self._reward, self._done, self._failure, self._actions = 0.0, False, None, 0
+        self.tool_steps, self.invalid_calls = 0, []
         obs, info, *_ = pool.submit_reset(slot, seed_of_row(row, seed_key)).result(wait_s)
         if info.get("error"):
             self._done, self._failure = True, str(info.get("failure") or "env_error")
             return f"The environment failed to start: {info['error']}"
-        return f"{prompt.prefix}\n{obs}"
+        return f"{intro}\n{without_answer_format(obs)}"
 
     def get_reward(self: Any) -> float | None:
         """The episode's reward so far; None when the env failed (TRL leaves it unscored)."""
@@ -149,11 +157,13 @@ def environment_factory(
             self._release()
         self._slot, self._release = None, None
 
-    def _act(self: Any, action: str) -> str:
+    def _act(self: Any, action: Any) -> str:
         if self._slot is None:
-            return "No episode is running."
+            return self._reject("no episode is running")
         if self._done:
-            return "The episode is over; no more actions are accepted."
+            return self._reject("the episode is over; no more actions are accepted")
+        if not isinstance(action, str) or not action.strip():
+            return self._reject(f"the action must be non-empty text, got {type(action).__name__}")
         if max_actions is not None and self._actions >= max_actions:
             self._done = True
             return "The action budget is spent; the episode is over."
@@ -164,19 +174,25 @@ def environment_factory(
             self._done, self._failure = True, "timeout"
             return f"The environment failed: no answer after {wait_s:.0f} s"
         self._actions += 1
+        self.tool_steps += 1
         self._reward += float(res.reward_sum)
         if res.error:
             self._done = True
             self._failure = str(res.info.get("failure") or "env_error")
             return f"The environment failed: {res.error}"
         self._done = bool(res.terminated or res.truncated)
-        text = f"{res.obs}\nReward: {res.reward_sum}"
+        text = f"{without_answer_format(res.obs)}\nReward: {res.reward_sum}"
         if res.info.get("action_is_valid") is False:
+            self.invalid_calls.append(f"not a valid action: {str(action)[:80]!r}")
             text += "\nThat action was not valid."
         return text + ("\nThe episode is over." if self._done else "")
 
+    def _reject(self: Any, reason: str) -> str:
+        self.invalid_calls.append(reason[:200])
+        return f"Invalid call: {reason}."
+
     members: dict[str, Any] = {"__init__": __init__, "reset": reset, "get_reward": get_reward,
-                               "_give_back": _give_back, "_act": _act,
+                               "_give_back": _give_back, "_act": _act, "_reject": _reject,
                                "__doc__": f"turnpool env {env_type!r} as a TRL environment."}
     if names:
         taken = set(_RESERVED)
@@ -188,6 +204,35 @@ def environment_factory(
     cls = type(name, (), members)
     cls.__module__ = __name__
     return cls
+
+
+_ANSWER_FORMAT = re.compile(r"[^.\n?!]*<answer>.*?</answer>[^.\n]*\.?[ \t]*")
+
+
+def without_answer_format(text: str) -> str:
+    """``text`` without the sentences that ask for ``<answer>`` tags (RAGEN envs' texts do):
+    a tool-calling model acts through its tools."""
+    return _ANSWER_FORMAT.sub("", text)
+
+
+def tool_prompt(env_type: str, instruction: str, grid_vocab: Mapping[str, str] | None,
+                tool_names: Sequence[str], max_actions: int | None) -> str:
+    """What an `environment_factory` episode tells the model first: the env's rules (without
+    the ``<answer>`` format of text rollouts), its symbols, and the tools to call."""
+    rules = re.split(r"\s*Answer with\b", instruction, maxsplit=1)[0].strip()
+    lines = [rules] if rules else [f"You are playing the {env_type} environment."]
+    if grid_vocab:
+        lines.append("Symbols: " + ", ".join(f"{k} {v}" for k, v in grid_vocab.items()))
+    if tool_names:
+        calls = ", ".join(f"{n}()" for n in tool_names)
+        lines.append(f"Act by calling the tools {calls}: one call per action. Each call "
+                     f"returns the new state, the reward and whether the episode is over.")
+    else:
+        lines.append("Act by calling the tool act(action) with one action per call. Each call "
+                     "returns the new state, the reward and whether the episode is over.")
+    if max_actions is not None:
+        lines.append(f"You may take up to {max_actions} actions.")
+    return "\n".join(lines)
 
 
 def _action_tool(action: str, env_type: str) -> Callable[[Any], str]:
@@ -206,8 +251,9 @@ def _text_tool(env_type: str, instruction: str) -> Callable[[Any, str], str]:
     def act(self: Any, action: str) -> str:
         return str(self._act(action))
 
+    rules = re.split(r"\s*Answer with\b", instruction, maxsplit=1)[0]
     act.__doc__ = (f"Take one action in the {env_type} environment.\n\n"
-                   f"Args:\n    action: The action text ({instruction[:200].strip() or 'free text'}"
+                   f"Args:\n    action: The action text ({rules[:200].strip() or 'free text'}"
                    f").\n\nReturns:\n    The new observation, the reward and whether the episode "
                    f"is over.\n")
     act.__annotations__ = {"action": str, "return": str}
@@ -220,6 +266,45 @@ def turnpool_reward(completions: Sequence[Any], turnpool_score: Sequence[float |
     """Reward function for `TurnpoolRollout`: turnpool's score (reward sum plus format
     penalty), None for failed trajectories (TRL leaves those unscored)."""
     return list(turnpool_score)
+
+
+def check_whole_groups(args: Any, num_processes: int) -> None:
+    """Raise ``ValueError`` unless every process's generation batch holds whole GRPO groups.
+
+    TRL hands each process ``per_device_train_batch_size * steps_per_generation`` consecutive
+    prompts of the global generation batch (group members are adjacent) and only checks that
+    the global batch holds whole groups; `TurnpoolRollout` plays one turnpool
+    group (one seed) per GRPO group, so a group cut between processes cannot be played. The
+    error names the settings to change. Eval batches are checked the same way.
+    """
+    procs = max(1, int(num_processes))
+    g = int(args.num_generations)
+    per_device = int(args.per_device_train_batch_size)
+    steps = int(getattr(args, "steps_per_generation", None) or 1)
+    per_proc = per_device * steps
+    if per_proc % g:
+        raise ValueError(
+            f"TurnpoolRollout needs whole GRPO groups on every process: each of the {procs} "
+            f"processes gets per_device_train_batch_size * steps_per_generation = "
+            f"{per_device} * {steps} = {per_proc} prompts per generation, not a multiple of "
+            f"num_generations = {g}. Raise steps_per_generation (e.g. to "
+            f"{steps * _steps_for(per_proc, g)}) or per_device_train_batch_size, or lower "
+            f"num_generations")
+    g_eval = int(getattr(args, "num_generations_eval", None) or g)
+    eval_batch = int(getattr(args, "per_device_eval_batch_size", 0) or 0)
+    if getattr(args, "eval_strategy", "no") not in ("no", None) and eval_batch % g_eval:
+        raise ValueError(
+            f"TurnpoolRollout needs whole GRPO groups on every process: "
+            f"per_device_eval_batch_size = {eval_batch} is not a multiple of "
+            f"num_generations_eval = {g_eval}; change per_device_eval_batch_size")
+
+
+def _steps_for(per_device: int, group: int) -> int:
+    """The smallest ``steps_per_generation`` whose per-process batch holds whole groups."""
+    k = 1
+    while (per_device * k) % group:
+        k += 1
+    return k
 
 
 def trainer_sampling(trainer: Any) -> dict[str, Any]:
@@ -375,6 +460,7 @@ class TurnpoolRollout:
         self.max_new_tokens = max_new_tokens
         self.seed = int(seed)
         self.calls = 0
+        self._checked = False
         self.last_trajectories: list[Trajectory] = []
         self._pools: dict[tuple[int, int], EnvPool] = {}
         self.__name__ = "turnpool_rollout"
@@ -388,6 +474,9 @@ class TurnpoolRollout:
         return self._pools[key]
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        if not self._checked:  # the trainer's first generation: before any env or sample
+            check_whole_groups(trainer.args, int(trainer.accelerator.num_processes))
+            self._checked = True
         training = bool(trainer.model.training)
         g = int(trainer.num_generations if training else trainer.num_generations_eval)
         n = len(prompts)
@@ -396,7 +485,8 @@ class TurnpoolRollout:
         for k in range(0, n, g):
             if any(p != prompts[k] for p in prompts[k:k + g]):
                 raise ValueError("the prompts of a GRPO group differ: each process must get "
-                                 "whole groups of num_generations identical prompts")
+                                 "whole groups of num_generations identical prompts (see "
+                                 "check_whole_groups)")
         n_groups = n // g
         pool = self._pool(n_groups, g)
         first = self.tags[0]

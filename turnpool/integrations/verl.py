@@ -19,7 +19,12 @@ episode ended: the episode's reason (``terminated``, ``truncated``, ``action_bud
 ``reward_score`` is the episode's reward sum plus its format penalty. A failed env (error,
 timeout, lost worker) is marked, never silently scored:
 ``extra_fields["turnpool_failure"]`` names the failure class and its ``response_mask`` is all
-zeros, so it carries no gradient; filter on it to drop it from group baselines.
+zeros, so it carries no gradient. Before that, a failed episode is replayed from its seed on a
+fresh lease, up to ``turnpool.retries`` times (default 1; ``extra_fields["turnpool_attempts"]``
+counts the tries), as the collector replays failed groups. An episode that still fails must not
+bias its group: ``algorithm.adv_estimator=turnpool_grpo``
+(`turnpool.integrations.verl_advantage`, registered on import) computes GRPO's group mean and
+std over the healthy rows only.
 
 Options come from the trainer config's ``turnpool`` section (``env_type``, ``env_kwargs``,
 ``capacity``, ``pool`` = EnvPool keyword arguments, ``max_turn``, ``max_actions_per_traj``,
@@ -43,6 +48,7 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
+import turnpool.integrations.verl_advantage  # noqa: F401 - registers "turnpool_grpo"
 from turnpool.integrations.leases import shared_leases
 from turnpool.policies.tokens import ChatRenderer
 from turnpool.pool import TurnResult
@@ -57,7 +63,8 @@ log = logging.getLogger(__name__)
 WAIT_MARGIN_S = 60.0
 DEFAULTS: dict[str, Any] = {"env_kwargs": {}, "capacity": 256, "pool": {}, "max_turn": 5,
                             "max_actions_per_traj": 10, "max_actions_per_turn": 5,
-                            "action_sep": "||", "enable_think": True, "format_penalty": -0.1}
+                            "action_sep": "||", "enable_think": True, "format_penalty": -0.1,
+                            "retries": 1}
 _SLOTS: dict[tuple[int, int], asyncio.Semaphore] = {}
 
 
@@ -100,12 +107,21 @@ class TurnpoolAgentLoop(AgentLoopBase):
         wait_s = float(pool_options.get("step_timeout") or 0.0) + WAIT_MARGIN_S
         seed = int(opts.get("seed", kwargs.get("index", 0)) or 0)
         slots = _slots(leases)
-        async with slots:
-            slot = leases.lease()
-            try:
-                return await self._play(leases, slot, seed, opts, sampling_params, wait_s)
-            finally:
-                leases.release(slot)
+        tries = 1 + max(0, int(opts.get("retries") or 0))
+        for attempt in range(1, tries + 1):
+            async with slots:
+                slot = leases.lease()
+                try:
+                    out = await self._play(leases, slot, seed, opts, sampling_params, wait_s)
+                finally:
+                    leases.release(slot)
+            out.extra_fields["turnpool_attempts"] = attempt
+            if out.extra_fields["turnpool_failure"] is None:
+                break
+            log.warning("turnpool agent loop: env %s seed %d failed (%s), attempt %d of %d",
+                        opts["env_type"], seed, out.extra_fields["turnpool_failure"], attempt,
+                        tries)
+        return out
 
     async def _play(self, leases: SlotEngine, slot: int, seed: int, opts: dict[str, Any],
                     sampling_params: dict[str, Any], wait_s: float) -> AgentLoopOutput:

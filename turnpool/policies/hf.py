@@ -8,9 +8,11 @@ parallelism.
 Loading is strictly local (``HF_HUB_OFFLINE`` is set before transformers is imported and the
 path must be a directory), so a typo never turns into a hub retry loop.
 
-Decoding is greedy by default, which is deterministic. With ``temperature > 0`` each call draws
-from a fresh seed ``(seed, call index)`` inside ``torch.random.fork_rng``, so the process-global
-torch RNG is untouched; sampled replies then depend on the order of calls.
+Decoding is greedy by default, which is deterministic. With ``temperature > 0`` every draw (each
+``generate`` chunk and each ``generate_ids`` call, however it is reached) samples from a fresh
+seed ``(seed, draw index)`` inside ``torch.random.fork_rng``, so the process-global torch RNG is
+untouched, two calls on the same prompt (a GRPO group's members) get distinct samples, and a run
+is reproducible from ``seed`` and the order of calls.
 
 ``generate_tokens`` (the `turnpool.policies.base.TokenPolicy` side) continues each
 conversation from the tokens it already has (`turnpool.policies.tokens.continue_chat`) and
@@ -132,6 +134,8 @@ class HFPolicy:
         self.stats = PolicyStats()
         self._lock = threading.Lock()
         self._calls = 0
+        self._draws = 0
+        self._draw_lock = threading.Lock()
         self._closed = False
 
     # ------------------------------------------------------------------ protocol
@@ -167,6 +171,13 @@ class HFPolicy:
             messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs)
         return str(text) + self.assistant_prefix
 
+    def _next_seed(self) -> int:
+        """The seed of the next draw: ``(seed, draw index)``; every draw gets its own."""
+        with self._draw_lock:
+            self._draws += 1
+            draw = self._draws
+        return (self.seed * 1_000_003 + draw) % (2**63)
+
     def _generate_chunk(self, prompts: list[str]) -> list[str]:
         torch = self._torch
         enc_kwargs: dict[str, Any] = {"padding": True, "return_tensors": "pt",
@@ -185,7 +196,7 @@ class HFPolicy:
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
-            torch.manual_seed((self.seed * 1_000_003 + self._calls) % (2**63))
+            torch.manual_seed(self._next_seed())
             out = self.model.generate(
                 input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], **gen_kwargs)
         new_tokens = out[:, enc["input_ids"].shape[1]:]
@@ -277,7 +288,7 @@ class HFPolicy:
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
-            torch.manual_seed((self.seed * 1_000_003 + self._calls) % (2**63))
+            torch.manual_seed(self._next_seed())
             res = self.model.generate(input_ids=input_ids, attention_mask=mask, **gen_kwargs)
             new = res.sequences[:, width:]
             steps = min(len(res.scores), new.shape[1])

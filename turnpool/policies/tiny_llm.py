@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +300,90 @@ def _fine_tune(model: Any, tokenizer: Any, steps: int, seed: int,
         loss.backward()
         optimizer.step()
     logger.info("tiny model fine-tuned for %d steps, final loss %.3f", steps, loss.item())
+
+
+def fine_tune_replies(model: Any, tokenizer: Any, prompts: Sequence[str],
+                      replies: Sequence[str], steps: int, seed: int = 0, batch_size: int = 16,
+                      lr: float = 3e-3, tail_tokens: int = 64, full_context: float = 0.0
+                      ) -> float:
+    """Supervised steps teaching ``model`` to answer rendered ``prompts[i]`` with
+    ``replies[i]`` (each step draws ``batch_size`` pairs with a local generator; the loss covers
+    the reply tokens; only the last ``tail_tokens`` of a prompt are fed, which keeps steps cheap,
+    except that a fraction ``full_context`` of the steps feed whole prompts (a quarter of the
+    batch, so those steps cost about as much as the others), so the reply also holds at full
+    prompt length).
+    Used to give the tiny model a behaviour a test needs, such as calling tools. Returns the
+    last step's loss; leaves the model in eval mode and the global torch RNG untouched."""
+    import torch
+
+    if len(prompts) != len(replies) or not prompts:
+        raise ValueError("need as many replies as prompts, and at least one")
+    rng = np.random.default_rng([seed, 3])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    loss = torch.tensor(float("nan"))
+    try:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        model.train()
+        for _ in range(steps):
+            ids, labels = [], []
+            long = full_context > 0 and rng.random() < full_context
+            for k in rng.integers(0, len(prompts), size=max(1, batch_size // 4) if long
+                                  else batch_size):
+                p = tokenizer(prompts[k], add_special_tokens=False)["input_ids"]
+                r = tokenizer(replies[k], add_special_tokens=False)["input_ids"]
+                p = p if long else p[-tail_tokens:]
+                ids.append(p + r)
+                labels.append([-100] * len(p) + r)
+            width = max(len(x) for x in ids)
+            pad = tokenizer.pad_token_id
+            input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+            label_ids = torch.tensor([[-100] * (width - len(x)) + x for x in labels])
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+            loss = model(input_ids=input_ids, attention_mask=mask, labels=label_ids).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+        model.eval()
+    return float(loss.item())
+
+
+def teach_tool_calls(model: Any, tokenizer: Any, env_class: type, user_text: str,
+                     seeds: Sequence[int] = range(8), steps: int = 150, seed: int = 0) -> float:
+    """Fine-tune ``model`` to answer an `turnpool.integrations.trl.environment_factory`
+    episode's first message with one Qwen-style ``<tool_call>`` JSON call of a random tool
+    (of the env's tools, as TRL lists them: public methods other than ``reset`` and
+    ``get_reward``, by name). Prompts are rendered as ``GRPOTrainer`` renders them: the row's
+    user text plus the env's ``reset`` text, with the tools, through the template TRL trains
+    with (``tokenizer.chat_template`` should be a Qwen2.5/Qwen3 template). Returns the loss."""
+    import inspect
+
+    from trl.chat_template_utils import (
+        get_training_chat_template,
+        is_chat_template_prefix_preserving,
+    )
+
+    env = env_class()
+    names = sorted(n for n, _ in inspect.getmembers(env_class, predicate=inspect.isfunction)
+                   if not n.startswith("_") and n not in ("reset", "get_reward"))
+    tools = [getattr(env, n) for n in names]
+    template = (None if is_chat_template_prefix_preserving(tokenizer)
+                else get_training_chat_template(tokenizer))
+    rng = np.random.default_rng([seed, 4])
+    prompts, replies = [], []
+    for s in seeds:
+        chat = [{"role": "user", "content": user_text + env.reset(seed=int(s))}]
+        rendered = str(tokenizer.apply_chat_template(chat, tools=tools, chat_template=template,
+                                                     tokenize=False, add_generation_prompt=True))
+        for _ in range(4):
+            name = names[int(rng.integers(len(names)))]
+            prompts.append(rendered)
+            replies.append(f'<tool_call>\n{{"name": "{name}", "arguments": {{}}}}\n'
+                           f"</tool_call>{tokenizer.eos_token}")
+    return fine_tune_replies(model, tokenizer, prompts, replies, steps=steps, seed=seed, lr=5e-3,
+                             batch_size=8, tail_tokens=48, full_context=0.5)
 
 
 def _make_loadable_by_v4(path: Path) -> None:
