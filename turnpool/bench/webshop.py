@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,14 +136,7 @@ def measure_ragen(backend: str, n_envs: int, group_n: int, steps: int,
         for _ in range(2):
             obs, _, _, _ = pool.step([browse_ragen(o, r) for o, r in zip(obs, rngs)])
         client0 = _client_cpu_seconds()
-        t0 = time.perf_counter()
-        valid = 0
-        for _ in range(steps):
-            obs, _, dones, infos = pool.step([browse_ragen(o, r) for o, r in zip(obs, rngs)])
-            valid += sum(bool(i.get("action_is_valid")) for i in infos)
-            if any(dones):
-                raise RuntimeError("an episode ended during timing")
-        wall = time.perf_counter() - t0
+        valid, wall = _timed_steps(pool, browse_ragen, obs, rngs, steps)
         client_cpu = _client_cpu_seconds() - client0
         active, n_workers = pool.backend_name, pool.num_workers
     return {"task": "ragen", "backend": backend, "active_backend": active, "workers": n_workers,
@@ -150,6 +144,20 @@ def measure_ragen(backend: str, n_envs: int, group_n: int, steps: int,
             "steps_per_s": n_envs * steps / wall, "ms_per_pool_step": wall / steps * 1000,
             "valid_ratio": valid / (n_envs * steps), "shop_cores": 0.0,
             "client_cores": client_cpu / wall, "latency_ms": 0.0}
+
+
+def _timed_steps(pool: Any, act: Callable[[str, Any], str], obs: list[str], rngs: list[Any],
+                 steps: int) -> tuple[int, float]:
+    """``steps`` timed pool steps, each env acting with ``act(obs, rng)``: how many actions
+    were valid, and the wall seconds. No episode may end while timed."""
+    t0 = time.perf_counter()
+    valid = 0
+    for _ in range(steps):
+        obs, _, dones, infos = pool.step([act(o, r) for o, r in zip(obs, rngs)])
+        valid += sum(bool(i.get("action_is_valid")) for i in infos)
+        if any(dones):
+            raise RuntimeError("an episode ended during timing; raise max_steps")
+    return valid, time.perf_counter() - t0
 
 
 def measure(backend: str, url: str, shop: ShopProcess, n_envs: int, group_n: int,
@@ -167,14 +175,7 @@ def measure(backend: str, url: str, shop: ShopProcess, n_envs: int, group_n: int
         for _ in range(2):  # warm connections and the shop's search cache equally for all
             obs, _, _, _ = pool.step([browse(o, r) for o, r in zip(obs, rngs)])
         shop0, client0 = shop.cpu_seconds(), _client_cpu_seconds()
-        t0 = time.perf_counter()
-        valid = 0
-        for _ in range(steps):
-            obs, _, dones, infos = pool.step([browse(o, r) for o, r in zip(obs, rngs)])
-            valid += sum(bool(i.get("action_is_valid")) for i in infos)
-            if any(dones):
-                raise RuntimeError("an episode ended during timing; raise max_steps")
-        wall = time.perf_counter() - t0
+        valid, wall = _timed_steps(pool, browse, obs, rngs, steps)
         shop_cpu, client_cpu = shop.cpu_seconds() - shop0, _client_cpu_seconds() - client0
         active, n_workers = pool.backend_name, pool.num_workers
     return {"task": "lite", "backend": backend, "active_backend": active, "workers": n_workers,

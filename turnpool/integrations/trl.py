@@ -45,7 +45,7 @@ from typing import Any
 from turnpool.integrations.leases import shared_leases
 from turnpool.policies.base import Message, TokenTurn, TurnContext
 from turnpool.policies.hf import HFPolicy
-from turnpool.policies.tokens import ChatRenderer, continue_chat
+from turnpool.policies.tokens import ChatRenderer, continue_chat, turn_limit
 from turnpool.pool import EnvPool
 from turnpool.pool.slots import SlotEngine
 from turnpool.rollout.collector import TrajectoryCollector, build_pool
@@ -358,10 +358,8 @@ class VLLMClientPolicy:
         for k, (messages, prefix) in enumerate(zip(batch, prefixes)):
             new, extends = continue_chat(self.tokenizer, messages, prefix,
                                          renderer=self.renderer)
-            limit = self.max_new_tokens
-            budget = budgets[k] if budgets is not None else None
-            if budget is not None:
-                limit = min(limit, int(budget) - (len(new) if extends else 0))
+            limit = turn_limit(self.max_new_tokens, budgets[k] if budgets is not None else None,
+                               new, extends)
             if limit < 1:
                 out.append(TokenTurn("", new, [], [], extends, stop="token_budget"))
                 continue

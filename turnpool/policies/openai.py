@@ -51,7 +51,12 @@ from turnpool.policies.base import (
     TokenTurn,
     TurnContext,
 )
-from turnpool.policies.tokens import ChatRenderer, check_history_mode, continue_chat
+from turnpool.policies.tokens import (
+    ChatRenderer,
+    check_history_mode,
+    continue_chat,
+    turn_limit,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -241,10 +246,8 @@ class OpenAIPolicy:
         for k, (messages, prefix) in enumerate(zip(batch, prefixes)):
             new, extends = continue_chat(self.tokenizer, messages, prefix,
                                          history=self.history, renderer=self._renderer)
-            limit = self.max_tokens
-            budget = budgets[k] if budgets is not None else None
-            if budget is not None:
-                limit = min(limit, int(budget) - (len(new) if extends else 0))
+            limit = turn_limit(self.max_tokens, budgets[k] if budgets is not None else None,
+                               new, extends)
             if limit < 1:
                 out.append(TokenTurn("", new, [], [], extends, stop="token_budget"))
                 continue

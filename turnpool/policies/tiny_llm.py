@@ -290,15 +290,7 @@ def _fine_tune(model: Any, tokenizer: Any, steps: int, seed: int,
             r = tokenizer(reply, add_special_tokens=False)["input_ids"]
             ids.append(p + r)
             labels.append([-100] * len(p) + r)
-        width = max(len(x) for x in ids)
-        pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
-        label_ids = torch.tensor([[-100] * (width - len(x)) + x for x in labels])
-        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        loss = model(input_ids=input_ids, attention_mask=mask, labels=label_ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        loss = _train_step(model, optimizer, tokenizer.pad_token_id, ids, labels)
     logger.info("tiny model fine-tuned for %d steps, final loss %.3f", steps, loss.item())
 
 
@@ -335,15 +327,7 @@ def fine_tune_replies(model: Any, tokenizer: Any, prompts: Sequence[str],
                 p = p if long else p[-tail_tokens:]
                 ids.append(p + r)
                 labels.append([-100] * len(p) + r)
-            width = max(len(x) for x in ids)
-            pad = tokenizer.pad_token_id
-            input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
-            label_ids = torch.tensor([[-100] * (width - len(x)) + x for x in labels])
-            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-            loss = model(input_ids=input_ids, attention_mask=mask, labels=label_ids).loss
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            loss = _train_step(model, optimizer, tokenizer.pad_token_id, ids, labels)
     finally:
         torch.set_num_threads(threads)
         model.eval()
@@ -475,3 +459,20 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
             os.killpg(proc.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=wait_s)
+
+
+def _train_step(model: Any, optimizer: Any, pad: int, ids: list[list[int]],
+                labels: list[list[int]]) -> Any:
+    """One optimizer step on left-padded ``ids`` whose loss covers ``labels`` (-100: not
+    trained); returns the loss."""
+    import torch
+
+    width = max(len(x) for x in ids)
+    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+    label_ids = torch.tensor([[-100] * (width - len(x)) + x for x in labels])
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+    loss = model(input_ids=input_ids, attention_mask=mask, labels=label_ids).loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss

@@ -47,6 +47,15 @@ _MARK = "turnpool-bridge-7f3a"
 _USER = "turnpool-bridge-user"
 
 
+def turn_limit(max_new: int, budget: int | None, new: Sequence[int], extends: bool) -> int:
+    """New tokens a turn may sample: the policy's cap, within what is left of the episode's
+    token budget (the turn's new prompt ids count when they extend the sequence). Below 1 the
+    turn is not generated (a `TokenTurn` with ``stop="token_budget"``)."""
+    if budget is None:
+        return max_new
+    return min(max_new, int(budget) - (len(new) if extends else 0))
+
+
 def check_history_mode(history: str) -> str:
     if history not in HISTORY_MODES:
         raise ValueError(f"history must be one of {HISTORY_MODES}, got {history!r}")
