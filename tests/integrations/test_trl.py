@@ -408,3 +408,22 @@ def test_environment_factory_rejects_malformed_calls_with_a_reason() -> None:
     assert env.tool_steps == 1
     assert env.act("again").startswith("Invalid call: the episode is over")
     assert len(env.invalid_calls) == 4
+
+
+def test_choice_example_runs_one_step_of_both_curves(tmp_path: Path) -> None:
+    """examples/trl_grpo_bandit_choice.py's code path (SFT, GRPO run, lr-0 control, JSON) at
+    one step; the full run stays out of the suite."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo_bandit_choice.py"
+    spec = importlib.util.spec_from_file_location("trl_grpo_bandit_choice", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    summary = module.main(["--steps", "1", "--sft-steps", "2", "--groups", "1",
+                           "--group-size", "2", "--out", str(tmp_path / "choice")])
+    assert [r["learning_rate"] for r in summary["runs"]] == [1e-3, 0.0]
+    assert all(len(r["success"]) == 1 for r in summary["runs"])
+    # same seeds, same starting model: step 1 is the same sample in both runs
+    assert summary["runs"][0]["success"] == summary["runs"][1]["success"]
+    assert (tmp_path / "choice.json").exists()
