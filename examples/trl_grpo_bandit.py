@@ -8,7 +8,9 @@ a third of the replies are a well-formed ``Up``; GRPO has to make that the rule.
 that never emits a word cannot discover it by sampling, so the paying arm is one it can say.)
 Rollouts go through `turnpool.integrations.trl.TurnpoolRollout` (turnpool's collector with
 the trainer's model as the policy; envs on a turnpool pool), so this is the full path a real
-run takes, at toy scale.
+run takes, at toy scale. This shows rewards and gradients flowing, not the task being learnt
+(the model never names the other arm); ``trl_grpo_bandit_choice.py`` is the run where the
+model's choice of arm is what GRPO changes.
 
     python examples/trl_grpo_bandit.py --steps 30
 

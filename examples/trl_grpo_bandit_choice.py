@@ -33,8 +33,9 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 HERE = Path(__file__).resolve().parent
 TAUGHT, PAYING = "Up", "Down"
-ENV_KWARGS = {"lo_arm_name": TAUGHT, "lo_arm_score": 0.1, "hi_arm_name": PAYING,
-              "hi_arm_hiscore": 1.0, "hi_arm_hiscore_prob": 1.0, "hi_arm_loscore": 1.0}
+ENV_KWARGS: dict[str, Any] = {"lo_arm_name": TAUGHT, "lo_arm_score": 0.1, "hi_arm_name": PAYING,
+                              "hi_arm_hiscore": 1.0, "hi_arm_hiscore_prob": 1.0,
+                              "hi_arm_loscore": 1.0}
 
 
 def build_policy(path: Path, seed: int, sft_steps: int, paying_share: float) -> Path:
