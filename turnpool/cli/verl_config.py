@@ -28,6 +28,8 @@ from typing import Any
 
 import click
 
+from turnpool.worker.protocol import DEFAULT_STEP_TIMEOUT
+
 AGENT_LOOP_YAML = """\
 # turnpool's verl agent loop (see turnpool.integrations.verl)
 - name: turnpool
@@ -108,7 +110,7 @@ def _literal(value: Any) -> str:
               help="turnpool pool backend in each agent-loop worker.")
 @click.option("--workers", type=int, default=4, show_default=True,
               help="Env workers per agent-loop worker.")
-@click.option("--step-timeout", type=float, default=30.0, show_default=True,
+@click.option("--step-timeout", type=float, default=DEFAULT_STEP_TIMEOUT, show_default=True,
               help="Seconds an env call may take before the env counts as failed.")
 @click.option("--retries", type=int, default=1, show_default=True,
               help="Replays of a failed episode from its seed before it is marked failed.")

@@ -79,8 +79,6 @@ class Dispatcher:
     def __init__(self, backend: Backend, num_envs: int, step_timeout: float | None,
                  reset_timeout: float | None) -> None:
         self.backend = backend
-        self.step_timeout = step_timeout
-        self.reset_timeout = reset_timeout
         self._limits = Op.limits(step_timeout, reset_timeout)
         self.replay = ReplayLog(backend.slices, num_envs)
         self._seq = 0
