@@ -10,6 +10,11 @@ when) in its `turnpool.worker.transport.ProgressSlot`: the pool uses it to enfor
 ``step_timeout`` per env and to blame the right env when a worker dies or hangs. A hung worker
 is killed with SIGKILL.
 
+A worker whose env stalls for ``handoff_after`` s (default 0.05; None turns it off) hands the
+rest of its request to another thread and answers it at once; the stalled env's result
+follows on its own (`turnpool.worker.handoff`), so one stuck env never holds back the envs
+that share its worker.
+
 Workers never outlive the pool's process: they ask the kernel to kill them when their parent
 dies (Linux ``PR_SET_PDEATHSIG``), and a watchdog thread exits when their parent pid changes or
 multiprocessing's parent sentinel closes (the only signal that works under forkserver).
@@ -59,6 +64,7 @@ from turnpool.backends.base import (
     one_per_core,
     raise_build_errors,
 )
+from turnpool.worker.handoff import DEFAULT_HANDOFF_AFTER
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import EnvBuild, Op, Reply, Request
 from turnpool.worker.transport import (
@@ -149,11 +155,11 @@ def _worker_main(inbox: multiprocessing.connection.Connection,
         return
     if message[0] != "init":  # closed while on standby
         return
-    _kind, slot, blob, progress_path = message
+    _kind, slot, blob, progress_path, handoff_after, step_timeout = message
     builds: list[EnvBuild] = pickle.loads(blob)
     host = EnvHost(builds, ProgressWriter(progress_path))
     outbox.send_bytes(pickle.dumps(("ready", slot, host.build_errors), PROTOCOL))
-    serve(inbox.recv_bytes, outbox.send_bytes, host)
+    serve(inbox.recv_bytes, outbox.send_bytes, host, handoff_after, step_timeout)
 
 
 # ====================================================================== parent side
@@ -178,8 +184,12 @@ class ProcessBackend(Backend):
 
     def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
                  mp_context: str | None = None, standby: bool | None = None,
+                 handoff_after: float | None = DEFAULT_HANDOFF_AFTER,
                  **options: Any) -> None:
         super().__init__(builds, num_workers, mp_context=mp_context, **options)
+        if handoff_after is not None and not handoff_after > 0:
+            raise ValueError(f"handoff_after must be > 0 seconds or None, got {handoff_after!r}")
+        self.handoff_after = handoff_after
         method = self.mp_context
         if method not in multiprocessing.get_all_start_methods():
             raise ValueError(f"mp_context must be one of {multiprocessing.get_all_start_methods()}"
@@ -254,7 +264,8 @@ class ProcessBackend(Backend):
     def _send_init(self, worker: _Proc, slot: int) -> None:
         blob = cloudpickle.dumps(self.builds_of(slot))
         assert worker.out is not None
-        worker.out.send_bytes(pickle.dumps(("init", slot, blob, worker.progress.path), PROTOCOL))
+        worker.out.send_bytes(pickle.dumps(("init", slot, blob, worker.progress.path,
+                                            self.handoff_after, self.step_timeout), PROTOCOL))
 
     def _await_ready(self, worker: _Proc, slot: int, deadline: float) -> None:
         conn = worker.conn

@@ -1,4 +1,4 @@
-"""``turnpool bench envs|pool|rollout|webshop|serve|soak|tokens``: each benchmark is imported
+"""``turnpool bench envs|pool|rollout|webshop|serve|soak|hol|tokens``: each benchmark is imported
 only when run."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ _BENCHES: dict[str, str] = {
     "webshop": "turnpool.bench.webshop:command",
     "serve": "turnpool.bench.serve:command",
     "soak": "turnpool.bench.soak:command",
+    "hol": "turnpool.bench.hol:command",
     "tokens": "turnpool.bench.tokens:command",
 }
 

@@ -8,6 +8,7 @@ kill its own process) so the pool's fault isolation can be exercised for real.
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any
 
@@ -74,10 +75,14 @@ class SleepEnv(TrivialEnv):
 
 
 class FaultyEnv(TrivialEnv):
-    """Misbehaves when told to: action ``"raise"``, ``"hang"`` or ``"exit"``.
+    """Misbehaves when told to: action ``"raise"``, ``"hang"``, ``"hang_gil"``, ``"exit"`` or
+    ``"slow"``.
 
-    ``"hang"`` blocks forever (until the pool kills the worker), ``"exit"`` ends the whole
-    process with ``os._exit`` as a segfaulting extension would. Any other action is a normal step.
+    ``"hang"`` blocks forever in ``time.sleep`` (which releases the GIL, like a stuck network
+    call), ``"hang_gil"`` runs inside C code that holds the GIL for a very long time (a regular
+    expression that backtracks exponentially), ``"exit"`` ends the whole process with
+    ``os._exit`` as a segfaulting extension would, ``"slow"`` takes 0.3 s (a slow web call)
+    and is then a normal step. Any other action is a normal step.
     """
 
     def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -86,6 +91,10 @@ class FaultyEnv(TrivialEnv):
         if action == "hang":
             while True:
                 time.sleep(3600)
+        if action == "hang_gil":
+            re.match(r"(a+)+$", "a" * 64 + "b")  # ~2**64 backtracking steps, all in C
         if action == "exit":
             os._exit(13)
+        if action == "slow":
+            time.sleep(0.3)
         return super()._step(action)

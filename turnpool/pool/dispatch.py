@@ -39,6 +39,10 @@ from turnpool.worker.protocol import (
 
 log = logging.getLogger(__name__)
 
+#: Seconds the pool waits past a straggler's own deadline (the worker answers ``timeout``
+#: itself when it can) before it replaces the worker.
+LATE_GRACE_S = 0.5
+
 
 class Ticket:
     """The results of one pool call, filled in as worker replies arrive."""
@@ -72,6 +76,22 @@ class Pending:
         self.retried = False
 
 
+class Straggler:
+    """An env of a step request its worker answered in part (`Op.PARTIAL`): its result comes
+    later on its own (`Op.LATE`), or the worker is replaced once ``due`` passes."""
+
+    __slots__ = ("head", "k", "due")
+
+    def __init__(self, head: Pending, k: int, due: float) -> None:
+        self.head = head
+        self.k = k
+        self.due = due
+
+    @property
+    def env_id(self) -> int:
+        return int(self.head.env_ids[self.k])
+
+
 class Dispatcher:
     """Per-worker request queues, sequence numbers, deadlines, result delivery and recovery
     for the envs ``0 .. num_envs - 1`` of a started ``backend``."""
@@ -93,6 +113,8 @@ class Dispatcher:
             for i in ids:
                 self.owner[i] = w
         self._queues: list[deque[Pending]] = [deque() for _ in backend.slices]
+        #: per worker, env id -> its `Straggler` (envs answered after their request)
+        self._late: list[dict[int, Straggler]] = [{} for _ in backend.slices]
         # Fast path for whole-pool calls: worker w's envs are all_ids[a:b].
         self._spans: list[tuple[int, int]] | None = None
         flat = [i for ids in backend.slices for i in ids]
@@ -153,31 +175,56 @@ class Dispatcher:
         end = None if timeout is None else time.monotonic() + timeout
         backend = self.backend
         queues = self._queues
+        late = self._late
         while not done():
-            active = [w for w in range(len(queues)) if queues[w]]
+            active = [w for w in range(len(queues)) if queues[w] or late[w]]
             if not active:
                 return
             now = time.monotonic()
             wake = end
             for w in active:
-                limit = self._limits[queues[w][0].op]
-                if limit is None:
-                    continue
-                due = queues[w][0].clock + limit
-                if due <= now:
-                    rechecked = self._recheck_deadline(w, limit, now)
-                    if rechecked is None:
-                        continue  # recovered; its queue was rebuilt
-                    due = rechecked
-                if wake is None or due < wake:
+                due = self._head_due(w, now) if queues[w] else None
+                if late[w]:
+                    late_due = self._late_due(w, now)
+                    if late_due is not None and (due is None or late_due < due):
+                        due = late_due
+                if due is not None and (wake is None or due < wake):
                     wake = due
-            if not any(queues):
+            waiting = [w for w in active if queues[w] or late[w]]
+            if not waiting:
                 continue
             wait_s = None if wake is None else max(0.0, wake - now)
-            for w in backend.wait([w for w in active if queues[w]], wait_s):
+            for w in backend.wait(waiting, wait_s):
                 self._receive(w)
             if end is not None and time.monotonic() >= end:
                 return
+
+    def _head_due(self, worker: int, now: float) -> float | None:
+        """When the worker's head request is due (None: no deadline; ``now`` after
+        recovering the worker)."""
+        queue = self._queues[worker]
+        limit = self._limits[queue[0].op]
+        if limit is None:
+            return None
+        due = queue[0].clock + limit
+        if due <= now:
+            rechecked = self._recheck_deadline(worker, limit, now)
+            return now if rechecked is None else rechecked  # recovered: look again now
+        return due
+
+    def _late_due(self, worker: int, now: float) -> float:
+        """When the worker's first straggler is past the grace; recovers the worker if one
+        already is (and nothing has arrived meanwhile)."""
+        late = self._late[worker]
+        due = min(s.due for s in late.values())
+        if due > now:
+            return due
+        if self.backend.wait([worker], 0.0):
+            return now  # it has answered (or died) meanwhile: receive that first
+        stuck = {i for i, s in late.items() if s.due <= now}
+        limit = self._limits[Op.STEP]
+        self._recover(worker, f"{Op.STEP.timeout_text} ({limit:g} s)", "timeout", stuck)
+        return now  # recovered: look again now
 
     # ------------------------------------------------------------------ the wire
     def _send(self, worker: int, pending: Pending) -> None:
@@ -248,6 +295,9 @@ class Dispatcher:
         except WorkerLost as exc:
             self._recover(worker, str(exc) or "worker died", "worker_lost")
             return
+        if _op is Op.LATE:
+            self._late_results(worker, seq, payload)
+            return
         if not queue or seq != queue[0].seq:
             log.debug("discarding a stale reply (seq %d) from worker %d", seq, worker)
             return
@@ -255,6 +305,8 @@ class Dispatcher:
         if failure is not None:  # the request failed as a whole: every env of it did
             for k, i in enumerate(head.env_ids):
                 self._fail(head, k, i, f"worker error: {error}", failure)
+        elif _op is Op.PARTIAL:
+            self._partial(worker, head, payload)
         else:
             self._complete(head, payload)
         if queue:
@@ -298,6 +350,47 @@ class Dispatcher:
                     self.broken[i] = f"restore failed: {err}"
                     self.failure[i] = "worker_lost"
 
+    def _partial(self, worker: int, head: Pending, payload: Any) -> None:
+        """The worker answered ``head`` except its stalled envs, which become stragglers."""
+        wire, _failed, pending = payload
+        limit = self._limits[head.op]
+        late = self._late[worker]
+        waiting = set()
+        for k, since in pending:
+            due = since + limit + LATE_GRACE_S if limit is not None else float("inf")
+            late[int(head.env_ids[k])] = Straggler(head, k, due)
+            waiting.add(k)
+        ids, actions = head.env_ids, head.items[1]
+        done = [k for k in range(len(ids)) if k not in waiting]
+        self.replay.stepped(worker, [ids[k] for k in done], [actions[k] for k in done],
+                            head.op is Op.STEP1)
+        ticket = head.ticket
+        assert ticket is not None
+        for k in done:
+            self._turn_done(ticket, head.positions[k], ids[k], wire[k])
+
+    def _late_results(self, worker: int, seq: int, payload: Any) -> None:
+        """Results of stragglers (an `Op.LATE` reply); stale ones are dropped."""
+        late = self._late[worker]
+        for env_id, wire in payload:
+            straggler = late.get(env_id)
+            if straggler is None or straggler.head.seq != seq:
+                log.debug("discarding a stale late result of env %d", env_id)
+                continue
+            del late[env_id]
+            head = straggler.head
+            self.replay.stepped(worker, [env_id], [head.items[1][straggler.k]],
+                                head.op is Op.STEP1)
+            assert head.ticket is not None
+            self._turn_done(head.ticket, head.positions[straggler.k], env_id, wire)
+
+    def _turn_done(self, ticket: Ticket, pos: int, env_id: int, wire: Any) -> None:
+        result = as_turn_results([wire])[0]
+        if result.error is not None:
+            self.broken[env_id] = result.error
+            self.failure[env_id] = result.failure or "env_error"
+        self._deliver(ticket, pos, env_id, result)
+
     def _deliver(self, ticket: Ticket, pos: int, env_id: int,
                  result: TurnResult | ResetResult) -> None:
         ticket.out[pos] = result
@@ -323,50 +416,72 @@ class Dispatcher:
                           error_step(reason, failure=failure))
 
     # ------------------------------------------------------------------ recovery
-    def _recover(self, worker: int, reason: str, failure: str) -> None:
-        """Replace a dead or stuck worker; flag the env it was running, bring back the rest.
+    def _recover(self, worker: int, reason: str, failure: str,
+                 stuck: set[int] | None = None) -> None:
+        """Replace a dead or stuck worker; flag the env to blame, bring back the rest.
 
-        The env running when the worker died is known from the backend's progress marker;
-        if it is unknown, every env of the request is flagged. The worker's other envs are
-        rebuilt by reset + replay of the actions recorded since their reset, then the
-        unfinished part of the request is sent again.
+        The env to blame is ``stuck`` (stragglers past their deadline) if given, else the one
+        running when the worker died or hung, from the backend's progress marker; if that is
+        unknown, every env of the request is flagged. The worker's other envs are rebuilt by
+        reset + replay of the actions recorded since their reset, then the unfinished part of
+        the request and every straggler's turn are sent again.
         """
         queue = self._queues[worker]
-        head = queue.popleft()
+        head = queue.popleft() if queue else None
+        late = list(self._late[worker].values())
+        self._late[worker] = {}
         progress = self.backend.progress(worker)
         culprit = int(progress[0]) if progress is not None else -1
         log.warning("worker %d of %s backend: %s (env %s); restarting it", worker,
-                    self.backend.name, reason, culprit if culprit >= 0 else "unknown")
+                    self.backend.name, reason,
+                    sorted(stuck) if stuck else culprit if culprit >= 0 else "unknown")
         try:
             self.backend.restart(worker)
         except (BackendUnavailable, OSError, WorkerLost) as exc:
             # Without a worker its envs cannot run: fail them all, keep the pool consistent.
             log.error("restarting worker %d failed: %s", worker, exc)
-            for pending in [head, *queue]:
+            why = f"{reason}; restart failed: {exc}"
+            for s in late:
+                self._fail(s.head, s.k, s.env_id, why, failure)
+            for pending in [*([head] if head is not None else []), *queue]:
                 for k, i in enumerate(pending.env_ids):
-                    self._fail(pending, k, i, f"{reason}; restart failed: {exc}", failure)
+                    self._fail(pending, k, i, why, failure)
             queue.clear()
             for i in self.backend.slices[worker]:
                 if i not in self.broken:
                     self.broken[i] = f"worker lost: {exc}"
                     self.failure[i] = "worker_lost"
             return
-        if culprit in head.env_ids:
-            guilty = [culprit]
-        elif (progress is not None and failure == "worker_lost" and not head.retried
-              and head.op is not Op.RESTORE):
+        guilty: list[int] = []
+        if stuck is not None:
+            guilty_late = stuck  # the head, if any, is innocent: sent again whole
+        elif head is not None and culprit in head.env_ids:
+            guilty, guilty_late = [culprit], set()
+        elif late and failure == "worker_lost":
+            # A stalled env's thread may have ended the process: the stragglers are the
+            # suspects, the request the worker was on is sent again once.
+            guilty_late = {s.env_id for s in late}
+        elif (head is not None and progress is not None and failure == "worker_lost"
+              and not head.retried and head.op is not Op.RESTORE):
             # It died between envs (killed from outside, e.g. with a sibling worker): no env
             # is to blame; the request is sent again once.
-            guilty = []
+            guilty_late = set()
         else:  # unknown culprit: flag the whole request rather than risk a loop
-            guilty = list(head.env_ids)
-        for i in guilty:
-            self._fail(head, head.env_ids.index(i), i, reason, failure)
+            guilty = list(head.env_ids) if head is not None else []
+            guilty_late = set()
         rest: list[Pending] = []
-        if head.op is not Op.RESTORE:
-            retry = _without(head, set(guilty))
-            if retry is not None:
-                rest.append(retry)
+        if head is not None:
+            for i in guilty:
+                self._fail(head, head.env_ids.index(i), i, reason, failure)
+            if head.op is not Op.RESTORE:
+                retry = _without(head, set(guilty))
+                if retry is not None:
+                    rest.append(retry)
+        for s in late:
+            if s.env_id in guilty_late:
+                self._fail(s.head, s.k, s.env_id, reason, failure)
+            else:
+                rest.append(_only(s))
         waiting = list(queue)
         queue.clear()
         resetting = {i for p in (*rest, *waiting) if p.op is Op.RESET for i in p.env_ids}
@@ -380,6 +495,16 @@ class Dispatcher:
         queue.extend(waiting)
         if queue:
             self._send(worker, queue[0])
+
+
+def _only(straggler: Straggler) -> Pending:
+    """A straggler's turn as a request of its own (marked retried)."""
+    head, k = straggler.head, straggler.k
+    env_id = straggler.env_id
+    retry = Pending(head.op, [env_id], ([env_id], [head.items[1][k]]), head.ticket,
+                    [head.positions[k]])
+    retry.retried = True
+    return retry
 
 
 def _without(head: Pending, guilty: set[int]) -> Pending | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from turnpool.envs.base import TextEnv
@@ -95,23 +95,36 @@ class EnvHost:
         """Run one turn per env; with ``single`` each env gets one bare action instead of a
         list. Returns the results (`WireTurn` tuples) and the indices of the envs that failed."""
         env_ids, actions = payload
-        results: list[WireTurn] = []
+        results: list[Any] = [None] * len(env_ids)
         failed: list[int] = []
-        append = results.append
-        progress = self.progress
+        self.run_turns(enumerate(zip(env_ids, actions)), single, results, failed,
+                       self.progress)
+        return results, failed
+
+    def run_turns(self, claim: Iterator[tuple[int, tuple[int, Any]]], single: bool,
+                  results: list[Any], failed: list[int], at: Callable[[int], None]) -> None:
+        """Run the turns ``claim`` yields as ``(k, (env_id, actions))``: ``results[k]`` gets
+        the env's `WireTurn` and ``k`` goes to ``failed`` if it failed; ``at(env_id)`` is
+        called before each env.
+
+        Several threads may drain one ``claim`` (a worker hands the rest of a stalled request
+        to another thread, `turnpool.worker.handoff`): ``next`` on an ``enumerate(zip(...))``
+        of lists or ranges runs no Python code, so under the GIL each env is claimed once.
+        An env abandoned meanwhile (no longer this host's object for its id) is not flagged.
+        """
         envs = self.envs
         broken = self.broken
-        for env_id, acts in zip(env_ids, actions):
-            progress(env_id)
+        for k, (env_id, acts) in claim:
+            at(env_id)
             env = envs.get(env_id)
             if env is None or env_id in broken:
-                failed.append(len(results))
+                failed.append(k)
                 if env_id in self.unbuilt:
-                    append(error_step("env has no episode yet; reset it first"))
+                    results[k] = error_step("env has no episode yet; reset it first")
                 else:
-                    append(error_step("env failed earlier; reset it",
-                                      failure="construct_error" if env is None
-                                      else "env_error"))
+                    results[k] = error_step("env failed earlier; reset it",
+                                            failure="construct_error" if env is None
+                                            else "env_error")
                 continue
             n = 0
             try:
@@ -121,19 +134,26 @@ class EnvHost:
                 else:
                     obs, total, terminated, truncated, info, n = _turn(env, acts)
             except Exception as exc:
-                broken.add(env_id)
-                failed.append(len(results))
-                append(error_step(short_error(exc), n))
+                if envs.get(env_id) is env:
+                    broken.add(env_id)
+                failed.append(k)
+                results[k] = error_step(short_error(exc), n)
                 continue
-            except StepInterrupted:  # ran past its deadline in the caller's process
-                broken.add(env_id)
-                failed.append(len(results))
-                append(error_step(TIMED_OUT, n, failure="timeout"))
+            except StepInterrupted:  # ran past its deadline in this process
+                if envs.get(env_id) is env:
+                    broken.add(env_id)
+                failed.append(k)
+                results[k] = error_step(TIMED_OUT, n, failure="timeout")
                 continue
             info["terminated"] = terminated
             info["truncated"] = truncated
-            append((obs, total, terminated, truncated, info, n, None))
-        return results, failed
+            results[k] = (obs, total, terminated, truncated, info, n, None)
+
+    def abandon(self, env_id: int) -> None:
+        """Forget env ``env_id`` without closing it (a thread is stuck in it): it is failed
+        until its next reset builds a fresh one."""
+        self.envs[env_id] = None
+        self.broken.add(env_id)
 
     def reset(self, groups: Sequence[tuple[int, Sequence[int]]]
               ) -> list[ResetResult]:

@@ -31,6 +31,11 @@ Wire format (plain tuples; a process backend pickles them once per worker per ca
   uses this to bring back the innocent envs of a worker that was killed). Reply payload: one
   ``error`` (``None`` on success) per env.
 * `Op.CLOSE`: close every env; no reply is needed.
+* Replies only, from a process worker whose env stalled (`turnpool.worker.handoff`): an
+  `Op.PARTIAL` reply to a step request carries ``(results, failed, pending)``, where
+  ``results`` has ``None`` at the envs still running and ``pending`` lists ``(index, since)``
+  for each of them; each later arrives in an `Op.LATE` reply (same sequence number) whose
+  payload is ``[(env_id, wire_turn), ...]``.
 
 A new op is one `Op` member (with its deadline in `Op.limit`) and one handler in `EnvHost`.
 Backends never look inside payloads. Sequence numbers are chosen by the pool and echoed by the
@@ -66,6 +71,9 @@ class Op(enum.IntEnum):
     STEP1 = 3
     RESTORE = 4
     CLOSE = 5
+    #: replies only, from a worker that hands a stalled step off (`turnpool.worker.handoff`)
+    PARTIAL = 6
+    LATE = 7
 
     @property
     def is_turn(self) -> bool:

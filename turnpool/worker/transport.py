@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from turnpool.worker.handoff import HandoffServer
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import (
     Op,
@@ -51,9 +52,15 @@ _WATCHDOG_PERIOD_S = 0.25
 
 # ====================================================================== serving
 def serve(recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], None],
-          host: EnvHost) -> None:
+          host: EnvHost, handoff_after: float | None = None,
+          step_timeout: float | None = None) -> None:
     """Answer requests until ``close`` or until the pool hangs up; the envs are closed either
-    way."""
+    way. With ``handoff_after`` a stalled env holds back only itself
+    (`turnpool.worker.handoff`)."""
+    if handoff_after:
+        HandoffServer(recv_bytes, send_bytes, host, handoff_after, step_timeout, encode,
+                      pickle.loads, host.progress).run()
+        return
     loads, handle = pickle.loads, host.handle
     try:
         while True:
@@ -84,10 +91,15 @@ def _picklable(reply: Reply, exc: Exception) -> Reply:
     """Replace the results that cannot be pickled with per-env errors (the reply's op says
     what its payload holds)."""
     seq, op, payload, failure, error = reply
-    if op.is_turn:
-        results, failed = payload
+    if op.is_turn or op is Op.PARTIAL:
+        results, failed, *pending = payload
         fixed, bad = _fix_items(results, lambda r: error_step(r, failure="unpicklable"))
-        return (seq, op, (fixed, sorted(set(failed) | set(bad))), failure, error)
+        return (seq, op, (fixed, sorted(set(failed) | set(bad)), *pending), failure, error)
+    if op is Op.LATE:
+        ids = [i for i, _ in payload]
+        fixed = _fix_items([r for _, r in payload],
+                           lambda r: error_step(r, failure="unpicklable"))[0]
+        return (seq, op, list(zip(ids, fixed)), failure, error)
     if op is Op.RESET:
         return (seq, op, _fix_items(payload, lambda r: error_reset(r, "unpicklable"))[0],
                 failure, error)
