@@ -93,6 +93,34 @@ def test_a_hanging_env_errors_within_step_timeout(server: TurnpoolServer) -> Non
     _fault_isolated(server, "hang", expected_failure("timeout"), STEP_TIMEOUT + 10)
 
 
+def test_a_session_on_a_hung_envs_worker_plays_on_meanwhile(server: TurnpoolServer) -> None:
+    """No head-of-line blocking: while one session's env hangs, a session whose env shares
+    its worker plays 20 exact steps, all answered before the hang's own timeout."""
+    url = server.url
+    with _raw(url) as bad, _raw(url) as good:
+        assert _ask(bad, {"type": "reset", "data": {"seed": 5}})["type"] == "observation"
+        trace = [_ask(good, {"type": "reset", "data": {"seed": 19}})
+                 ["data"]["observation"]["text"]]
+        _same_worker(server)
+        t0 = time.monotonic()
+        bad.send(json.dumps({"type": "step", "data": {"action": "hang"}}))
+        for k in range(20):
+            trace.append(_ask(good, {"type": "step", "data": {"action": f"b{k}"}})
+                         ["data"]["observation"]["text"])
+        good_s = time.monotonic() - t0
+        reply = json.loads(bad.recv(timeout=60))
+        bad_s = time.monotonic() - t0
+        assert reply["type"] == "error" and reply["data"]["failure"] == "timeout"
+        assert bad_s < STEP_TIMEOUT + 1.0
+        assert good_s < STEP_TIMEOUT - 0.5 < bad_s  # done well before the hang ended
+    with _raw(url) as ref:
+        want = [_ask(ref, {"type": "reset", "data": {"seed": 19}})["data"]["observation"]["text"]]
+        for k in range(20):
+            want.append(_ask(ref, {"type": "step", "data": {"action": f"b{k}"}})
+                        ["data"]["observation"]["text"])
+    assert trace == want
+
+
 def test_an_env_that_kills_its_worker_fails_only_its_session(server: TurnpoolServer) -> None:
     _fault_isolated(server, "exit", expected_failure("worker_lost"), 60)
 
