@@ -23,10 +23,12 @@ def test_bench_hol_shows_the_handoff() -> None:
         seen.append(what)
 
     report = run(["pool"], sessions=8, pairs=1, warmup=0.3, seconds=2.5,
-                 step_timeout=STEP_TIMEOUT, compare_no_handoff=True, progress=progress)
+                 step_timeout=STEP_TIMEOUT, compare_no_handoff=True, progress=progress,
+                 slow_factor=100)
     rows = {w["kind"]: w for w in report["windows"]}
-    assert set(rows) == {"uniform", "hang", "hang, no hand-off"}
-    assert len(seen) == 3
+    assert set(rows) == {"uniform", "hang", "hang, no hand-off", "1% slow"}
+    assert len(seen) == 4
+    assert 0 < report["slow_ms"] < 50
     for row in rows.values():
         assert row["innocent_errors"] == 0
         assert row["steps_per_s"] > 0 and row["p99_ms"] is not None
@@ -35,6 +37,6 @@ def test_bench_hol_shows_the_handoff() -> None:
     # ... without it they wait for the whole of it (the worker is killed, they are replayed)
     assert rows["hang, no hand-off"]["near_max_ms"] > STEP_TIMEOUT * 1000 * 0.9
     kinds = [(s["through"], s["kind"]) for s in report["summary"]]
-    assert kinds == [("pool", "hang"), ("pool", "hang, no hand-off")]
+    assert kinds == [("pool", "hang"), ("pool", "hang, no hand-off"), ("pool", "1% slow")]
     assert all(s["p99_ratio_median"] > 0 for s in report["summary"])
     assert len(render(report)) == 2

@@ -119,3 +119,34 @@ def test_failures_are_counted_by_class_and_calls_after_close_are_refused() -> No
         engine.submit_step(slot, ["x"])
     with pytest.raises(RuntimeError, match="closed"):
         engine.lease()
+
+
+def test_leases_spread_over_workers_and_follow_the_measured_cost() -> None:
+    """Placement: by count while nothing is measured, then by each worker's measured cost, so
+    new sessions avoid the worker whose sessions are expensive."""
+    with SlotEngine("faulty", capacity=12, backend="thread", num_workers=2,
+                    env_kwargs={"episode_len": 1000}) as engine:
+        worker = {i: w for w, ids in enumerate(engine.pool.backend.slices) for i in ids}
+        first = [engine.lease() for _ in range(4)]
+        assert sorted(worker[s] for s in first) == [0, 0, 1, 1]
+        slow = next(s for s in first if worker[s] == 0)
+        for s in first:
+            engine.submit_reset(s, seed=s).result(timeout=WAIT_S)
+        for _ in range(2):
+            futures = [engine.submit_step(s, ["slow" if s == slow else "go"]) for s in first]
+            assert all(f.result(timeout=WAIT_S).error is None for f in futures)
+        # a step's cost is its time from send to result: the slow env's worker-mate waits
+        # behind it, so worker 0 as a whole is the expensive one
+        cheap = [s for s in first if worker[s] == 1]
+        assert engine.cost[slow] > 0.25 > 10 * max(engine.cost[s] for s in cheap)
+        engine.rebalance()
+        assert engine.load[0] > engine.load[1]
+        nxt = [engine.lease() for _ in range(2)]
+        assert [worker[s] for s in nxt] == [1, 1]  # the cheap worker takes the new sessions
+        engine.release(slow)  # the expensive session leaves; its mate's steps get cheap
+        mate = next(s for s in first if worker[s] == 0 and s != slow)
+        for _ in range(40):
+            assert engine.submit_step(mate, ["go"]).result(timeout=WAIT_S).error is None
+        engine.rebalance()
+        assert engine.load[0] < engine.load[1]
+        assert worker[engine.lease()] == 0

@@ -5,6 +5,7 @@ reward 0. The envs are the ``faulty`` test env on two real worker processes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -41,12 +42,35 @@ def _ask(ws: Any, message: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-def _same_worker(server: TurnpoolServer) -> None:
-    """The two open sessions hold slots of one worker (so a fault there hits both)."""
-    status = httpx.get(server.url + "/api/status", timeout=30).json()
-    slots = [s["slot"] for s in status["sessions"]]
+@contextlib.contextmanager
+def _mates(server: TurnpoolServer, bad_seed: int, good_seed: int
+           ) -> Iterator[tuple[Any, Any, str]]:
+    """Two reset sessions whose slots share a worker (so a fault in one hits the other's
+    worker), and the good one's first observation. The server spreads sessions over its
+    workers, so sessions are opened until one lands beside the first; those stay open
+    meanwhile."""
     owner = {i: w for w, ids in enumerate(server.engine.pool.backend.slices) for i in ids}
-    assert len(slots) == 2 and owner[slots[0]] == owner[slots[1]], slots
+    opened: list[Any] = []
+
+    def newest_slot() -> int:
+        status = httpx.get(server.url + "/api/status", timeout=30).json()
+        return int(status["sessions"][-1]["slot"])
+
+    try:
+        bad = _raw(server.url)
+        opened.append(bad)
+        assert _ask(bad, {"type": "reset", "data": {"seed": bad_seed}})["type"] == "observation"
+        bad_worker = owner[newest_slot()]
+        while True:
+            good = _raw(server.url)
+            opened.append(good)
+            first = _ask(good, {"type": "reset", "data": {"seed": good_seed}})
+            if owner[newest_slot()] == bad_worker:
+                break
+        yield bad, good, first["data"]["observation"]["text"]
+    finally:
+        for ws in opened:
+            ws.close()
 
 
 def _fault_isolated(server: TurnpoolServer, action: str, failure: str,
@@ -54,11 +78,8 @@ def _fault_isolated(server: TurnpoolServer, action: str, failure: str,
     """Two sessions on one worker: the faulty one gets an error; the other's episode is
     exactly what it would have been; the faulty one recovers with a reset."""
     url = server.url
-    with _raw(url) as bad, _raw(url) as good:
-        assert _ask(bad, {"type": "reset", "data": {"seed": 5}})["type"] == "observation"
-        ok = _ask(good, {"type": "reset", "data": {"seed": 9}})
-        _same_worker(server)
-        trace = [ok["data"]["observation"]["text"]]
+    with _mates(server, 5, 9) as (bad, good, first):
+        trace = [first]
         for k in range(3):
             trace.append(_ask(good, {"type": "step", "data": {"action": f"a{k}"}})
                          ["data"]["observation"]["text"])
@@ -97,11 +118,8 @@ def test_a_session_on_a_hung_envs_worker_plays_on_meanwhile(server: TurnpoolServ
     """No head-of-line blocking: while one session's env hangs, a session whose env shares
     its worker plays 20 exact steps, all answered before the hang's own timeout."""
     url = server.url
-    with _raw(url) as bad, _raw(url) as good:
-        assert _ask(bad, {"type": "reset", "data": {"seed": 5}})["type"] == "observation"
-        trace = [_ask(good, {"type": "reset", "data": {"seed": 19}})
-                 ["data"]["observation"]["text"]]
-        _same_worker(server)
+    with _mates(server, 5, 19) as (bad, good, first):
+        trace = [first]
         t0 = time.monotonic()
         bad.send(json.dumps({"type": "step", "data": {"action": "hang"}}))
         for k in range(20):

@@ -8,9 +8,13 @@ A step counts in the window it ends in, and one still waiting when the window cl
 counts with the time it waited so far. Each window runs on a fresh pool or server, and the
 windows alternate (uniform, hang, ...) ``--pairs`` times so that a change in the machine's
 load hits both alike. Reported per
-window: the innocents' step latency p50 / p99 / max, split into those that share the hung
-env's worker and the others, and their steps/s; the summary is the median ratio of the
+window: the innocents' step latency p50 / p99 / max (through the pool also for those that
+share the hung env's worker) and their steps/s; the summary is the median ratio of the
 innocents' p99 with and without the hang.
+
+With ``--slow-factor F`` a third window per pair has 1% of the sessions (at least one) step
+``F`` times slower than the env's own step (busy computing), and the others are the
+innocents.
 
 ``--through pool`` drives the `SlotEngine` (as ``turnpool serve``, TRL and verl do) from one
 asyncio loop; ``--through serve`` runs ``turnpool serve`` in a child process and drives it
@@ -26,6 +30,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,29 @@ from turnpool.bench.harness import (
 
 ENV = "faulty"
 HUNG = 0  # the session whose env hangs (it holds slot 0: worker 0)
+KINDS = ("uniform", "hang", "hang, no hand-off", "1% slow")
+
+
+def special_actions(kind: str, sessions: int, slow_ms: float) -> dict[int, str]:
+    """Session -> the action it steps with in a window of ``kind`` (the rest step ``go``)."""
+    if kind.startswith("hang"):
+        return {HUNG: "hang"}
+    if kind == "1% slow":
+        chosen = list(range(50, sessions, 100)) or [sessions // 2]
+        return {s: f"busy:{slow_ms:.4f}" for s in chosen}
+    return {}
+
+
+def step_cost_ms() -> float:
+    """Milliseconds one step of the env takes here, in this process."""
+    from turnpool.envs.registry import make
+
+    env = make(ENV, episode_len=10**9)
+    env.reset(seed=0)
+    t0 = time.perf_counter()
+    for _ in range(20_000):
+        env.step("go")
+    return (time.perf_counter() - t0) / 20_000 * 1000.0
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -51,11 +79,11 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))] * 1000.0
 
 
-def _summary(lat: dict[int, list[float]], near: set[int], seconds: float
-             ) -> dict[str, Any]:
+def _summary(lat: dict[int, list[float]], near: set[int], seconds: float,
+             guilty: Collection[int]) -> dict[str, Any]:
     """Latency figures of the innocents: all, those in ``near`` (the hung env's worker)."""
-    innocent = [x for s, xs in lat.items() if s != HUNG for x in xs]
-    close = [x for s, xs in lat.items() if s != HUNG and s in near for x in xs]
+    innocent = [x for s, xs in lat.items() if s not in guilty for x in xs]
+    close = [x for s, xs in lat.items() if s not in guilty and s in near for x in xs]
     return {"steps_per_s": len(innocent) / seconds, "p50_ms": _pct(innocent, 0.5),
             "p99_ms": _pct(innocent, 0.99), "max_ms": max(innocent) * 1000 if innocent else None,
             "near_p99_ms": _pct(close, 0.99),
@@ -73,7 +101,7 @@ def _censor(lat: dict[int, list[float]], pending: dict[int, float | None], end: 
 
 
 # ---------------------------------------------------------------------- through the pool
-async def _drive_engine(engine: Any, sessions: int, hang: bool, warmup: float,
+async def _drive_engine(engine: Any, sessions: int, special: dict[int, str], warmup: float,
                         seconds: float) -> tuple[dict[int, list[float]], int]:
     lat: dict[int, list[float]] = {s: [] for s in range(sessions)}
     pending: dict[int, float | None] = {s: None for s in range(sessions)}
@@ -83,10 +111,9 @@ async def _drive_engine(engine: Any, sessions: int, hang: bool, warmup: float,
 
     async def one(s: int) -> None:
         nonlocal errors
-        slot = engine.lease()
-        assert slot == s
+        slot = s  # every slot is leased (below): session s drives slot s
         await engine.reset(slot, seed=s)
-        action = "hang" if hang and s == HUNG else "go"
+        action = special.get(s, "go")
         while not stop.is_set():
             t0 = pending[s] = time.perf_counter()
             r = await engine.step(slot, [action], timeout=600)
@@ -94,11 +121,13 @@ async def _drive_engine(engine: Any, sessions: int, hang: bool, warmup: float,
             pending[s] = None
             if window[0] <= t1 <= window[1]:
                 lat[s].append(t1 - t0)
-            if r.error is not None and s != HUNG:
+            if r.error is not None and s not in special:
                 errors += 1
             if r.done:
                 await engine.reset(slot, seed=s)
 
+    leased = sorted(engine.lease() for _ in range(sessions))
+    assert leased == list(range(sessions))
     tasks = [asyncio.create_task(one(s)) for s in range(sessions)]
     now = time.perf_counter()
     window[0], window[1] = now + warmup, now + warmup + seconds
@@ -109,8 +138,8 @@ async def _drive_engine(engine: Any, sessions: int, hang: bool, warmup: float,
     return lat, errors
 
 
-def _pool_window(sessions: int, hang: bool, handoff: bool, warmup: float, seconds: float,
-                 step_timeout: float) -> dict[str, Any]:
+def _pool_window(sessions: int, special: dict[int, str], handoff: bool, warmup: float,
+                 seconds: float, step_timeout: float) -> dict[str, Any]:
     from turnpool.pool.slots import SlotEngine
 
     options: dict[str, Any] = {} if handoff else {"handoff_after": None}
@@ -119,16 +148,16 @@ def _pool_window(sessions: int, hang: bool, handoff: bool, warmup: float, second
                         **options)
     try:
         near = set(engine.pool.backend.slices[0])
-        lat, errors = asyncio.run(_drive_engine(engine, sessions, hang, warmup, seconds))
+        lat, errors = asyncio.run(_drive_engine(engine, sessions, special, warmup, seconds))
     finally:
         engine.close()
-    row = _summary(lat, near, seconds)
+    row = _summary(lat, near, seconds, special)
     row["innocent_errors"] = errors
     return row
 
 
 # ---------------------------------------------------------------------- through the server
-async def _drive_server(url: str, sessions: int, hang: bool, warmup: float,
+async def _drive_server(url: str, sessions: int, special: dict[int, str], warmup: float,
                         seconds: float) -> dict[str, Any]:
     from turnpool.bench.serve import WsClient
 
@@ -150,8 +179,7 @@ async def _drive_server(url: str, sessions: int, hang: bool, warmup: float,
             if ready == sessions:
                 opened.set()
             await opened.wait()
-            step = json.dumps({"type": "step", "data": {
-                "action": "hang" if hang and s == HUNG else "go"}})
+            step = json.dumps({"type": "step", "data": {"action": special.get(s, "go")}})
             while not stop.is_set():
                 t0 = pending[s] = time.perf_counter()
                 reply = await ws.ask(step)
@@ -160,7 +188,7 @@ async def _drive_server(url: str, sessions: int, hang: bool, warmup: float,
                 if window[0] <= t1 <= window[1]:
                     lat[s].append(t1 - t0)
                 if not reply.startswith('{"type":"observation"'):
-                    if s != HUNG:
+                    if s not in special:
                         errors += 1
                     await ws.ask(reset)
                 elif '"done":true' in reply:
@@ -168,7 +196,7 @@ async def _drive_server(url: str, sessions: int, hang: bool, warmup: float,
         finally:
             await ws.close()
 
-    # sessions open one at a time, so session s holds slot s (slot 0 is on worker 0)
+    # sessions open one at a time (the hanging one first)
     tasks = []
     for s in range(sessions):
         tasks.append(asyncio.create_task(one(s)))
@@ -181,13 +209,14 @@ async def _drive_server(url: str, sessions: int, hang: bool, warmup: float,
     _censor(lat, pending, window[1])
     stop.set()
     await asyncio.wait(tasks, timeout=120)
-    near = set(range((sessions + 1) // 2))  # slots 0 .. n/2-1 are worker 0's
-    row = _summary(lat, near, seconds)
+    # which sessions share the hung env's worker is the server's business (it spreads
+    # sessions over workers by cost): only the innocents as a whole are reported here
+    row = _summary(lat, set(), seconds, special)
     row["innocent_errors"] = errors
     return row
 
 
-def _server_window(sessions: int, hang: bool, warmup: float, seconds: float,
+def _server_window(sessions: int, special: dict[int, str], warmup: float, seconds: float,
                    step_timeout: float) -> dict[str, Any]:
     from turnpool.bench.serve import ServerProcess, _read_line
 
@@ -202,7 +231,7 @@ def _server_window(sessions: int, hang: bool, warmup: float, seconds: float,
         url = next(w for w in line.split() if w.startswith("http://")).rstrip(",")
         client = subprocess.run(
             [sys.executable, "-m", "turnpool.bench.hol", "client", url, str(sessions),
-             "1" if hang else "0", str(warmup), str(seconds)],
+             json.dumps(special), str(warmup), str(seconds)],
             capture_output=True, text=True, timeout=warmup + seconds + 600)
         if client.returncode != 0:
             raise RuntimeError(f"load client failed: {client.stderr[-2000:]}")
@@ -219,7 +248,11 @@ class _Wrapped:
 
 # ---------------------------------------------------------------------- the benchmark
 def run(through: list[str], sessions: int, pairs: int, warmup: float, seconds: float,
-        step_timeout: float, compare_no_handoff: bool, progress: ProgressFn) -> dict[str, Any]:
+        step_timeout: float, compare_no_handoff: bool, progress: ProgressFn,
+        slow_factor: float = 0.0) -> dict[str, Any]:
+    """Alternate the windows; ``slow_factor``: also windows where 1% of the envs step that
+    many times slower (busy computing)."""
+    slow_ms = step_cost_ms() * slow_factor if slow_factor else 0.0
     windows: list[dict[str, Any]] = []
     plan: list[tuple[str, str]] = []
     for _ in range(pairs):
@@ -227,20 +260,22 @@ def run(through: list[str], sessions: int, pairs: int, warmup: float, seconds: f
             plan += [(way, "uniform"), (way, "hang")]
             if way == "pool" and compare_no_handoff:
                 plan.append((way, "hang, no hand-off"))
+            if slow_factor:
+                plan.append((way, "1% slow"))
     for n, (way, kind) in enumerate(plan):
         progress(f"{way}: {kind} ({n + 1}/{len(plan)})")
-        hang = kind != "uniform"
+        special = special_actions(kind, sessions, slow_ms)
         if way == "pool":
-            row = _pool_window(sessions, hang, kind != "hang, no hand-off", warmup, seconds,
+            row = _pool_window(sessions, special, kind != "hang, no hand-off", warmup, seconds,
                                step_timeout)
         else:
-            row = _server_window(sessions, hang, warmup, seconds, step_timeout)
+            row = _server_window(sessions, special, warmup, seconds, step_timeout)
         row.update(through=way, kind=kind, load_1m=os.getloadavg()[0])
         windows.append(row)
     summary = []
     for way in through:
         base = [w for w in windows if w["through"] == way and w["kind"] == "uniform"]
-        for kind in ("hang", "hang, no hand-off"):
+        for kind in KINDS[1:]:
             rows = [w for w in windows if w["through"] == way and w["kind"] == kind]
             if not rows:
                 continue
@@ -252,8 +287,8 @@ def run(through: list[str], sessions: int, pairs: int, warmup: float, seconds: f
                             "p99_ratio_max": ratios[-1] if ratios else None,
                             "near_max_ms": max((r["near_max_ms"] or 0) for r in rows)})
     return {"benchmark": "hol", "machine": machine_info(), "sessions": sessions,
-            "step_timeout": step_timeout, "seconds": seconds, "windows": windows,
-            "summary": summary}
+            "step_timeout": step_timeout, "seconds": seconds, "slow_factor": slow_factor,
+            "slow_ms": slow_ms, "windows": windows, "summary": summary}
 
 
 def render(report: dict[str, Any]) -> list[Any]:
@@ -272,7 +307,7 @@ def render(report: dict[str, Any]) -> list[Any]:
         table.add_row(w["through"], w["kind"], f"{w['steps_per_s']:,.0f}", ms(w["p50_ms"]),
                       ms(w["p99_ms"]), ms(w["max_ms"]), ms(w["near_p99_ms"]),
                       ms(w["near_max_ms"]), str(w["innocent_errors"]), f"{w['load_1m']:.1f}")
-    summary = Table(title="innocents' p99 with the hang / without (median, min-max)")
+    summary = Table(title="innocents' p99 in the window / in the uniform one (median, min-max)")
     for col in ("through", "window", "p99 ratio", "same worker max ms"):
         summary.add_column(col)
     for s in report["summary"]:
@@ -284,8 +319,9 @@ def render(report: dict[str, Any]) -> list[Any]:
 
 
 def _client_main(argv: list[str]) -> None:
-    url, sessions, hang, warmup, seconds = argv
-    row = asyncio.run(_drive_server(url, int(sessions), hang == "1", float(warmup),
+    url, sessions, special, warmup, seconds = argv
+    actions = {int(k): str(v) for k, v in json.loads(special).items()}
+    row = asyncio.run(_drive_server(url, int(sessions), actions, float(warmup),
                                     float(seconds)))
     print(json.dumps(row), flush=True)
 
@@ -301,9 +337,12 @@ def _client_main(argv: list[str]) -> None:
 @click.option("--step-timeout", default=5.0, show_default=True, type=float)
 @click.option("--compare-no-handoff", is_flag=True, default=False,
               help="Also run pool windows with the hand-off turned off.")
+@click.option("--slow-factor", default=0.0, show_default=True, type=float,
+              help="Also run windows where 1% of the envs step this many times slower.")
 @json_option("Write the report as JSON here.")
 def command(through: str, sessions: int, pairs: int, seconds: float, warmup: float,
-            step_timeout: float, compare_no_handoff: bool, json_path: Path | None) -> None:
+            step_timeout: float, compare_no_handoff: bool, slow_factor: float,
+            json_path: Path | None) -> None:
     """One hanging env: the step latency of the sessions that share its worker."""
     ways = [w.strip() for w in through.split(",") if w.strip()]
     bad = [w for w in ways if w not in ("pool", "serve")]
@@ -314,7 +353,7 @@ def command(through: str, sessions: int, pairs: int, seconds: float, warmup: flo
     console = start()
     report = measure_and_print(
         console, lambda p: run(ways, sessions, max(1, pairs), warmup, seconds, step_timeout,
-                               compare_no_handoff, p), render)
+                               compare_no_handoff, p, slow_factor), render)
     write_outputs(console, report, json_path)
 
 

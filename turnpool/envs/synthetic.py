@@ -74,15 +74,27 @@ class SleepEnv(TrivialEnv):
         time.sleep(self.sleep_s)
 
 
+def _busy(ms_text: str) -> None:
+    """Keep the CPU busy for ``ms_text`` milliseconds (bounded; unparsable text: no work)."""
+    try:
+        ms = min(1000.0, max(0.0, float(ms_text[:16])))
+    except ValueError:
+        return
+    end = time.perf_counter() + ms / 1000.0
+    while time.perf_counter() < end:
+        pass
+
+
 class FaultyEnv(TrivialEnv):
-    """Misbehaves when told to: action ``"raise"``, ``"hang"``, ``"hang_gil"``, ``"exit"`` or
-    ``"slow"``.
+    """Misbehaves when told to: action ``"raise"``, ``"hang"``, ``"hang_gil"``, ``"exit"``,
+    ``"slow"`` or ``"busy:<ms>"``.
 
     ``"hang"`` blocks forever in ``time.sleep`` (which releases the GIL, like a stuck network
     call), ``"hang_gil"`` runs inside C code that holds the GIL for a very long time (a regular
     expression that backtracks exponentially), ``"exit"`` ends the whole process with
     ``os._exit`` as a segfaulting extension would, ``"slow"`` takes 0.3 s (a slow web call)
-    and is then a normal step. Any other action is a normal step.
+    and is then a normal step, ``"busy:<ms>"`` computes for that many milliseconds (at most
+    1,000) before a normal step. Any other action is a normal step.
     """
 
     def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -97,4 +109,6 @@ class FaultyEnv(TrivialEnv):
             os._exit(13)
         if action == "slow":
             time.sleep(0.3)
+        if isinstance(action, str) and action.startswith("busy:"):
+            _busy(action[5:])
         return super()._step(action)

@@ -5,8 +5,12 @@ one call at a time, from their own thread or event loop, while `EnvPool` is not 
 and its calls block. `SlotEngine` puts the pool on one driver thread and lends its envs out
 as *slots*:
 
-* ``lease()`` gives a free slot (the most recently released first) or raises `PoolFull`;
-  ``release(slot)`` gives it back. The one rule when full is that exception, whoever asks.
+* ``lease()`` gives a free slot or raises `PoolFull`; ``release(slot)`` gives it back. The
+  one rule when full is that exception, whoever asks. Placement is cost-aware: each slot's
+  step cost is measured (a moving average of its steps' time from send to result), and a new
+  lease goes to the worker whose leased slots cost least in total (by count until anything is
+  measured), so a mix of cheap and expensive sessions stays balanced over the workers; within
+  a worker, the most recently released slot first (its env is warm).
 * Calls go through an inbox. The driver takes *everything* waiting, sends all steps as one
   `EnvPool.step_async` call (one message per worker, however many users it serves), runs the
   resets batched by seed base (one pool reset per distinct base), and collects finished
@@ -53,6 +57,10 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL = 0.001
 #: Seconds the driver sleeps on an empty inbox when nothing is in flight.
 IDLE_WAIT = 0.05
+#: Seconds between two recounts of each worker's load (the leased slots' measured cost).
+REBALANCE_EVERY = 0.5
+#: Weight of the newest step in a slot's moving-average cost.
+COST_WEIGHT = 0.2
 
 #: A future the driver resolves: `concurrent.futures.Future` (blocking face) or
 #: `asyncio.Future` (asyncio face).
@@ -95,8 +103,21 @@ class SlotEngine:
         self.pool = EnvPool(env_type, env_num=capacity, group_n=1, seed=seed,
                             env_kwargs=dict(env_kwargs or {}), **pool_options)
         self._lock = threading.Lock()
-        self._free: deque[int] = deque(range(self.pool.num_envs))
+        slices = self.pool.backend.slices
+        #: slot -> its worker; per worker its free slots (most recently released first)
+        self._worker = [0] * self.pool.num_envs
+        for w, ids in enumerate(slices):
+            for i in ids:
+                self._worker[i] = w
+        self._free: list[deque[int]] = [deque(ids) for ids in slices]
         self._leased: set[int] = set()
+        #: per slot, its moving-average step cost in seconds (0: not measured yet)
+        self.cost: list[float] = [0.0] * self.pool.num_envs
+        #: per worker, the cost of its leased slots (unmeasured ones count the mean)
+        self.load: list[float] = [0.0] * len(slices)
+        self._mean_cost = 1.0
+        self._sent: dict[int, float] = {}
+        self._rebalanced = 0.0
         #: slots whose call outlived its caller's timeout (never leased again)
         self.lost_slots: set[int] = set()
         self._inbox: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
@@ -125,19 +146,43 @@ class SlotEngine:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the slot engine is closed")
-            if not self._free:
+            free = self._free
+            load = self.load
+            best = -1
+            for w in range(len(free)):
+                if free[w] and (best < 0 or load[w] < load[best]):
+                    best = w
+            if best < 0:
                 raise PoolFull(f"all {self.capacity} env slots are leased")
-            slot = self._free.popleft()
+            slot = free[best].popleft()
             self._leased.add(slot)
+            load[best] += self.cost[slot] or self._mean_cost
             return slot
 
     def release(self, slot: int) -> None:
-        """Give a slot back (idempotent); it is the next one leased."""
+        """Give a slot back (idempotent); it is its worker's next one leased."""
         with self._lock:
             if slot in self._leased:
                 self._leased.discard(slot)
+                w = self._worker[slot]
+                self.load[w] = max(0.0, self.load[w] - (self.cost[slot] or self._mean_cost))
                 if slot not in self.lost_slots:
-                    self._free.appendleft(slot)
+                    self._free[w].appendleft(slot)
+
+    def rebalance(self) -> None:
+        """Recount each worker's load from the leased slots' measured costs (the driver does
+        this every `REBALANCE_EVERY` s; leases and releases adjust it in between)."""
+        with self._lock:
+            cost = self.cost
+            known = [cost[s] for s in self._leased if cost[s] > 0.0]
+            if known:
+                self._mean_cost = sum(known) / len(known)
+            load = [0.0] * len(self.load)
+            mean = self._mean_cost
+            worker = self._worker
+            for s in self._leased:
+                load[worker[s]] += cost[s] or mean
+            self.load = load
 
     # ------------------------------------------------------------------ blocking face
     def submit_reset(self, slot: int, seed: int | None = None
@@ -260,18 +305,30 @@ class SlotEngine:
                 self.pool.step_async([s for s, _, _ in steps], [a for _, a, _ in steps])
                 self.batches_total += 1
                 in_flight.update((s, w) for s, _, w in steps)
+                now = time.monotonic()
+                self._sent.update((s, now) for s, _, _ in steps)
             except Exception as exc:  # a closed pool: every caller hears it
                 out.extend((w, None, exc) for _, _, w in steps)
         if resets:
             out.extend(self._resets(resets))
         if in_flight:
-            for slot, result in self.pool.poll(timeout=POLL_INTERVAL, min_ready=1):
+            ready = self.pool.poll(timeout=POLL_INTERVAL, min_ready=1)
+            now = time.monotonic()
+            cost, sent = self.cost, self._sent
+            for slot, result in ready:
                 waiter = in_flight.pop(slot, None)
                 if waiter is not None:
                     self._count_step(result)
                     out.append((waiter, result, None))
+                    took = now - sent.pop(slot, now)
+                    cost[slot] = took if not cost[slot] else (
+                        cost[slot] + COST_WEIGHT * (took - cost[slot]))
         if out:
             _deliver(out)
+        now = time.monotonic()
+        if now - self._rebalanced >= REBALANCE_EVERY:
+            self._rebalanced = now
+            self.rebalance()
 
     def _resets(self, resets: list[tuple[int, Any, Waiter]]) -> _Deliver:
         """One pool reset per distinct seed base: seedless resets share one call, a seeded
