@@ -282,8 +282,10 @@ def _is_observation(reply: str) -> bool:
 
 
 async def _load(url: str, sessions: int, warmup: float, seconds: float,
-                connect_parallel: int = 64) -> dict[str, Any]:
-    """``sessions`` closed-loop sessions for ``warmup + seconds``; counts the window only."""
+                connect_parallel: int = 64, think: float = 0.0) -> dict[str, Any]:
+    """``sessions`` closed-loop sessions for ``warmup + seconds``; counts the window only.
+    With ``think`` each session waits that long after each reply (an LLM's pace), the
+    sessions' phases spread evenly over it."""
     gate = asyncio.Semaphore(connect_parallel)
     started = asyncio.Event()
     ready = 0
@@ -308,8 +310,12 @@ async def _load(url: str, sessions: int, warmup: float, seconds: float,
                 return
             ready += 1
             await started.wait()
+            if think:
+                await asyncio.sleep(think * i / sessions)
             k = i
             while not stop.is_set():
+                if think and k != i:
+                    await asyncio.sleep(think)
                 k += 1
                 t0 = time.perf_counter()
                 reply = await ws.ask(steps[k % 4])
@@ -349,7 +355,7 @@ async def _load(url: str, sessions: int, warmup: float, seconds: float,
     def pct(q: float) -> float | None:
         return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else None
 
-    return {"sessions": sessions, "running": ready, "steps": counts["steps"],
+    return {"sessions": sessions, "think_s": think, "running": ready, "steps": counts["steps"],
             "all_steps": counts["all_steps"], "steps_per_s": counts["steps"] / seconds,
             "p50_ms": pct(0.50), "p99_ms": pct(0.99), "errors": counts["errors"],
             "refused": counts["refused"], "client_cpu_s": client_cpu}
@@ -390,7 +396,9 @@ def _client_main(argv: list[str]) -> None:
     _raise_fd_limit()
     mode, url = argv[0], argv[1]
     if mode == "load":
-        out = asyncio.run(_load(url, int(argv[2]), float(argv[3]), float(argv[4])))
+        think = float(argv[5]) if len(argv) > 5 else 0.0
+        out = asyncio.run(_load(url, int(argv[2]), float(argv[3]), float(argv[4]),
+                                think=think))
         print(json.dumps(out), flush=True)
     else:
         asyncio.run(_hold(url, int(argv[2])))
@@ -454,7 +462,7 @@ def _machine_busy_s() -> float:
 
 
 def _window(kind: str, server: ServerProcess | RunningServer, n: int, warmup: float,
-            seconds: float) -> dict[str, Any]:
+            seconds: float, think: float = 0.0) -> dict[str, Any]:
     """One load window on one server, with the machine's state over it: ``other_busy`` is
     the share of all cores busy with neither the server nor the load client."""
     import psutil
@@ -464,7 +472,7 @@ def _window(kind: str, server: ServerProcess | RunningServer, n: int, warmup: fl
     def mark(name: str) -> None:  # server CPU, machine CPU, wall clock
         marks[name] = (server.cpu_s(), _machine_busy_s(), time.monotonic())
 
-    row = _client(["load", server.url, str(n), str(warmup), str(seconds)],
+    row = _client(["load", server.url, str(n), str(warmup), str(seconds), str(think)],
                   timeout=warmup + seconds + 600, on_mark=mark)
     cpu = other = None
     if "started" in marks and "stopped" in marks:
@@ -520,7 +528,7 @@ def summarize(rows: list[dict[str, Any]], levels: list[int]) -> list[dict[str, A
 
 def run(levels: list[int], hold: int, warmup: float, seconds: float,
         servers: tuple[str, ...], progress: Any = None, pairs: int = 4,
-        urls: dict[str, str] | None = None) -> dict[str, Any]:
+        urls: dict[str, str] | None = None, think: float = 0.0) -> dict[str, Any]:
     urls = dict(urls or {})
     rows: list[dict[str, Any]] = []
     holds: dict[str, dict[str, Any]] = {}
@@ -540,7 +548,7 @@ def run(levels: list[int], hold: int, warmup: float, seconds: float,
                 for kind in order:
                     if progress:
                         progress(f"{n} sessions, pair {p + 1}/{pairs}: {kind}")
-                    row = _window(kind, running[kind], n, warmup, seconds)
+                    row = _window(kind, running[kind], n, warmup, seconds, think)
                     row["pair"] = p
                     rows.append(row)
                     log.info("%s %d sessions: %.0f steps/s", kind, n, row["steps_per_s"])
@@ -560,7 +568,8 @@ def run(levels: list[int], hold: int, warmup: float, seconds: float,
             server.close()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {"benchmark": "serve", "env": ENV, "levels": levels, "hold": hold,
-            "warmup_s": warmup, "seconds": seconds, "pairs": pairs, "rows": rows,
+            "warmup_s": warmup, "seconds": seconds, "pairs": pairs, "think_s": think,
+            "rows": rows,
             "summary": summarize(rows, levels), "holds": holds,
             "external": sorted(urls), "machine": machine_info(loadavg_1m_at_end=load)}
 
@@ -666,10 +675,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
 @click.option("--url", "urls", multiple=True, metavar="NAME=URL",
               help="Drive a server already running at URL as NAME (openenv or turnpool) "
                    "instead of starting one; repeatable.")
+@click.option("--think", default=0.0, show_default=True, type=float,
+              help="Seconds each session waits after each reply (an LLM's pace; 0: back to "
+                   "back). Latency is then what the server adds to each step.")
 @json_option("Also write the report as JSON here.")
 @plot_option("Also save a PNG plot here.")
 def command(sessions: str, hold: int, seconds: float, warmup: float, servers: str,
-            pairs: int, urls: tuple[str, ...], json_path: Path | None,
+            pairs: int, urls: tuple[str, ...], think: float, json_path: Path | None,
             plot_path: Path | None) -> None:
     """OpenEnv's reference server vs turnpool serve: steps/s, latency, sessions held, RSS."""
     try:
@@ -692,7 +704,7 @@ def command(sessions: str, hold: int, seconds: float, warmup: float, servers: st
     console = start(width=160)
     report = measure_and_print(
         console, lambda progress: run(levels, hold, warmup, seconds, chosen, progress, pairs,
-                                      given), render)
+                                      given, think), render)
     write_outputs(console, report, json_path, plot_path, plot)
 
 
