@@ -40,7 +40,16 @@ def test_metrics_follow_steps_sessions_and_failures() -> None:
             assert m[("turnpool_sessions", (("kind", "ws"),))] == 2
             assert m[("turnpool_slots_leased", ())] == 2
             workers = [v for (name, _), v in m.items() if name == "turnpool_worker_sessions"]
-            assert sorted(workers) == [1, 1] or sorted(workers) == [0, 2]
+            assert sorted(workers) == [1, 1]  # sessions are spread over the workers
+            load = {labels: v for (name, labels), v in m.items()
+                    if name == "turnpool_worker_load"}
+            assert len(load) == 2 and all(v > 0 for v in load.values())
+            status = httpx.get(srv.url + "/api/status", timeout=30).json()
+            assert [w["sessions"] for w in status["workers"]] == [1, 1]
+            # the latency since the last status call (these 6 steps), from the histogram
+            assert 0 < status["latency_p50_ms"] <= status["latency_p99_ms"] <= 60_000
+            again = httpx.get(srv.url + "/api/status", timeout=30).json()
+            assert again["latency_p50_ms"] is None  # no step since
         m = _scrape(srv.url)
     assert m[("turnpool_step_latency_seconds_count", ())] == 6
     assert 0 < m[("turnpool_step_latency_seconds_sum", ())] < 60

@@ -52,6 +52,11 @@ def test_the_page_shows_live_sessions_and_failures(browser: Any) -> None:  # noq
             assert len(rows) == 2
             assert "watched-episode" in browser.find_element(By.ID, "sessions").text
             until(lambda: watched_steps() == "3")
+            # the plots draw the history the page keeps; the workers table has each worker
+            until(lambda: text("plot-sessions-last") == "2")
+            svg = browser.find_element(By.ID, "plot-rate")
+            assert svg.find_elements(By.TAG_NAME, "polyline")
+            assert len(browser.find_elements(By.CSS_SELECTOR, "tr.worker-row")) == 1
             with pytest.raises(RuntimeError):
                 other.step({"action": "raise"})
             until(lambda: text("failures-total") == "1")

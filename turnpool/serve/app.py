@@ -31,7 +31,7 @@ import json
 import secrets
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -302,7 +302,13 @@ class Server:
         now = time.monotonic()
         rate = self.step_rate()
         listed = sorted(self.sessions.values(), key=lambda s: s.created)[:MAX_LISTED_SESSIONS]
+        owner = {i: w for w, ids in enumerate(eng.pool.backend.slices) for i in ids}
+        per_worker = Counter(owner.get(s.slot, -1) for s in list(self.sessions.values()))
+        latency = self.metrics.recent_latency() if self.metrics is not None else {}
         return {
+            "latency_p50_ms": latency.get("p50_ms"), "latency_p99_ms": latency.get("p99_ms"),
+            "workers": [{"sessions": per_worker.get(w, 0), "load": load}
+                        for w, load in enumerate(list(eng.load))],
             "env": self.settings.env, "backend": eng.pool.backend_name,
             "num_workers": eng.pool.num_workers, "capacity": eng.capacity,
             "active_sessions": len(self.sessions), "uptime_s": time.time() - self.started,

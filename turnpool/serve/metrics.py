@@ -11,8 +11,12 @@ engine's and the sessions' own counters when scraped, so a scrape costs the hot 
 * ``turnpool_failures_total{failure=...}`` (counter per class of
   `turnpool.worker.protocol.FAILURE_CLASSES`);
 * ``turnpool_sessions{kind=...}``, ``turnpool_slots_capacity``, ``turnpool_slots_leased``,
-  ``turnpool_worker_sessions{worker=...}`` (gauges: sessions per kind, and per worker how many
-  of its slots sessions hold).
+  ``turnpool_worker_sessions{worker=...}``, ``turnpool_worker_load{worker=...}`` (gauges:
+  sessions per kind, and per worker how many of its slots sessions hold and their measured
+  step cost in seconds, which decides where a new session goes).
+
+`Metrics.recent_latency` gives the status page the step latency percentiles since its last
+call, read from the same histogram.
 """
 
 from __future__ import annotations
@@ -41,6 +45,28 @@ class Metrics:
                                   buckets=BUCKETS, registry=self.registry)
         self.observe_step = self._latency.observe
         self.registry.register(_ServerCollector(server))
+
+    def recent_latency(self) -> dict[str, float | None]:
+        """Step latency p50 / p99 in ms over the steps since the previous call (the upper
+        bound of the histogram bucket each falls in; None without steps)."""
+        counts = self._bucket_counts()
+        previous, self._previous = getattr(self, "_previous", None), counts
+        delta = [c - (previous[k] if previous else 0.0) for k, c in enumerate(counts)]
+        total = delta[-1] if delta else 0.0
+        out: dict[str, float | None] = {"p50_ms": None, "p99_ms": None}
+        if total <= 0:
+            return out
+        bounds = [*BUCKETS, float("inf")]
+        for name, q in (("p50_ms", 0.5), ("p99_ms", 0.99)):
+            k = next(k for k, c in enumerate(delta) if c >= q * total)
+            out[name] = bounds[k] * 1000.0 if bounds[k] != float("inf") else None
+        return out
+
+    def _bucket_counts(self) -> list[float]:
+        """The histogram's cumulative bucket counts, ``+Inf`` last."""
+        samples = [x for metric in self._latency.collect() for x in metric.samples
+                   if x.name.endswith("_bucket")]
+        return [float(x.value) for x in samples]
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
@@ -88,3 +114,9 @@ class _ServerCollector:
         for w in range(len(engine.pool.backend.slices)):
             workers.add_metric([str(w)], per_worker.get(w, 0))
         yield workers
+        load = GaugeMetricFamily("turnpool_worker_load",
+                                 "Measured step cost (s) of the slots a worker's sessions hold",
+                                 labels=["worker"])
+        for w, value in enumerate(list(engine.load)):
+            load.add_metric([str(w)], value)
+        yield load

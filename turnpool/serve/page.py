@@ -1,6 +1,8 @@
 """The page a person opens at ``/`` of ``turnpool serve``: what the server runs, its live
-sessions, step rate and failures. Static HTML that polls ``/api/status`` once a second, so the
-server renders nothing per viewer and the page needs no build step or outside asset."""
+sessions, step rate and failures, and plots of steps/s, sessions, step latency (p50 / p99),
+failures and each worker's load over the last two minutes. Static HTML that polls
+``/api/status`` once a second and keeps the plotted history itself, so the server renders
+nothing per viewer and the page needs no build step or outside asset."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ h1{font-size:1.3rem;margin:0 0 .8rem}
 table{border-collapse:collapse;font-size:.9rem;margin-bottom:1rem}
 td,th{border-bottom:1px solid #ddd;padding:.2rem .6rem;text-align:left}
 .fail{color:#a00}#error{color:#a00}
+.plots{display:flex;gap:1rem;flex-wrap:wrap;margin-bottom:1rem}
+.plot{border:1px solid #ccc;border-radius:6px;padding:.3rem .6rem}
+.plot svg{display:block;width:260px;height:70px}
+.plot span{font-size:.8rem;color:#555}
 </style></head>
 <body>
 <h1>turnpool serve: <span id="env">?</span></h1>
@@ -27,6 +33,20 @@ td,th{border-bottom:1px solid #ddd;padding:.2rem .6rem;text-align:left}
  <div class="card">failures<b id="failures-total">0</b></div>
  <div class="card">backend<b id="backend">?</b></div>
 </div>
+<div class="plots" id="plots">
+ <div class="plot"><span>steps / s <b id="plot-rate-last"></b></span>
+  <svg id="plot-rate" viewBox="0 0 120 40" preserveAspectRatio="none"></svg></div>
+ <div class="plot"><span>sessions <b id="plot-sessions-last"></b></span>
+  <svg id="plot-sessions" viewBox="0 0 120 40" preserveAspectRatio="none"></svg></div>
+ <div class="plot"><span>step latency ms, p50 / <span style="color:#c60">p99</span>
+  <b id="plot-latency-last"></b></span>
+  <svg id="plot-latency" viewBox="0 0 120 40" preserveAspectRatio="none"></svg></div>
+ <div class="plot"><span>failures <b id="plot-failures-last"></b></span>
+  <svg id="plot-failures" viewBox="0 0 120 40" preserveAspectRatio="none"></svg></div>
+</div>
+<h2>Workers</h2>
+<table><thead><tr><th>worker</th><th>sessions</th><th>load (measured step cost, s)</th>
+</tr></thead><tbody id="workers"></tbody></table>
 <h2>Failures by class</h2>
 <table><thead><tr><th>class</th><th>count</th></tr></thead><tbody id="failures"></tbody></table>
 <h2>Recent failures</h2>
@@ -46,6 +66,31 @@ function fill(id, rows) { const body = document.getElementById(id); body.replace
     if (r.cls) tr.className = r.cls; for (const c of r.cells) cell(tr, c);
     body.appendChild(tr); } }
 function set(id, text) { document.getElementById(id).textContent = text; }
+const history = {rate: [], sessions: [], p50: [], p99: [], failures: []};
+const KEEP = 120;
+function keep(name, value) { const h = history[name]; h.push(value);
+  if (h.length > KEEP) h.shift(); }
+function line(svg, values, top, color) {
+  const ns = "http://www.w3.org/2000/svg"; const pl = document.createElementNS(ns, "polyline");
+  const pts = values.map((v, i) => (i + KEEP - values.length) + "," +
+    (40 - 38 * (v == null ? 0 : v) / top).toFixed(2));
+  pl.setAttribute("points", pts.join(" ")); pl.setAttribute("fill", "none");
+  pl.setAttribute("stroke", color); pl.setAttribute("stroke-width", "1");
+  pl.setAttribute("vector-effect", "non-scaling-stroke"); svg.appendChild(pl); }
+function plot(id, series, last) {
+  const svg = document.getElementById(id); svg.replaceChildren();
+  const top = Math.max(1e-9, ...series.flatMap(([v]) => v.filter(x => x != null)));
+  for (const [values, color] of series) line(svg, values, top, color);
+  set(id + "-last", last); }
+function draw() {
+  const r = history.rate, n = history.sessions, f = history.failures;
+  plot("plot-rate", [[r, "#36c"]], r.length ? r[r.length - 1].toFixed(0) : "");
+  plot("plot-sessions", [[n, "#393"]], n.length ? n[n.length - 1] : "");
+  const p50 = history.p50, p99 = history.p99;
+  const fmt = v => v == null ? "-" : v.toFixed(1);
+  plot("plot-latency", [[p50, "#36c"], [p99, "#c60"]],
+       p50.length ? fmt(p50[p50.length - 1]) + " / " + fmt(p99[p99.length - 1]) : "");
+  plot("plot-failures", [[f, "#a00"]], f.length ? f[f.length - 1] : ""); }
 async function refresh() {
   try {
     const r = await fetch("api/status", {headers});
@@ -58,6 +103,11 @@ async function refresh() {
     const fails = Object.entries(s.failures);
     set("failures-total", fails.reduce((a, [, n]) => a + n, 0));
     fill("failures", fails.map(([k, n]) => ({cells: [k, n]})));
+    fill("workers", (s.workers || []).map((w, i) => ({cls: "worker-row",
+      cells: [i, w.sessions, w.load.toFixed(4)]})));
+    keep("rate", s.step_rate); keep("sessions", s.active_sessions);
+    keep("p50", s.latency_p50_ms); keep("p99", s.latency_p99_ms);
+    keep("failures", fails.reduce((a, [, n]) => a + n, 0)); draw();
     fill("recent-failures", s.recent_failures.slice().reverse().map(f => ({cls: "fail",
       cells: [new Date(f.time * 1000).toLocaleTimeString(), f.failure, f.error]})));
     fill("sessions", s.sessions.map(x => ({cls: "session-row", cells: [x.id.slice(0, 8),
