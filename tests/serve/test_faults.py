@@ -73,6 +73,16 @@ def _mates(server: TurnpoolServer, bad_seed: int, good_seed: int
             ws.close()
 
 
+def _clean_trace(url: str, seed: int, actions: list[str]) -> list[str]:
+    """The observations of an episode played alone: what an innocent session must see."""
+    with _raw(url) as ref:
+        out = [_ask(ref, {"type": "reset", "data": {"seed": seed}})["data"]["observation"]["text"]]
+        for action in actions:
+            out.append(_ask(ref, {"type": "step", "data": {"action": action}})
+                       ["data"]["observation"]["text"])
+    return out
+
+
 def _fault_isolated(server: TurnpoolServer, action: str, failure: str,
                     max_seconds: float) -> None:
     """Two sessions on one worker: the faulty one gets an error; the other's episode is
@@ -102,12 +112,7 @@ def _fault_isolated(server: TurnpoolServer, action: str, failure: str,
         assert again["type"] == "error" and "reset" in again["data"]["message"]
         assert _ask(bad, {"type": "reset", "data": {"seed": 5}})["type"] == "observation"
         assert _ask(bad, {"type": "step", "data": {"action": "fine"}})["type"] == "observation"
-    with _raw(url) as ref:
-        want = [_ask(ref, {"type": "reset", "data": {"seed": 9}})["data"]["observation"]["text"]]
-        for k in range(6):
-            want.append(_ask(ref, {"type": "step", "data": {"action": f"a{k}"}})
-                        ["data"]["observation"]["text"])
-    assert trace == want
+    assert trace == _clean_trace(url, 9, [f"a{k}" for k in range(6)])
 
 
 def test_a_hanging_env_errors_within_step_timeout(server: TurnpoolServer) -> None:
@@ -131,12 +136,7 @@ def test_a_session_on_a_hung_envs_worker_plays_on_meanwhile(server: TurnpoolServ
         assert reply["type"] == "error" and reply["data"]["failure"] == "timeout"
         assert bad_s < STEP_TIMEOUT + 1.0
         assert good_s < STEP_TIMEOUT - 0.5 < bad_s  # done well before the hang ended
-    with _raw(url) as ref:
-        want = [_ask(ref, {"type": "reset", "data": {"seed": 19}})["data"]["observation"]["text"]]
-        for k in range(20):
-            want.append(_ask(ref, {"type": "step", "data": {"action": f"b{k}"}})
-                        ["data"]["observation"]["text"])
-    assert trace == want
+    assert trace == _clean_trace(url, 19, [f"b{k}" for k in range(20)])
 
 
 def test_an_env_that_kills_its_worker_fails_only_its_session(server: TurnpoolServer) -> None:

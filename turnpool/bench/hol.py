@@ -91,13 +91,20 @@ def _summary(lat: dict[int, list[float]], near: set[int], seconds: float,
             "innocent_errors": 0}
 
 
-def _censor(lat: dict[int, list[float]], pending: dict[int, float | None], end: float
-            ) -> None:
-    """A step still waiting when the window ends counts with the time it has waited (a
-    session stalled for the whole window must not vanish from the figures)."""
+async def _measure(tasks: list[asyncio.Task[None]], lat: dict[int, list[float]],
+                   pending: dict[int, float | None], window: list[float], stop: asyncio.Event,
+                   warmup: float, seconds: float) -> None:
+    """Open the window after ``warmup``, close it ``seconds`` later, stop the sessions. A step
+    still waiting when the window ends counts with the time it has waited (a session stalled
+    for the whole window must not vanish from the figures)."""
+    now = time.perf_counter()
+    window[0], window[1] = now + warmup, now + warmup + seconds
+    await asyncio.sleep(warmup + seconds)
     for s, t0 in pending.items():
-        if t0 is not None and t0 < end:
-            lat[s].append(end - t0)
+        if t0 is not None and t0 < window[1]:
+            lat[s].append(window[1] - t0)
+    stop.set()
+    await asyncio.wait(tasks, timeout=120)
 
 
 # ---------------------------------------------------------------------- through the pool
@@ -129,12 +136,7 @@ async def _drive_engine(engine: Any, sessions: int, special: dict[int, str], war
     leased = sorted(engine.lease() for _ in range(sessions))
     assert leased == list(range(sessions))
     tasks = [asyncio.create_task(one(s)) for s in range(sessions)]
-    now = time.perf_counter()
-    window[0], window[1] = now + warmup, now + warmup + seconds
-    await asyncio.sleep(warmup + seconds)
-    _censor(lat, pending, window[1])
-    stop.set()
-    await asyncio.wait(tasks, timeout=120)
+    await _measure(tasks, lat, pending, window, stop, warmup, seconds)
     return lat, errors
 
 
@@ -203,12 +205,7 @@ async def _drive_server(url: str, sessions: int, special: dict[int, str], warmup
         while ready <= s and not tasks[-1].done():
             await asyncio.sleep(0.001)
     await asyncio.wait_for(opened.wait(), 120)
-    now = time.perf_counter()
-    window[0], window[1] = now + warmup, now + warmup + seconds
-    await asyncio.sleep(warmup + seconds)
-    _censor(lat, pending, window[1])
-    stop.set()
-    await asyncio.wait(tasks, timeout=120)
+    await _measure(tasks, lat, pending, window, stop, warmup, seconds)
     # which sessions share the hung env's worker is the server's business (it spreads
     # sessions over workers by cost): only the innocents as a whole are reported here
     row = _summary(lat, set(), seconds, special)
