@@ -166,15 +166,26 @@ class SlotEngine:
         out: TurnResult = await self._call("step", slot, list(actions), timeout)
         return out
 
+    def step_future(self, slot: int, actions: list[Any]) -> asyncio.Future[TurnResult]:
+        """Submit a step from a running event loop; its result comes as an `asyncio.Future`
+        of that loop, with no timeout: a caller that stops waiting calls `abandon`."""
+        fut: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
+        self._submit("step", slot, actions, fut)
+        return fut
+
+    def abandon(self, slot: int) -> None:
+        """A call of ``slot`` outlived its caller's wait: the slot is never leased again
+        (its env may still be running)."""
+        with self._lock:
+            self.lost_slots.add(slot)
+
     async def _call(self, op: str, slot: int, arg: Any, timeout: float | None) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._submit(op, slot, arg, fut)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
-            # The env may still be in flight: its slot is never leased again.
-            with self._lock:
-                self.lost_slots.add(slot)
+            self.abandon(slot)  # the env may still be in flight
             raise PoolTimeout(f"the pool did not answer within {timeout:g} s") from None
 
     def _submit(self, op: str, slot: int, arg: Any, waiter: Waiter) -> None:

@@ -58,10 +58,18 @@ def check_bind(host: str, token: str | None, allow_remote: bool) -> None:
 
 
 def _uvicorn_server(app: Any) -> Any:
+    """uvicorn over ``app``, with `turnpool.serve.fastws` in front of its HTTP protocol:
+    ``/ws`` upgrades are served there, every other request by uvicorn as usual."""
     import uvicorn
+    from uvicorn.config import HTTP_PROTOCOLS
+    from uvicorn.importer import import_from_string
 
+    from turnpool.serve.fastws import front_protocol
+
+    front = front_protocol(app.state.server, app.state.tools,
+                           import_from_string(HTTP_PROTOCOLS["auto"]))
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_keep_alive=300, loop="asyncio",
+                            timeout_keep_alive=300, loop="asyncio", http=front,
                             timeout_graceful_shutdown=3, ws_ping_interval=None)
     return uvicorn.Server(config)
 
