@@ -97,6 +97,7 @@ class Front(asyncio.Protocol):
 
     server: Server
     tools: mcp.Tools
+    batcher: StepBatcher
     inner_class: Any
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
@@ -128,7 +129,8 @@ class Front(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
         assert self.transport is not None
-        conn = WsConnection(self.server, self.tools, self.server_state, self.transport)
+        conn = WsConnection(self.server, self.tools, self.server_state, self.transport,
+                            self.batcher)
         self.transport.set_protocol(conn)
         conn.start(*request, rest=self.head[end + 4:])
 
@@ -177,11 +179,32 @@ def _upgrade_request(head: bytes) -> tuple[str, dict[str, str], dict[str, str]] 
     return headers["sec-websocket-key"], headers, dict(parse_qsl(query, keep_blank_values=True))
 
 
+class StepBatcher:
+    """The steps that sessions submit within one event-loop pass, handed to the slot engine
+    as one inbox item at the end of it (one hand-off per pass, not per step)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.items: list[Any] = []
+
+    def add(self, slot: int, actions: list[Any]) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self.engine.step_future(slot, actions, batch=self.items)
+        if len(self.items) == 1:
+            fut.get_loop().call_soon(self.flush)
+        return fut
+
+    def flush(self) -> None:
+        items, self.items = self.items, []
+        if items:
+            self.engine.submit_batch(items)
+
+
 class WsConnection(asyncio.Protocol):
     """One WebSocket connection = one session, served from ``data_received``."""
 
     def __init__(self, server: Server, tools: mcp.Tools, server_state: Any,
-                 transport: asyncio.Transport) -> None:
+                 transport: asyncio.Transport, batcher: StepBatcher) -> None:
+        self.batcher = batcher
         self.server = server
         self.tools = tools
         self.server_state = server_state
@@ -331,7 +354,7 @@ class WsConnection(asyncio.Protocol):
         server = self.server
         try:
             actions = server.step_actions(session, msg.get("data"))
-            fut = server.engine.step_future(session.slot, actions)
+            fut = self.batcher.add(session.slot, actions)
         except ProtocolError as exc:
             self._reply(dumps({"type": "error", "data": exc.data()}))
             return True
@@ -456,6 +479,7 @@ def front_protocol(server: Server, tools: mcp.Tools, inner_class: Any) -> type[F
     """The `Front` class of one server, to give uvicorn as ``http``; ``inner_class`` is
     uvicorn's HTTP protocol class that serves every other request."""
     return type("TurnpoolFront", (Front,), {"server": server, "tools": tools,
+                                            "batcher": StepBatcher(server.engine),
                                             "inner_class": inner_class})
 
 
