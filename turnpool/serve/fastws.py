@@ -32,7 +32,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl
 
 from turnpool.serve.errors import ProtocolError
@@ -111,8 +111,7 @@ class Front(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.timer = self.loop.call_later(self.config.timeout_keep_alive, transport.close)
 
     def data_received(self, data: bytes) -> None:
