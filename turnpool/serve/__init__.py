@@ -68,9 +68,10 @@ def _uvicorn_server(app: Any) -> Any:
 
     front = front_protocol(app.state.server, app.state.tools,
                            import_from_string(HTTP_PROTOCOLS["auto"]))
-    # "auto": uvloop when it is installed (the serve extra), else asyncio's own loop
+    # asyncio's own loop: uvloop measured no less CPU per step on the lean /ws path
+    # (docs/performance.md); the front takes either loop's transports
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_keep_alive=300, loop="auto", http=front,
+                            timeout_keep_alive=300, loop="asyncio", http=front,
                             timeout_graceful_shutdown=3, ws_ping_interval=None)
     return uvicorn.Server(config)
 
