@@ -6,7 +6,9 @@ isolation, enforced step timeouts, crash recovery and exact seeds. ``engine.py``
 settings and builds the pool's `turnpool.pool.slots.SlotEngine` (one driver thread, the steps
 of all sessions batched, results ready-first); ``app.py`` speaks the protocol
 (``/ws``, ``/reset``, ``/step``, ``/state``, ``/schema``, ``/health``, ``/metadata``) and
-serves the status page of ``page.py``.
+serves the status page of ``page.py``; ``fastws.py`` sits in front of uvicorn on the same port
+and serves ``/ws`` upgrades straight from the socket (the step hot path), handing every other
+request to uvicorn.
 
 Example:
     >>> from turnpool.serve import ServeSettings, TurnpoolServer
