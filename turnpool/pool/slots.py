@@ -120,7 +120,7 @@ class SlotEngine:
         self._rebalanced = 0.0
         #: slots whose call outlived its caller's timeout (never leased again)
         self.lost_slots: set[int] = set()
-        self._inbox: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Request | list[_Request] | None] = queue.SimpleQueue()
         self._closed = False
         # counters, written by the driver, read (racily, for display) by anyone
         self.steps_total = 0
@@ -211,22 +211,46 @@ class SlotEngine:
         out: TurnResult = await self._call("step", slot, list(actions), timeout)
         return out
 
+    def step_future(self, slot: int, actions: list[Any], batch: list[Any] | None = None
+                    ) -> asyncio.Future[TurnResult]:
+        """Submit a step from a running event loop; its result comes as an `asyncio.Future`
+        of that loop, with no timeout: a caller that stops waiting calls `abandon`. With
+        ``batch``, the request is only appended there, for one `submit_batch` of many."""
+        fut: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
+        if batch is None:
+            self._submit("step", slot, actions, fut)
+        else:
+            self._check(slot)
+            batch.append(("step", slot, actions, fut))
+        return fut
+
+    def submit_batch(self, batch: list[Any]) -> None:
+        """Hand the driver every request of ``batch`` (built by `step_future`) at once."""
+        self._inbox.put(batch)
+
+    def abandon(self, slot: int) -> None:
+        """A call of ``slot`` outlived its caller's wait: the slot is never leased again
+        (its env may still be running)."""
+        with self._lock:
+            self.lost_slots.add(slot)
+
     async def _call(self, op: str, slot: int, arg: Any, timeout: float | None) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._submit(op, slot, arg, fut)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
-            # The env may still be in flight: its slot is never leased again.
-            with self._lock:
-                self.lost_slots.add(slot)
+            self.abandon(slot)  # the env may still be in flight
             raise PoolTimeout(f"the pool did not answer within {timeout:g} s") from None
 
-    def _submit(self, op: str, slot: int, arg: Any, waiter: Waiter) -> None:
+    def _check(self, slot: int) -> None:
         if self._closed or not self._thread.is_alive():
             raise RuntimeError("the slot engine is closed")
         if slot not in self._leased:
             raise ValueError(f"env slot {slot} is not leased")
+
+    def _submit(self, op: str, slot: int, arg: Any, waiter: Waiter) -> None:
+        self._check(slot)
         self._inbox.put((op, slot, arg, waiter))
 
     def close(self, timeout: float = 30.0) -> None:
@@ -268,7 +292,9 @@ class SlotEngine:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if item is not None:
+            if isinstance(item, list):
+                _deliver([(r[3], None, closing) for r in item])
+            elif item is not None:
                 _deliver([(item[3], None, closing)])
 
     def _drain(self, block: bool) -> list[_Request] | None:
@@ -281,7 +307,10 @@ class SlotEngine:
         while True:
             if first is None:
                 return None
-            items.append(first)
+            if isinstance(first, list):  # a `submit_batch`
+                items.extend(first)
+            else:
+                items.append(first)
             try:
                 first = self._inbox.get_nowait()
             except queue.Empty:

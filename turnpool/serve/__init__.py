@@ -6,7 +6,9 @@ isolation, enforced step timeouts, crash recovery and exact seeds. ``engine.py``
 settings and builds the pool's `turnpool.pool.slots.SlotEngine` (one driver thread, the steps
 of all sessions batched, results ready-first); ``app.py`` speaks the protocol
 (``/ws``, ``/reset``, ``/step``, ``/state``, ``/schema``, ``/health``, ``/metadata``) and
-serves the status page of ``page.py``.
+serves the status page of ``page.py``; ``fastws.py`` sits in front of uvicorn on the same port
+and serves ``/ws`` upgrades straight from the socket (the step hot path), handing every other
+request to uvicorn.
 
 Example:
     >>> from turnpool.serve import ServeSettings, TurnpoolServer
@@ -22,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -57,11 +60,25 @@ def check_bind(host: str, token: str | None, allow_remote: bool) -> None:
         raise PermissionError(f"listening on {host} needs a token")
 
 
-def _uvicorn_server(app: Any) -> Any:
-    import uvicorn
+#: Seconds between the GIL's forced switches in a ``turnpool serve`` process (CPython: 0.005)
+SWITCH_INTERVAL = 0.001
 
+
+def _uvicorn_server(app: Any) -> Any:
+    """uvicorn over ``app``, with `turnpool.serve.fastws` in front of its HTTP protocol:
+    ``/ws`` upgrades are served there, every other request by uvicorn as usual."""
+    import uvicorn
+    from uvicorn.config import HTTP_PROTOCOLS
+    from uvicorn.importer import import_from_string
+
+    from turnpool.serve.fastws import front_protocol
+
+    front = front_protocol(app.state.server, app.state.tools,
+                           import_from_string(HTTP_PROTOCOLS["auto"]))
+    # asyncio's own loop: uvloop measured no less CPU per step on the lean /ws path
+    # (docs/performance.md); the front takes either loop's transports
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_keep_alive=300, loop="asyncio",
+                            timeout_keep_alive=300, loop="asyncio", http=front,
                             timeout_graceful_shutdown=3, ws_ping_interval=None)
     return uvicorn.Server(config)
 
@@ -105,6 +122,12 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
     workers are stopped on the way out either way."""
     check_bind(host, token, allow_remote)
     engine = PoolEngine(settings)
+    # The event loop and the slot engine's driver thread pass the GIL back and forth every
+    # round; a shorter switch interval than CPython's 5 ms lets a waiting driver send the next
+    # batch sooner (p99 at 1,024 sessions: docs/performance.md). Only here, where the server
+    # owns the process; restored on the way out.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL)
     previous = None
     if threading.current_thread() is threading.main_thread():
         # uvicorn shuts down gracefully on SIGTERM and then re-raises it; this handler turns
@@ -122,5 +145,6 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
             sock.close()
     finally:
         engine.close()
+        sys.setswitchinterval(interval)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

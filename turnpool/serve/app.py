@@ -32,9 +32,9 @@ import secrets
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -106,7 +106,20 @@ class Session:
     busy: bool = False
     failures: int = 0
     closed: bool = False
-    websocket: WebSocket | None = None
+    #: the WebSocket connection holding the session (None: none now)
+    websocket: Peer | None = None
+    #: a step in flight on the lean WebSocket path (`turnpool.serve.fastws`), and the
+    #: monotonic time after which the reaper gives up on it (``call_timeout``)
+    inflight: asyncio.Future[Any] | None = None
+    deadline: float = 0.0
+
+
+class Peer(Protocol):
+    """What the server needs of a WebSocket connection holding a session."""
+
+    async def send_text(self, data: str) -> None: ...
+
+    async def close(self, code: int = 1000) -> None: ...
 
 
 class Server:
@@ -181,12 +194,15 @@ class Server:
         """Close sessions idle past their limit (`idle_limit`); sample the step rate."""
         limits = [t for t in (self.settings.session_timeout,
                               self.settings.http_session_timeout) if t is not None]
-        period = max(0.2, min([1.0, *(t / 4 for t in limits)]))
+        period = max(0.2, min([1.0, self.settings.call_timeout_s() / 4,
+                               *(t / 4 for t in limits)]))
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
             self._rate.append((now, self.engine.steps_total))
             for session in list(self.sessions.values()):
+                if session.inflight is not None and now > session.deadline:
+                    session.inflight.cancel()  # its owner answers with a timeout error
                 limit = self.idle_limit(session)
                 if limit is not None and not session.busy and \
                         now - session.last_active > limit:
@@ -234,15 +250,26 @@ class Server:
         return self._payload(session, out.obs, None, False, False, out.info)
 
     async def step(self, session: Session, data: Any) -> dict[str, Any]:
+        actions = self.step_actions(session, data)
+        began = time.perf_counter()
+        res: TurnResult = await self._run(session, self.engine.step(
+            session.slot, actions, timeout=self.settings.call_timeout_s()))
+        return self.stepped(session, res, began)
+
+    def step_actions(self, session: Session, data: Any) -> list[Any]:
+        """The checked actions of a step message for ``session`` (`ProtocolError` if the
+        message or the session's episode refuses it)."""
         actions = parse_actions(data, self.settings.max_action_chars,
                                 self.settings.max_actions_per_step)
         if not session.started:
             raise ProtocolError("VALIDATION_ERROR", "no episode: send reset first")
         if session.done:
             raise ProtocolError("VALIDATION_ERROR", "the episode is over: send reset")
-        began = time.perf_counter()
-        res: TurnResult = await self._run(session, self.engine.step(
-            session.slot, actions, timeout=self.settings.call_timeout_s()))
+        return actions
+
+    def stepped(self, session: Session, res: TurnResult, began: float) -> dict[str, Any]:
+        """The observation payload of a finished step (begun at ``began``, perf_counter);
+        `ProtocolError` for a failed turn."""
         if self.metrics is not None:
             self.metrics.observe_step(time.perf_counter() - began)
         if res.error is not None:
@@ -269,14 +296,18 @@ class Server:
         try:
             return await call
         except PoolTimeout as exc:
-            session.done, session.started = True, False
-            raise ProtocolError("EXECUTION_ERROR", str(exc), status=504, failure="timeout",
-                                retryable=True, session_id=session.id) from exc
+            raise self.timed_out(session, exc) from exc
         except RuntimeError as exc:  # the server is shutting down / the pool is closed
             raise ProtocolError("EXECUTION_ERROR", str(exc), status=503) from exc
         finally:
             session.busy = False
             session.last_active = time.monotonic()
+
+    def timed_out(self, session: Session, exc: Exception) -> ProtocolError:
+        """The error of a call the pool did not answer in time (its episode is over)."""
+        session.done, session.started = True, False
+        return ProtocolError("EXECUTION_ERROR", str(exc), status=504, failure="timeout",
+                             retryable=True, session_id=session.id)
 
     def _payload(self, session: Session, obs: str, reward: float | None, terminated: bool,
                  truncated: bool, info: dict[str, Any], n_executed: int = 0
@@ -399,13 +430,24 @@ try:  # orjson writes a step's frame ~10x faster than json (0.55 vs 6.8 µs meas
 
     _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
-    def dumps(obj: Any) -> str:
+    def dumps_bytes(obj: Any) -> bytes:
         try:
-            return orjson.dumps(obj, default=_jsonable, option=_ORJSON_OPTIONS).decode()
+            return orjson.dumps(obj, default=_jsonable, option=_ORJSON_OPTIONS)
         except (TypeError, orjson.JSONEncodeError):  # e.g. an int beyond 64 bits
-            return _json_dumps(obj)
+            return _json_dumps(obj).encode()
+
+    def dumps(obj: Any) -> str:
+        return dumps_bytes(obj).decode()
+
+    #: the lean WebSocket path's parser: what it cannot read (NaN, ints beyond 64 bits,
+    #: broken JSON) takes the `answer` path, whose replies and errors are json's
+    loads: Callable[[str], Any] | None = orjson.loads
 except ImportError:  # pragma: no cover - orjson is in the serve extra
     dumps = _json_dumps
+    loads = None
+
+    def dumps_bytes(obj: Any) -> bytes:
+        return _json_dumps(obj).encode()
 
 
 def error_frame(code: str, message: str, **extra: Any) -> str:
@@ -430,6 +472,7 @@ def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
 
     app = FastAPI(title=f"turnpool serve: {engine.settings.env}", lifespan=lifespan)
     app.state.server = server
+    app.state.tools = tools
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Any) -> Response:
@@ -596,7 +639,7 @@ def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
                 raw = message.get("text")
                 if raw is None:
                     raw = (message.get("bytes") or b"").decode("utf-8", "replace")
-                frame = await _answer(server, tools, session, raw)
+                frame = await answer(server, tools, session, raw)
                 if frame is None:  # a close message
                     break
                 await websocket.send_text(frame)
@@ -612,7 +655,7 @@ def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
     return app
 
 
-async def _answer(server: Server, tools: mcp.Tools, session: Session, raw: str) -> str | None:
+async def answer(server: Server, tools: mcp.Tools, session: Session, raw: str) -> str | None:
     """The reply frame to one WebSocket message (None: the client closed the session)."""
     try:
         if len(raw) > MAX_MESSAGE_CHARS:
