@@ -24,7 +24,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -58,10 +57,6 @@ def check_bind(host: str, token: str | None, allow_remote: bool) -> None:
                               "(--allow-remote) and a token to mean it")
     if not token:
         raise PermissionError(f"listening on {host} needs a token")
-
-
-#: Seconds between the GIL's forced switches in a ``turnpool serve`` process (CPython: 0.005)
-SWITCH_INTERVAL = 0.001
 
 
 def _uvicorn_server(app: Any) -> Any:
@@ -122,12 +117,6 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
     workers are stopped on the way out either way."""
     check_bind(host, token, allow_remote)
     engine = PoolEngine(settings)
-    # The event loop and the slot engine's driver thread pass the GIL back and forth every
-    # round; a shorter switch interval than CPython's 5 ms lets a waiting driver send the next
-    # batch sooner (p99 at 1,024 sessions: docs/performance.md). Only here, where the server
-    # owns the process; restored on the way out.
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL)
     previous = None
     if threading.current_thread() is threading.main_thread():
         # uvicorn shuts down gracefully on SIGTERM and then re-raises it; this handler turns
@@ -145,6 +134,5 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
             sock.close()
     finally:
         engine.close()
-        sys.setswitchinterval(interval)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
