@@ -160,16 +160,45 @@ def test_without_handoff_the_mates_wait_for_the_deadline() -> None:
 
 def test_a_worker_full_of_stuck_threads_is_replaced() -> None:
     """After `MAX_STUCK_THREADS` given-up threads the worker stops handing off, so the next
-    hang gets it killed (which frees the threads)."""
-    with _pool(step_timeout=0.3) as p:
+    hang gets it killed (which frees the threads). Every env of worker 0 hangs at once, so
+    each round leaves one stuck thread per env."""
+    n = 32  # 16 envs per worker
+    with EnvPool("faulty", env_num=n, seed=3, backend="process", num_workers=2,
+                 step_timeout=0.3, env_kwargs={"episode_len": 1000}) as p:
+        mine = p.backend.slices[0]
         p.reset(seed=1)
         pid = p.worker_pids()[0]
-        for k in range(MAX_STUCK_THREADS):
-            r = p.step_turns([["hang"]], env_ids=[STUCK])[0]
-            assert r.failure == "timeout"
-            assert p.worker_pids()[0] == pid, k
-            p.reset(seed=2 + k, env_ids=[STUCK])
-        r = p.step_turns([["hang"]], env_ids=[STUCK])[0]
+        stuck = 0
+        while stuck < MAX_STUCK_THREADS:
+            results = p.step_turns([["hang"]] * len(mine), env_ids=mine)
+            assert all(r.failure == "timeout" for r in results)
+            stuck += len(mine)
+            assert p.worker_pids()[0] == pid, stuck  # given up by the worker, not killed
+            p.reset(seed=2, env_ids=mine)
+        r = p.step_turns([["hang"]], env_ids=[mine[0]])[0]
         assert r.failure == "timeout"
         assert p.worker_pids()[0] != pid
-        assert p.step_turns([["go"]] * N)[0].error is None
+        assert all(r.error is None for r in p.step_turns([["go"]] * n)[1:])
+
+
+def test_a_hung_straggler_is_sent_again_once_when_workers_keep_dying() -> None:
+    """A hung env whose worker dies (another env's fault) is sent again once; if that worker
+    dies too, it fails ``worker_lost`` at once instead of starting its deadline over and over
+    (which lost sessions under a soak with frequent worker deaths)."""
+    with _pool(step_timeout=8.0) as p:
+        p.reset(seed=4)
+        # each request goes out when the one before is answered in part, i.e. while env 1
+        # hangs as a straggler
+        p.step_async([STUCK], [["hang"]])
+        p.step_async([0], [["exit"]])
+        p.step_async([2], [["exit"]])
+        t0 = time.monotonic()
+        got: dict[int, Any] = {}
+        while len(got) < 3:
+            for i, r in p.poll(timeout=20):
+                got[i] = (time.monotonic() - t0, r)
+        assert got[0][1].failure == "worker_lost" and got[2][1].failure == "worker_lost"
+        seconds, hung = got[STUCK]
+        assert hung.failure == "worker_lost"
+        assert seconds < 8.0 / 2  # not held until a deadline restarted at each death
+        assert p.step_turns([["go"]], env_ids=[3])[0].error is None

@@ -424,7 +424,7 @@ class Dispatcher:
         running when the worker died or hung, from the backend's progress marker; if that is
         unknown, every env of the request is flagged. The worker's other envs are rebuilt by
         reset + replay of the actions recorded since their reset, then the unfinished part of
-        the request and every straggler's turn are sent again.
+        the request and every straggler's turn are sent again (a straggler once only).
         """
         queue = self._queues[worker]
         head = queue.popleft() if queue else None
@@ -478,7 +478,9 @@ class Dispatcher:
                 if retry is not None:
                     rest.append(retry)
         for s in late:
-            if s.env_id in guilty_late:
+            if s.env_id in guilty_late or s.head.retried:
+                # a straggler already sent again once is not sent a third time: with workers
+                # dying often (other envs' faults), a hang would restart its deadline forever
                 self._fail(s.head, s.k, s.env_id, reason, failure)
             else:
                 rest.append(_only(s))

@@ -46,14 +46,14 @@ log = logging.getLogger(__name__)
 DEFAULT_HANDOFF_AFTER = 0.05
 #: Threads given up past ``step_timeout`` and still stuck that a worker keeps; beyond this
 #: it stops handing off, so the next stall gets the worker replaced (which frees them).
-MAX_STUCK_THREADS = 8
+MAX_STUCK_THREADS = 64
 
 
 class _Job:
     """One step request being answered, shareable between runners."""
 
     __slots__ = ("seq", "op", "env_ids", "claim", "results", "failed", "owner", "handed",
-                 "closed", "partial_sent", "reported")
+                 "closed", "partial_sent", "reported", "given_up")
 
     def __init__(self, request: Request, owner: _Runner) -> None:
         self.seq, self.op, (env_ids, actions) = request
@@ -69,6 +69,9 @@ class _Job:
         self.partial_sent = False
         #: indices whose result was sent
         self.reported: set[int] = set()
+        #: index -> the ``timeout`` result of an env given up before the partial reply (it
+        #: wins over whatever its stuck runner writes later)
+        self.given_up: dict[int, Any] = {}
 
 
 class _Runner:
@@ -221,6 +224,8 @@ class HandoffServer:
         """The replies ``job`` owes now (under the lock): the partial reply when its owner is
         done, late results after it."""
         results = job.results
+        if job.given_up:
+            results = [job.given_up.get(k, r) for k, r in enumerate(results)]
         if not job.partial_sent:
             if job.owner is not me:
                 return []  # the owner will include what this runner finished
@@ -228,7 +233,7 @@ class HandoffServer:
             pending = [k for k, r in enumerate(results) if r is None]
             done = [k for k, r in enumerate(results) if r is not None]
             job.reported.update(done)
-            failed = set(job.failed)
+            failed = set(job.failed) | set(job.given_up)
             if not pending:
                 job.closed = True
                 self._progress(-1)
@@ -326,21 +331,26 @@ class HandoffServer:
         with self._lock:
             job = r.job
             env_id = r.env
-            if job is None or env_id < 0 or r.abandoned or not job.partial_sent:
-                return  # no partial reply yet: its owner answers first
+            if job is None or env_id < 0 or r.abandoned:
+                return
             k = next((k for k, i in enumerate(job.env_ids) if i == env_id), -1)
-            if k < 0 or k in job.reported:
+            if k < 0 or k in job.reported or k in job.given_up:
                 return
             r.abandoned = True
-            job.reported.add(k)
             self._host.abandon(env_id)
             self.abandoned += 1
-            reply = (job.seq, Op.LATE,
-                     [(env_id, error_step(TIMED_OUT, failure="timeout"))], None, None)
+            timed_out = error_step(TIMED_OUT, failure="timeout")
+            reply = None
+            if job.partial_sent:  # answer it now, on its own
+                job.reported.add(k)
+                reply = (job.seq, Op.LATE, [(env_id, timed_out)], None, None)
+            else:  # the owner's partial reply will carry it
+                job.given_up[k] = timed_out
         log.warning("env %d stuck past step_timeout (%g s): answered timeout, thread "
                     "abandoned", env_id, self._timeout)
-        with contextlib.suppress(OSError):
-            self._send(reply)
+        if reply is not None:
+            with contextlib.suppress(OSError):
+                self._send(reply)
         with self._lock:
             if r.env == env_id and r.job is job:  # still inside it: unwind it there
                 raise_in_thread(r.thread_id)
