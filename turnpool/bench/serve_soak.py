@@ -31,6 +31,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,7 @@ class Settings:
     episode_len: int = 50
     seed: int = 0
     connect_parallel: int = 64
+    faults: tuple[str, ...] = tuple(sorted(FAULTS))
 
     @property
     def max_sessions(self) -> int:
@@ -95,7 +97,7 @@ class SoakServer(ServerProcess):
 
     def __init__(self, s: Settings, timeout: float = 300.0) -> None:  # noqa: D107
         self.log: IO[str] = tempfile.TemporaryFile("w+", encoding="utf-8")
-        self.log_lines = 0
+        self.log_kinds: Counter[str] = Counter()
         cmd = [sys.executable, "-m", "turnpool.cli", "serve", "--env", "faulty",
                "--backend", "process", "--num-workers", str(s.num_workers),
                "--max-sessions", str(s.max_sessions), "--step-timeout", str(s.step_timeout),
@@ -110,16 +112,16 @@ class SoakServer(ServerProcess):
         self.url = next(w for w in line.split() if w.startswith("http://")).rstrip(",")
 
     def log_tail(self, n: int = 40) -> list[str]:
-        """The last ``n`` lines the server wrote to stderr."""
+        """The last ``n`` lines the server wrote to stderr (`log_kinds` counts them all, by
+        their text with numbers replaced by N)."""
         self.log.flush()
         self.log.seek(0)
         tail: deque[str] = deque(maxlen=n)
-        lines = 0
+        self.log_kinds = Counter()
         for line in self.log:
             tail.append(line.rstrip("\n"))
-            lines += 1
+            self.log_kinds[re.sub(r"\d+", "N", line.strip())[:120]] += 1
         self.log.seek(0, os.SEEK_END)
-        self.log_lines = lines
         return list(tail)
 
 
@@ -259,7 +261,7 @@ async def _load(url: str, s: Settings) -> dict[str, Any]:
                     continue
                 fault = None
                 if rng.random() < s.fault_rate:
-                    fault = rng.choice(sorted(FAULTS))
+                    fault = rng.choice(s.faults)
                 action = fault or f"a{rng.randrange(10)}"
                 t0 = time.perf_counter()
                 reply = await ask(ws, json.dumps({"type": "step", "data": {"action": action}}))
@@ -336,14 +338,17 @@ async def _load(url: str, s: Settings) -> dict[str, Any]:
     for task in pending:
         task.cancel()
     out = total.as_dict()
+    # steps in flight at the last sample finish after it: counted in the totals and here
     out.update(sessions=s.sessions, started=opened, open_s=open_s,
-               ended_unfinished=len(pending), details=details)
+               ended_unfinished=len(pending), after_last_sample=interval.as_dict(),
+               details=details)
     return out
 
 
 def _client_main(argv: list[str]) -> None:
     _raise_fd_limit()
-    url, s = argv[0], Settings(**json.loads(argv[1]))
+    given = json.loads(argv[1])
+    url, s = argv[0], Settings(**{**given, "faults": tuple(given["faults"])})
     result = asyncio.run(_load(url, s))
     print("result " + json.dumps(result), flush=True)
 
@@ -408,13 +413,12 @@ def run(s: Settings, progress: ProgressFn | None = None) -> Report:
         log_tail = server.log_tail(40)
     finally:
         server.close()
-    return summarize(s, samples, result, started, rss_idle, log_tail,
-                     getattr(server, "log_lines", 0))
+    return summarize(s, samples, result, started, rss_idle, log_tail, server.log_kinds)
 
 
 def summarize(s: Settings, samples: list[dict[str, Any]], result: dict[str, Any],
               started: dict[str, Any], rss_idle: float, log_tail: list[str],
-              log_lines: int) -> Report:
+              log_kinds: Counter[str]) -> Report:
     after = [x for x in samples if x["t_s"] >= s.warmup - 1e-6] or samples
     first = after[0]["rss_mb"] if after else None
     last = after[-1]["rss_mb"] if after else None
@@ -437,7 +441,7 @@ def summarize(s: Settings, samples: list[dict[str, Any]], result: dict[str, Any]
                     "first_t_s": after[0]["t_s"] if after else None, "growth": growth,
                     "max_mb": max((x["rss_mb"] for x in samples), default=None)},
             "checks": checks, "ok": all(checks.values()),
-            "server_log_lines": log_lines, "server_log_tail": log_tail,
+            "server_log": dict(log_kinds.most_common(20)), "server_log_tail": log_tail,
             "machine": machine_info(loadavg_1m_at_end=os.getloadavg()[0])}
 
 
@@ -481,6 +485,9 @@ def render(report: Report) -> list[Any]:
         "checks: " + ", ".join(f"{k} {'yes' if v else 'NO'}"
                                for k, v in report["checks"].items()),
     ]
+    if report["server_log"]:
+        lines.append("server log: " + "; ".join(f"{n} x {text}" for text, n
+                                                in report["server_log"].items()))
     return lines
 
 
@@ -505,16 +512,21 @@ def render(report: Report) -> list[Any]:
               type=click.FloatRange(min=0.1), help="The server's step_timeout.")
 @click.option("--num-workers", default=Settings.num_workers, show_default=True,
               type=click.IntRange(min=1))
+@click.option("--faults", default=",".join(sorted(FAULTS)), show_default=True,
+              help="Comma list of the fault actions injected, chosen evenly.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
 @json_option("Also write the report (samples, totals, checks) as JSON here.")
 def command(sessions: int, think: float, fault_rate: float, reconnect_every: float,
             minutes: float, sample_every: float, warmup: float, step_timeout: float,
-            num_workers: int, seed: int, json_path: Path | None) -> None:
+            num_workers: int, faults: str, seed: int, json_path: Path | None) -> None:
     """turnpool serve for a long time with faults: RSS growth, lost sessions, latency."""
+    kinds = tuple(sorted({k.strip() for k in faults.split(",") if k.strip()}))
+    if not kinds or set(kinds) - set(FAULTS):
+        raise click.BadParameter(f"--faults takes names among {sorted(FAULTS)}, got {faults!r}")
     s = Settings(sessions=sessions, think=think, fault_rate=fault_rate,
                  reconnect_every=reconnect_every, seconds=minutes * 60,
                  sample_every=sample_every, warmup=warmup, step_timeout=step_timeout,
-                 num_workers=num_workers, seed=seed)
+                 num_workers=num_workers, seed=seed, faults=kinds)
     console = start(width=160)
     report = measure_and_print(console, lambda p: run(s, p), render)
     write_outputs(console, report, json_path)

@@ -1,5 +1,5 @@
-"""``turnpool bench envs|pool|rollout|webshop|serve|serve-soak|soak|hol|tokens``: each benchmark is imported
-only when run."""
+"""``turnpool bench envs|pool|rollout|webshop|serve|serve-soak|soak|hol|tokens``: each
+benchmark is imported only when run."""
 
 from __future__ import annotations
 
