@@ -16,8 +16,10 @@ closes its connection; the client then opens a new session in its place, so the 
 same. Every ``--sample-every`` seconds the benchmark records the server's RSS (server process
 plus the pool's workers), the sessions open, steps, faults, replies of each kind, and the p50 /
 p99 latency of the interval's normal steps; one line per sample goes to stderr. RSS growth is
-(last sample - first sample after ``--warmup``) / that first sample. The goal: no RSS growth
-beyond 5%, no lost session, every fault classified.
+(last sample - first sample after ``--warmup``) / that first sample; the server process's own
+RSS is reported too (the workers' share drops whenever an ``exit`` fault replaces one). The
+goal: no RSS growth beyond 5%, no lost session, every fault classified. ``--faults`` narrows
+the kinds injected (``raise,hang`` leaves the worker restarts out).
 
     turnpool bench serve-soak                                   # 4,096 sessions, 30 minutes
     turnpool bench serve-soak --sessions 256 --think 1 --minutes 2 --json soak.json
@@ -110,6 +112,16 @@ class SoakServer(ServerProcess):
             raise RuntimeError(f"the server did not start within {timeout:.0f} s: {line!r}; "
                                f"log: {self.log_tail(20)}")
         self.url = next(w for w in line.split() if w.startswith("http://")).rstrip(",")
+
+    def main_rss_mb(self) -> float:
+        """Resident memory of the server process alone (its workers are replaced whenever
+        one dies, so their share comes and goes)."""
+        import psutil
+
+        try:
+            return float(psutil.Process(self.proc.pid).memory_info().rss) / 2**20
+        except psutil.Error:
+            return 0.0
 
     def log_tail(self, n: int = 40) -> list[str]:
         """The last ``n`` lines the server wrote to stderr (`log_kinds` counts them all, by
@@ -358,7 +370,8 @@ def _sample_line(x: dict[str, Any]) -> str:
     def ms(v: float | None) -> str:
         return f"{v:.0f}" if v is not None else "-"
 
-    return (f"soak t={x['t_s']:.0f}s rss={x['rss_mb']:.0f}MB open={x['sessions_open']} "
+    return (f"soak t={x['t_s']:.0f}s rss={x['rss_mb']:.0f}MB "
+            f"(server {x['main_rss_mb']:.0f}MB) open={x['sessions_open']} "
             f"steps={x['steps']} faults={sum(x['faults'].values())} "
             f"misclassified={x['misclassified']} lost={x['lost']} "
             f"unexpected={sum(x['unexpected_errors'].values())} p50={ms(x['p50_ms'])}ms "
@@ -396,7 +409,8 @@ def run(s: Settings, progress: ProgressFn | None = None) -> Report:
                                  f"{s.seconds:g} s")
                 elif line.startswith("sample "):
                     x = json.loads(line[7:])
-                    x.update(rss_mb=server.rss_mb(), server_cpu_s=server.cpu_s(),
+                    x.update(rss_mb=server.rss_mb(), main_rss_mb=server.main_rss_mb(),
+                             server_cpu_s=server.cpu_s(),
                              load_1m=os.getloadavg()[0])
                     samples.append(x)
                     print(_sample_line(x), file=sys.stderr, flush=True)
@@ -423,6 +437,10 @@ def summarize(s: Settings, samples: list[dict[str, Any]], result: dict[str, Any]
     first = after[0]["rss_mb"] if after else None
     last = after[-1]["rss_mb"] if after else None
     growth = (last - first) / first if first and last is not None else None
+    main_first = after[0]["main_rss_mb"] if after else None
+    main_last = after[-1]["main_rss_mb"] if after else None
+    main_growth = (main_last - main_first) / main_first \
+        if main_first and main_last is not None else None
     faults = sum((result.get("faults") or {}).values())
     lost = result.get("lost")
     complete = bool(result) and len(samples) > 0
@@ -439,7 +457,9 @@ def summarize(s: Settings, samples: list[dict[str, Any]], result: dict[str, Any]
             "faults_injected": faults,
             "rss": {"idle_mb": rss_idle, "first_mb": first, "last_mb": last,
                     "first_t_s": after[0]["t_s"] if after else None, "growth": growth,
-                    "max_mb": max((x["rss_mb"] for x in samples), default=None)},
+                    "max_mb": max((x["rss_mb"] for x in samples), default=None),
+                    "server_first_mb": main_first, "server_last_mb": main_last,
+                    "server_growth": main_growth},
             "checks": checks, "ok": all(checks.values()),
             "server_log": dict(log_kinds.most_common(20)), "server_log_tail": log_tail,
             "machine": machine_info(loadavg_1m_at_end=os.getloadavg()[0])}
@@ -452,7 +472,7 @@ def render(report: Report) -> list[Any]:
     table = Table(title=f"serve-soak: {s['sessions']:,} sessions, think {s['think']:g} s, "
                         f"{100 * s['fault_rate']:g}% faults, step_timeout "
                         f"{s['step_timeout']:g} s, {report['machine']['cpu_count']} cpus")
-    for col in ("t s", "RSS MB", "open", "steps", "faults", "misclass.", "lost",
+    for col in ("t s", "RSS MB", "server MB", "open", "steps", "faults", "misclass.", "lost",
                 "unexpected", "reconnects", "p50 ms", "p99 ms", "load 1m"):
         table.add_column(col, justify="right")
 
@@ -460,7 +480,8 @@ def render(report: Report) -> list[Any]:
         return f"{v:.1f}" if v is not None else "-"
 
     for x in report["samples"]:
-        table.add_row(f"{x['t_s']:.0f}", f"{x['rss_mb']:.0f}", str(x["sessions_open"]),
+        table.add_row(f"{x['t_s']:.0f}", f"{x['rss_mb']:.0f}", f"{x['main_rss_mb']:.0f}",
+                      str(x["sessions_open"]),
                       f"{x['steps']:,}", str(sum(x["faults"].values())),
                       str(x["misclassified"]), str(x["lost"]),
                       str(sum(x["unexpected_errors"].values())), str(x["reconnects"]),
@@ -481,7 +502,8 @@ def render(report: Report) -> list[Any]:
         f"{t.get('reset_errors')}; reconnects {t.get('reconnects')}",
         f"RSS (server + workers): idle {ms(r['idle_mb'])} MB, at {r['first_t_s']} s "
         f"{ms(r['first_mb'])} MB, last {ms(r['last_mb'])} MB, growth {growth} "
-        f"(goal <= {100 * RSS_GOAL:g}%)",
+        f"(goal <= {100 * RSS_GOAL:g}%); server process alone {ms(r['server_first_mb'])} -> "
+        f"{ms(r['server_last_mb'])} MB",
         "checks: " + ", ".join(f"{k} {'yes' if v else 'NO'}"
                                for k, v in report["checks"].items()),
     ]
