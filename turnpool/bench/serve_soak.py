@@ -225,6 +225,7 @@ async def _load(url: str, s: Settings) -> dict[str, Any]:
         needs_reset = True
         first = True
         episode = 0
+        asking = "connect"  # what the request in flight is: reset, step or a fault's name
         while not stop.is_set():
             try:
                 if ws is None:
@@ -240,6 +241,7 @@ async def _load(url: str, s: Settings) -> dict[str, Any]:
                     needs_reset = True
                 if needs_reset:
                     episode += 1
+                    asking = "reset"
                     reply = await ask(ws, json.dumps(
                         {"type": "reset", "data": {"seed": (s.seed + i) * 1000 + episode}}))
                     kind, data = _kind(reply)
@@ -275,6 +277,10 @@ async def _load(url: str, s: Settings) -> dict[str, Any]:
                 if rng.random() < s.fault_rate:
                     fault = rng.choice(s.faults)
                 action = fault or f"a{rng.randrange(10)}"
+                asking = fault or "step"
+                if fault is not None:  # counted when sent: a lost one was injected too
+                    interval.faults[fault] += 1
+                    total.faults[fault] += 1
                 t0 = time.perf_counter()
                 reply = await ask(ws, json.dumps({"type": "step", "data": {"action": action}}))
                 took = time.perf_counter() - t0
@@ -283,8 +289,6 @@ async def _load(url: str, s: Settings) -> dict[str, Any]:
                 interval.replies[kind] += 1
                 total.replies[kind] += 1
                 if fault is not None:
-                    interval.faults[fault] += 1
-                    total.faults[fault] += 1
                     got = str(data.get("failure"))
                     interval.classified[f"{fault}->{got}"] += 1
                     total.classified[f"{fault}->{got}"] += 1
@@ -307,7 +311,7 @@ async def _load(url: str, s: Settings) -> dict[str, Any]:
                 if '"done":true' in reply:
                     needs_reset = True
             except _Lost as exc:
-                reason = str(exc)
+                reason = f"{exc}:{asking}"  # e.g. no_reply:hang
                 interval.lost[reason] += 1
                 total.lost[reason] += 1
                 note("lost", i, reason=reason)
