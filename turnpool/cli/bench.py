@@ -1,5 +1,5 @@
-"""``turnpool bench envs|pool|rollout|webshop|serve|soak|hol|tokens``: each benchmark is imported
-only when run."""
+"""``turnpool bench envs|pool|rollout|webshop|serve|serve-soak|soak|hol|tokens``: each
+benchmark is imported only when run."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ _BENCHES: dict[str, str] = {
     "rollout": "turnpool.bench.rollout:command",
     "webshop": "turnpool.bench.webshop:command",
     "serve": "turnpool.bench.serve:command",
+    "serve-soak": "turnpool.bench.serve_soak:command",
     "soak": "turnpool.bench.soak:command",
     "hol": "turnpool.bench.hol:command",
     "tokens": "turnpool.bench.tokens:command",

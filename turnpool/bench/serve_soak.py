@@ -1,0 +1,566 @@
+"""``turnpool bench serve-soak``: ``turnpool serve`` under a long load with injected faults.
+
+A server (``turnpool serve --env faulty --backend process --num-workers 2``) runs in a child
+process and a load client in another. The client holds ``--sessions`` WebSocket sessions; each
+resets with its own seed, then, every ``--think`` seconds (the sessions' phases spread evenly
+over the think time), steps with a normal action or, with probability ``--fault-rate`` (drawn
+from the session's own ``random.Random``), with a fault chosen evenly among ``raise``, ``hang``
+and ``exit``. A normal step must be answered with an observation; a faulted one with an error
+reply that names the fault's failure class (``raise``: ``env_error``, ``hang``: ``timeout``,
+``exit``: ``worker_lost``). After an error or the end of an episode the session resets. Every
+``--reconnect-every`` seconds 1% of the sessions close their connection and open a new session
+(churn).
+
+A session is **lost** when a reply does not come within ``step_timeout + 30`` s or the server
+closes its connection; the client then opens a new session in its place, so the load stays the
+same. Every ``--sample-every`` seconds the benchmark records the server's RSS (server process
+plus the pool's workers), the sessions open, steps, faults, replies of each kind, and the p50 /
+p99 latency of the interval's normal steps; one line per sample goes to stderr. RSS growth is
+(last sample - first sample after ``--warmup``) / that first sample; the server process's own
+RSS is reported too (the workers' share drops whenever an ``exit`` fault replaces one). The
+goal: no RSS growth beyond 5%, no lost session, every fault classified. ``--faults`` narrows
+the kinds injected (``raise,hang`` leaves the worker restarts out).
+
+    turnpool bench serve-soak                                   # 4,096 sessions, 30 minutes
+    turnpool bench serve-soak --sessions 256 --think 1 --minutes 2 --json soak.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+from turnpool.bench.harness import (
+    ProgressFn,
+    Report,
+    json_option,
+    machine_info,
+    measure_and_print,
+    start,
+    write_outputs,
+)
+from turnpool.bench.serve import ServerProcess, WsClient, _raise_fd_limit, _read_line
+
+#: fault action -> the failure class its error reply must name
+FAULTS = {"raise": "env_error", "hang": "timeout", "exit": "worker_lost"}
+#: a reply later than step_timeout + this is a lost session
+LOST_SLACK_S = 30.0
+#: RSS growth the goal allows
+RSS_GOAL = 0.05
+#: how many lost sessions / unexpected replies the report keeps in detail
+_DETAIL = 20
+
+
+@dataclass
+class Settings:
+    sessions: int = 4096
+    think: float = 5.0
+    fault_rate: float = 0.01
+    reconnect_every: float = 60.0
+    seconds: float = 1800.0
+    sample_every: float = 30.0
+    warmup: float = 60.0
+    step_timeout: float = 5.0
+    num_workers: int = 2
+    episode_len: int = 50
+    seed: int = 0
+    connect_parallel: int = 64
+    faults: tuple[str, ...] = tuple(sorted(FAULTS))
+
+    @property
+    def max_sessions(self) -> int:
+        """Slots: the sessions plus room for churn (a closed session frees its slot only
+        once the server has seen the close)."""
+        return self.sessions + max(16, math.ceil(0.02 * self.sessions))
+
+    @property
+    def reply_bound(self) -> float:
+        return self.step_timeout + LOST_SLACK_S
+
+
+# ---------------------------------------------------------------------- the server
+class SoakServer(ServerProcess):
+    """``turnpool serve --env faulty`` in a child process, its stderr kept in a file."""
+
+    def __init__(self, s: Settings, timeout: float = 300.0) -> None:  # noqa: D107
+        self.log: IO[str] = tempfile.TemporaryFile("w+", encoding="utf-8")
+        self.log_kinds: Counter[str] = Counter()
+        cmd = [sys.executable, "-m", "turnpool.cli", "serve", "--env", "faulty",
+               "--backend", "process", "--num-workers", str(s.num_workers),
+               "--max-sessions", str(s.max_sessions), "--step-timeout", str(s.step_timeout),
+               "--host", "127.0.0.1", "--port", "0"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        line = _read_line(self.proc, timeout)
+        if "http://" not in line:
+            self.close()
+            raise RuntimeError(f"the server did not start within {timeout:.0f} s: {line!r}; "
+                               f"log: {self.log_tail(20)}")
+        self.url = next(w for w in line.split() if w.startswith("http://")).rstrip(",")
+
+    def main_rss_mb(self) -> float:
+        """Resident memory of the server process alone (its workers are replaced whenever
+        one dies, so their share comes and goes)."""
+        import psutil
+
+        try:
+            return float(psutil.Process(self.proc.pid).memory_info().rss) / 2**20
+        except psutil.Error:
+            return 0.0
+
+    def log_tail(self, n: int = 40) -> list[str]:
+        """The last ``n`` lines the server wrote to stderr (`log_kinds` counts them all, by
+        their text with numbers replaced by N)."""
+        self.log.flush()
+        self.log.seek(0)
+        tail: deque[str] = deque(maxlen=n)
+        self.log_kinds = Counter()
+        for line in self.log:
+            tail.append(line.rstrip("\n"))
+            self.log_kinds[re.sub(r"\d+", "N", line.strip())[:120]] += 1
+        self.log.seek(0, os.SEEK_END)
+        return list(tail)
+
+
+# ---------------------------------------------------------------------- the client load
+class _Lost(Exception):
+    """No reply within the bound, or the connection closed under the session."""
+
+
+class _Stats:
+    """Counters of one sample interval (and, merged, of the whole run)."""
+
+    def __init__(self) -> None:
+        self.c: Counter[str] = Counter()
+        self.faults: Counter[str] = Counter()
+        self.classified: Counter[str] = Counter()  # "hang->timeout"
+        self.replies: Counter[str] = Counter()  # "observation", "error:timeout", ...
+        self.unexpected: Counter[str] = Counter()  # normal steps answered with an error
+        self.lost: Counter[str] = Counter()  # reason -> n
+        self.lat: list[float] = []
+
+    def as_dict(self) -> dict[str, Any]:
+        lat = sorted(self.lat)
+        return {"steps": self.c["steps"], "normal_steps": self.c["normal_steps"],
+                "resets": self.c["resets"], "reset_errors": self.c["reset_errors"],
+                "reconnects": self.c["reconnects"], "refused": self.c["refused"],
+                "misclassified": self.c["misclassified"], "lost": sum(self.lost.values()),
+                "lost_by": dict(self.lost), "faults": dict(self.faults),
+                "classified": dict(self.classified), "replies": dict(self.replies),
+                "unexpected_errors": dict(self.unexpected),
+                "p50_ms": _pct(lat, 0.50), "p99_ms": _pct(lat, 0.99),
+                "max_ms": lat[-1] * 1000 if lat else None}
+
+
+def _pct(lat: list[float], q: float) -> float | None:
+    return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else None
+
+
+def _kind(reply: str) -> tuple[str, dict[str, Any]]:
+    """``("observation", {})`` or ``("error:<failure or code>", data)``."""
+    if reply.startswith('{"type":"observation"'):
+        return "observation", {}
+    try:
+        msg = json.loads(reply)
+        data = msg.get("data") or {}
+    except (ValueError, AttributeError):
+        return "unparsable", {}
+    if msg.get("type") != "error":
+        return str(msg.get("type")), data
+    return f"error:{data.get('failure') or data.get('code')}", data
+
+
+async def _load(url: str, s: Settings) -> dict[str, Any]:
+    """Drive ``s.sessions`` sessions for ``s.seconds``; print a ``sample`` line per interval
+    and return the totals."""
+    gate = asyncio.Semaphore(s.connect_parallel)
+    started, stop = asyncio.Event(), asyncio.Event()
+    interval, total = _Stats(), _Stats()
+    churn: set[int] = set()
+    opened = 0  # sessions that reset once (the start waits for all)
+    open_now = 0
+    details: list[dict[str, Any]] = []
+    t_start = 0.0
+
+    def count(key: str, n: int = 1) -> None:
+        interval.c[key] += n
+        total.c[key] += n
+
+    def note(what: str, i: int, **extra: Any) -> None:
+        if len(details) < _DETAIL:
+            details.append({"t_s": round(time.monotonic() - t_start, 1) if t_start else None,
+                            "what": what, "session": i, **extra})
+
+    async def pause(seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+
+    async def ask(ws: WsClient, text: str) -> str:
+        try:
+            return await asyncio.wait_for(ws.ask(text), s.reply_bound)
+        except asyncio.TimeoutError as exc:
+            raise _Lost("no_reply") from exc
+        except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
+            raise _Lost("closed") from exc
+
+    async def one(i: int) -> None:
+        nonlocal opened, open_now
+        rng = random.Random(s.seed + i)
+        ws: WsClient | None = None
+        needs_reset = True
+        first = True
+        episode = 0
+        asking = "connect"  # what the request in flight is: reset, step or a fault's name
+        while not stop.is_set():
+            try:
+                if ws is None:
+                    try:
+                        async with gate:
+                            ws = await asyncio.wait_for(WsClient.connect(url), s.reply_bound)
+                    except Exception as exc:
+                        count("refused")
+                        note("connect failed", i, error=repr(exc)[:200])
+                        await pause(1.0)
+                        continue
+                    open_now += 1
+                    needs_reset = True
+                if needs_reset:
+                    episode += 1
+                    asking = "reset"
+                    reply = await ask(ws, json.dumps(
+                        {"type": "reset", "data": {"seed": (s.seed + i) * 1000 + episode}}))
+                    kind, data = _kind(reply)
+                    count("resets")
+                    if kind != "observation":
+                        count("reset_errors")
+                        note("reset error", i, reply=kind, message=str(data.get("message"))[:200])
+                        if data.get("code") == "CAPACITY_REACHED":  # closed by the server
+                            count("refused")
+                            await ws.close()
+                            ws = None
+                            open_now -= 1
+                        await pause(1.0)
+                        continue
+                    needs_reset = False
+                    if first:
+                        first = False
+                        opened += 1
+                        await started.wait()
+                        await pause(s.think * i / s.sessions)
+                        continue
+                await pause(s.think)
+                if stop.is_set():
+                    break
+                if i in churn:
+                    churn.discard(i)
+                    count("reconnects")
+                    await ws.close()
+                    ws = None
+                    open_now -= 1
+                    continue
+                fault = None
+                if rng.random() < s.fault_rate:
+                    fault = rng.choice(s.faults)
+                action = fault or f"a{rng.randrange(10)}"
+                asking = fault or "step"
+                if fault is not None:  # counted when sent: a lost one was injected too
+                    interval.faults[fault] += 1
+                    total.faults[fault] += 1
+                t0 = time.perf_counter()
+                reply = await ask(ws, json.dumps({"type": "step", "data": {"action": action}}))
+                took = time.perf_counter() - t0
+                kind, data = _kind(reply)
+                count("steps")
+                interval.replies[kind] += 1
+                total.replies[kind] += 1
+                if fault is not None:
+                    got = str(data.get("failure"))
+                    interval.classified[f"{fault}->{got}"] += 1
+                    total.classified[f"{fault}->{got}"] += 1
+                    if got != FAULTS[fault]:
+                        count("misclassified")
+                        note("misclassified", i, fault=fault, reply=kind,
+                             message=str(data.get("message"))[:200])
+                    needs_reset = True
+                    continue
+                count("normal_steps")
+                if kind != "observation":
+                    interval.unexpected[kind] += 1
+                    total.unexpected[kind] += 1
+                    note("normal step answered with an error", i, reply=kind,
+                         message=str(data.get("message"))[:200])
+                    needs_reset = True
+                    continue
+                interval.lat.append(took)
+                total.lat.append(took)
+                if '"done":true' in reply:
+                    needs_reset = True
+            except _Lost as exc:
+                reason = f"{exc}:{asking}"  # e.g. no_reply:hang
+                interval.lost[reason] += 1
+                total.lost[reason] += 1
+                note("lost", i, reason=reason)
+                if ws is not None:
+                    await ws.close()
+                    ws = None
+                    open_now -= 1
+        if ws is not None:
+            await ws.close()
+            open_now -= 1
+
+    tasks = [asyncio.create_task(one(i)) for i in range(s.sessions)]
+    deadline = time.monotonic() + 600
+    while opened < s.sessions and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    t_start = time.monotonic()
+    open_s = None if opened < s.sessions else t_start - (deadline - 600)
+    print(json.dumps({"started": opened, "open_s": open_s}), flush=True)
+    started.set()
+    churn_rng = random.Random(s.seed)
+    next_churn = s.reconnect_every
+    samples = 0
+    end = t_start + s.seconds
+    while time.monotonic() < end:
+        wake = min(t_start + (samples + 1) * s.sample_every, end)
+        if s.reconnect_every > 0:
+            wake = min(wake, t_start + next_churn)
+        await asyncio.sleep(max(0.0, wake - time.monotonic()))
+        now = time.monotonic() - t_start
+        if s.reconnect_every > 0 and now >= next_churn - 1e-6:
+            churn.update(churn_rng.sample(range(s.sessions), max(1, s.sessions // 100)))
+            next_churn += s.reconnect_every
+        if now >= (samples + 1) * s.sample_every - 1e-6 or time.monotonic() >= end:
+            samples += 1
+            out = {"t_s": round(now, 2), "sessions_open": open_now, **interval.as_dict()}
+            interval = _Stats()
+            print("sample " + json.dumps(out), flush=True)
+    stop.set()
+    _, pending = await asyncio.wait(tasks, timeout=s.reply_bound + 10)
+    for task in pending:
+        task.cancel()
+    out = total.as_dict()
+    # steps in flight at the last sample finish after it: counted in the totals and here
+    out.update(sessions=s.sessions, started=opened, open_s=open_s,
+               ended_unfinished=len(pending), after_last_sample=interval.as_dict(),
+               details=details)
+    return out
+
+
+def _client_main(argv: list[str]) -> None:
+    _raise_fd_limit()
+    given = json.loads(argv[1])
+    url, s = argv[0], Settings(**{**given, "faults": tuple(given["faults"])})
+    result = asyncio.run(_load(url, s))
+    print("result " + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------- the benchmark
+def _sample_line(x: dict[str, Any]) -> str:
+    def ms(v: float | None) -> str:
+        return f"{v:.0f}" if v is not None else "-"
+
+    return (f"soak t={x['t_s']:.0f}s rss={x['rss_mb']:.0f}MB "
+            f"(server {x['main_rss_mb']:.0f}MB) open={x['sessions_open']} "
+            f"steps={x['steps']} faults={sum(x['faults'].values())} "
+            f"misclassified={x['misclassified']} lost={x['lost']} "
+            f"unexpected={sum(x['unexpected_errors'].values())} p50={ms(x['p50_ms'])}ms "
+            f"p99={ms(x['p99_ms'])}ms load={x['load_1m']:.1f}")
+
+
+def run(s: Settings, progress: ProgressFn | None = None) -> Report:
+    """The soak: start the server and the client, collect a sample per interval (the
+    server's RSS added), and the totals."""
+    samples: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
+    started: dict[str, Any] = {}
+    if progress:
+        progress(f"starting a faulty-env server for {s.sessions} sessions")
+    server = SoakServer(s)
+    log_tail: list[str] = []
+    try:
+        rss_idle = server.rss_mb()
+        if progress:
+            progress(f"opening {s.sessions} sessions")
+        cmd = [sys.executable, "-m", "turnpool.bench.serve_soak", "client", server.url,
+               json.dumps(asdict(s))]
+        client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            wait = 660.0
+            while True:
+                line = _read_line(client, wait).strip()
+                if not line:
+                    break
+                if line.startswith("{"):
+                    started = json.loads(line)
+                    wait = s.sample_every + s.reply_bound + 120
+                    if progress:
+                        progress(f"{started['started']} sessions open; soaking "
+                                 f"{s.seconds:g} s")
+                elif line.startswith("sample "):
+                    x = json.loads(line[7:])
+                    x.update(rss_mb=server.rss_mb(), main_rss_mb=server.main_rss_mb(),
+                             server_cpu_s=server.cpu_s(),
+                             load_1m=os.getloadavg()[0])
+                    samples.append(x)
+                    print(_sample_line(x), file=sys.stderr, flush=True)
+                elif line.startswith("result "):
+                    result = json.loads(line[7:])
+                    break
+        finally:
+            if client.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    client.wait(timeout=60)
+            if client.poll() is None:
+                client.kill()
+                client.wait(timeout=30)
+        log_tail = server.log_tail(40)
+    finally:
+        server.close()
+    return summarize(s, samples, result, started, rss_idle, log_tail, server.log_kinds)
+
+
+def summarize(s: Settings, samples: list[dict[str, Any]], result: dict[str, Any],
+              started: dict[str, Any], rss_idle: float, log_tail: list[str],
+              log_kinds: Counter[str]) -> Report:
+    after = [x for x in samples if x["t_s"] >= s.warmup - 1e-6] or samples
+    first = after[0]["rss_mb"] if after else None
+    last = after[-1]["rss_mb"] if after else None
+    growth = (last - first) / first if first and last is not None else None
+    main_first = after[0]["main_rss_mb"] if after else None
+    main_last = after[-1]["main_rss_mb"] if after else None
+    main_growth = (main_last - main_first) / main_first \
+        if main_first and main_last is not None else None
+    faults = sum((result.get("faults") or {}).values())
+    lost = result.get("lost")
+    complete = bool(result) and len(samples) > 0
+    checks = {
+        "complete": complete,
+        "rss_growth_within_5pct": growth is not None and growth <= RSS_GOAL,
+        "no_lost_session": complete and lost == 0,
+        "faults_all_classified": complete and result.get("misclassified") == 0,
+        "normal_steps_all_answered": complete and not result.get("unexpected_errors"),
+    }
+    return {"benchmark": "serve-soak", "settings": {**asdict(s), "max_sessions": s.max_sessions,
+                                                    "reply_bound_s": s.reply_bound},
+            "started": started, "samples": samples, "totals": result,
+            "faults_injected": faults,
+            "rss": {"idle_mb": rss_idle, "first_mb": first, "last_mb": last,
+                    "first_t_s": after[0]["t_s"] if after else None, "growth": growth,
+                    "max_mb": max((x["rss_mb"] for x in samples), default=None),
+                    "server_first_mb": main_first, "server_last_mb": main_last,
+                    "server_growth": main_growth},
+            "checks": checks, "ok": all(checks.values()),
+            "server_log": dict(log_kinds.most_common(20)), "server_log_tail": log_tail,
+            "machine": machine_info(loadavg_1m_at_end=os.getloadavg()[0])}
+
+
+def render(report: Report) -> list[Any]:
+    from rich.table import Table
+
+    s = report["settings"]
+    table = Table(title=f"serve-soak: {s['sessions']:,} sessions, think {s['think']:g} s, "
+                        f"{100 * s['fault_rate']:g}% faults, step_timeout "
+                        f"{s['step_timeout']:g} s, {report['machine']['cpu_count']} cpus")
+    for col in ("t s", "RSS MB", "server MB", "open", "steps", "faults", "misclass.", "lost",
+                "unexpected", "reconnects", "p50 ms", "p99 ms", "load 1m"):
+        table.add_column(col, justify="right")
+
+    def ms(v: float | None) -> str:
+        return f"{v:.1f}" if v is not None else "-"
+
+    for x in report["samples"]:
+        table.add_row(f"{x['t_s']:.0f}", f"{x['rss_mb']:.0f}", f"{x['main_rss_mb']:.0f}",
+                      str(x["sessions_open"]),
+                      f"{x['steps']:,}", str(sum(x["faults"].values())),
+                      str(x["misclassified"]), str(x["lost"]),
+                      str(sum(x["unexpected_errors"].values())), str(x["reconnects"]),
+                      ms(x["p50_ms"]), ms(x["p99_ms"]), f"{x['load_1m']:.1f}")
+    t = report["totals"]
+    r = report["rss"]
+    growth = f"{100 * r['growth']:+.1f}%" if r["growth"] is not None else "-"
+    lines = [
+        table,
+        f"steps {t.get('steps', 0):,} (normal {t.get('normal_steps', 0):,}), "
+        f"p50 {ms(t.get('p50_ms'))} ms, p99 {ms(t.get('p99_ms'))} ms, "
+        f"max {ms(t.get('max_ms'))} ms",
+        f"faults injected {report['faults_injected']:,}: "
+        + ", ".join(f"{k} {v}" for k, v in sorted((t.get("classified") or {}).items()))
+        + f"; misclassified {t.get('misclassified')}",
+        f"lost sessions {t.get('lost')} {t.get('lost_by') or ''}; normal steps answered "
+        f"with an error: {t.get('unexpected_errors') or 0}; reset errors "
+        f"{t.get('reset_errors')}; reconnects {t.get('reconnects')}",
+        f"RSS (server + workers): idle {ms(r['idle_mb'])} MB, at {r['first_t_s']} s "
+        f"{ms(r['first_mb'])} MB, last {ms(r['last_mb'])} MB, growth {growth} "
+        f"(goal <= {100 * RSS_GOAL:g}%); server process alone {ms(r['server_first_mb'])} -> "
+        f"{ms(r['server_last_mb'])} MB",
+        "checks: " + ", ".join(f"{k} {'yes' if v else 'NO'}"
+                               for k, v in report["checks"].items()),
+    ]
+    if report["server_log"]:
+        lines.append("server log: " + "; ".join(f"{n} x {text}" for text, n
+                                                in report["server_log"].items()))
+    return lines
+
+
+@click.command("serve-soak")
+@click.option("--sessions", default=Settings.sessions, show_default=True,
+              type=click.IntRange(min=1), help="WebSocket sessions held.")
+@click.option("--think", default=Settings.think, show_default=True,
+              type=click.FloatRange(min=0.0), help="Seconds each session waits between steps.")
+@click.option("--fault-rate", default=Settings.fault_rate, show_default=True,
+              type=click.FloatRange(0.0, 1.0), help="Share of steps that inject a fault.")
+@click.option("--reconnect-every", default=Settings.reconnect_every, show_default=True,
+              type=click.FloatRange(min=0.0),
+              help="Every this many seconds 1% of sessions reconnect (0: never).")
+@click.option("--minutes", default=Settings.seconds / 60, show_default=True,
+              type=click.FloatRange(min=0.01), help="How long the soak runs.")
+@click.option("--sample-every", default=Settings.sample_every, show_default=True,
+              type=click.FloatRange(min=0.5), help="Seconds between samples.")
+@click.option("--warmup", default=Settings.warmup, show_default=True,
+              type=click.FloatRange(min=0.0),
+              help="RSS growth is measured from the first sample at or after this.")
+@click.option("--step-timeout", default=Settings.step_timeout, show_default=True,
+              type=click.FloatRange(min=0.1), help="The server's step_timeout.")
+@click.option("--num-workers", default=Settings.num_workers, show_default=True,
+              type=click.IntRange(min=1))
+@click.option("--faults", default=",".join(sorted(FAULTS)), show_default=True,
+              help="Comma list of the fault actions injected, chosen evenly.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@json_option("Also write the report (samples, totals, checks) as JSON here.")
+def command(sessions: int, think: float, fault_rate: float, reconnect_every: float,
+            minutes: float, sample_every: float, warmup: float, step_timeout: float,
+            num_workers: int, faults: str, seed: int, json_path: Path | None) -> None:
+    """turnpool serve for a long time with faults: RSS growth, lost sessions, latency."""
+    kinds = tuple(sorted({k.strip() for k in faults.split(",") if k.strip()}))
+    if not kinds or set(kinds) - set(FAULTS):
+        raise click.BadParameter(f"--faults takes names among {sorted(FAULTS)}, got {faults!r}")
+    s = Settings(sessions=sessions, think=think, fault_rate=fault_rate,
+                 reconnect_every=reconnect_every, seconds=minutes * 60,
+                 sample_every=sample_every, warmup=warmup, step_timeout=step_timeout,
+                 num_workers=num_workers, seed=seed, faults=kinds)
+    console = start(width=160)
+    report = measure_and_print(console, lambda p: run(s, p), render)
+    write_outputs(console, report, json_path)
+    if not report["ok"]:
+        failed = [k for k, v in report["checks"].items() if not v]
+        raise click.ClickException(f"soak checks failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":  # the load client
+    if sys.argv[1] == "client":
+        _client_main(sys.argv[2:])
