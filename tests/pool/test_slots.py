@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 
 import pytest
@@ -150,3 +152,31 @@ def test_leases_spread_over_workers_and_follow_the_measured_cost() -> None:
         engine.rebalance()
         assert engine.load[0] < engine.load[1]
         assert worker[engine.lease()] == 0
+
+
+def test_a_released_slot_stops_holding_the_replay_log() -> None:
+    """A session that ends mid-episode must not pin its worker's replay log (which then grows
+    with every step of every other session, and makes each restore after a worker loss slower
+    and slower): releasing the slot forgets its episode."""
+    with SlotEngine("trivial", capacity=2, backend="process", num_workers=1,
+                    env_kwargs={"episode_len": 1000}) as engine:
+        a, b = engine.lease(), engine.lease()
+        for s in (a, b):
+            engine.submit_reset(s, seed=s).result(timeout=WAIT_S)
+        for _ in range(5):
+            engine.submit_step(b, ["x"]).result(timeout=WAIT_S)
+        engine.release(b)  # its session left mid-episode
+        replay = engine.pool._dispatch.replay
+        for episode in range(3):
+            engine.submit_reset(a, seed=10 + episode).result(timeout=WAIT_S)
+            for _ in range(10):
+                assert engine.submit_step(a, ["y"]).result(timeout=WAIT_S).error is None
+        assert replay.seeds[b] is None
+        assert replay.held(0) == 10  # only a's current episode
+        # and a's episode still comes back exactly after its worker is lost
+        reference = turnpool.make("trivial", episode_len=1000)
+        reference.reset(seed=12)
+        want = [reference.step("y")[0] for _ in range(11)][-1]
+        victim = engine.pool.worker_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        assert engine.submit_step(a, ["y"]).result(timeout=WAIT_S).obs == want

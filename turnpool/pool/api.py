@@ -330,6 +330,19 @@ class EnvPool:
         dispatch.in_flight.difference_update(i for i, _ in out)
         return out
 
+    def forget(self, env_ids: Sequence[int]) -> None:
+        """The caller is done with these envs' current episodes (a server session ended):
+        they are no longer restored after a worker loss (a step without a reset first then
+        fails), and the replay log stops keeping their turns, which an abandoned episode
+        would otherwise hold for good."""
+        self._check_open()
+        ids = [int(i) for i in env_ids]
+        n = self.num_envs
+        bad = [i for i in ids if not 0 <= i < n]
+        if bad:
+            raise IndexError(f"env id {bad[0]} out of range [0, {n})")
+        self._dispatch.forget(ids)
+
     @property
     def in_flight(self) -> frozenset[int]:
         """Env ids whose `step_async` results have not been polled yet."""

@@ -159,6 +159,14 @@ class Dispatcher:
                           error_step(f"env failed earlier ({broken[i]}); reset it",
                                      failure=self.failure.get(i, "env_error")))
 
+    def forget(self, env_ids: Sequence[int]) -> None:
+        """Drop these envs' episodes from the replay log (see `EnvPool.forget`)."""
+        by_worker: dict[int, list[int]] = {}
+        for i in env_ids:
+            by_worker.setdefault(self.owner[i], []).append(i)
+        for w, ids in by_worker.items():
+            self.replay.forget(w, ids, self.broken)
+
     def finish(self, ticket: Ticket) -> None:
         """Block until every result of ``ticket`` is in (deadlines hold meanwhile)."""
         self.pump(lambda: ticket.remaining == 0, None)

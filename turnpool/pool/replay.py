@@ -40,6 +40,17 @@ class ReplayLog:
             self._mark[i] = start
         self._compact(worker, broken)
 
+    def held(self, worker: int) -> int:
+        """How many step requests the log keeps for ``worker``."""
+        return len(self._log[worker])
+
+    def forget(self, worker: int, env_ids: Collection[int], broken: Collection[int]) -> None:
+        """The caller is done with these envs' episodes (a released slot): no seed, so they
+        are not restored, and their turns no longer hold the worker's log back."""
+        for i in env_ids:
+            self.seeds[i] = None
+        self._compact(worker, broken)
+
     def restore_items(self, worker: int, env_ids: list[int]
                       ) -> list[tuple[int, int, list[Any]]]:
         """`Op.RESTORE` items ``(env_id, seed, turns)`` bringing back ``env_ids`` (which must

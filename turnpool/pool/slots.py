@@ -168,6 +168,8 @@ class SlotEngine:
                 self.load[w] = max(0.0, self.load[w] - (self.cost[slot] or self._mean_cost))
                 if slot not in self.lost_slots:
                     self._free[w].appendleft(slot)
+                if not self._closed:  # its episode is over for the pool too
+                    self._inbox.put(("forget", slot, None, None))
 
     def rebalance(self) -> None:
         """Recount each worker's load from the leased slots' measured costs (the driver does
@@ -322,6 +324,10 @@ class SlotEngine:
         steps: list[tuple[int, Any, Waiter]] = []
         resets: list[tuple[int, Any, Waiter]] = []
         busy = set(in_flight)
+        forget = [slot for op, slot, _, _ in items if op == "forget"]
+        if forget:  # released slots: before this round's resets, which may start them again
+            items = [item for item in items if item[0] != "forget"]
+            self.pool.forget(forget)
         for op, slot, arg, waiter in items:
             if slot in busy:  # one call at a time per slot; the others are refused alone
                 out.append((waiter, None, RuntimeError(
