@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from turnpool.pool import EnvError, EnvPool, TurnResult
+from turnpool.worker.protocol import ResetResult
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -150,3 +151,27 @@ def test_on_error_raise_in_async_mode_loses_no_result() -> None:
         assert sorted(got) == [0, 2, 3] and not pool.in_flight
         want = ref.step_turns([["a"], ["b"], ["c", "d"]], [0, 2, 3])
         assert [got[0], got[2], got[3]] == want
+
+
+@pytest.mark.parametrize("backend", ["sequential", "process"])
+def test_reset_async_gives_what_reset_gives_and_overlaps_turns(backend: str) -> None:
+    """`reset_async` results come from `poll` (ready first, mixed with turns) and equal a
+    blocking `reset`'s; a reset in flight holds its envs like a turn does."""
+    with EnvPool("trivial", env_num=4, group_n=2, seed=3, backend=backend,
+                 num_workers=2) as pool, \
+            EnvPool("trivial", env_num=4, group_n=2, seed=3, backend="sequential") as ref:
+        pool.reset(seed=9)
+        ref.reset(seed=9)
+        pool.step_async([0, 1], [["a"], ["b"]])
+        pool.reset_async(seed=20, env_ids=[4, 5, 6, 7])
+        with pytest.raises(RuntimeError, match="in flight"):
+            pool.step_async([4], [["c"]])
+        got: dict[int, Any] = {}
+        while pool.in_flight:
+            got.update(pool.poll(timeout=30.0))
+        obs, infos = ref.reset(seed=20, env_ids=[4, 5, 6, 7])
+        assert all(isinstance(got[i], ResetResult) for i in (4, 5, 6, 7))
+        assert [got[i].obs for i in (4, 5, 6, 7)] == obs
+        assert [got[i].info for i in (4, 5, 6, 7)] == infos
+        assert [got[i] for i in (0, 1)] == ref.step_turns([["a"], ["b"]], env_ids=[0, 1])
+        assert pool.env_seeds == ref.env_seeds

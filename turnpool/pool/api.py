@@ -239,16 +239,42 @@ class EnvPool:
         self._check_open()
         ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
         self._check_ids(ids)
+        ticket = Ticket(ids, is_async=False)
+        self._enqueue_resets(ticket, self._reset_base(seed, ids))
+        self._dispatch.finish(ticket)
+        results: list[ResetResult] = ticket.out
+        obs = [r.obs for r in results]
+        infos = [r.info for r in results]
+        self._raise_if_needed(ids, [r.error for r in results])
+        return obs, infos
+
+    def reset_async(self, seed: int | None = None, env_ids: Sequence[int] | None = None
+                    ) -> None:
+        """`reset` without waiting: each env's `ResetResult` comes from `poll`, ready first,
+        like a turn's (the envs are in flight until then)."""
+        self._check_open()
+        ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
+        self._check_ids(ids)
+        ticket = Ticket(ids, is_async=True)
+        self._enqueue_resets(ticket, self._reset_base(seed, ids))
+        self._dispatch.in_flight.update(ids)
+
+    def _reset_base(self, seed: int | None, ids: list[int]) -> int:
+        """The seed base of a reset: the pool's schedule when ``seed`` is None."""
         if seed is None:
             base = self.seed + self._episode * self.n_groups
             self._episode += 1
-        else:
-            _check_int("seed", seed)
-            base = int(seed)
-            # a base below 0 is fine as long as every env reset here gets a seed >= 0
-            _check_int("seed (+ group index of the envs reset)",
-                       base + min((self.group_ids[i] for i in ids), default=0), 0)
-        ticket = Ticket(ids, is_async=False)
+            return base
+        _check_int("seed", seed)
+        # a base below 0 is fine as long as every env reset here gets a seed >= 0
+        _check_int("seed (+ group index of the envs reset)",
+                   int(seed) + min((self.group_ids[i] for i in ids), default=0), 0)
+        return int(seed)
+
+    def _enqueue_resets(self, ticket: Ticket, base: int) -> None:
+        """One `Op.RESET` request per worker for the envs of ``ticket``: group ``g`` gets
+        seed ``base + g``."""
+        ids = ticket.env_ids
         dispatch = self._dispatch
         per_worker: dict[int, tuple[list[int], list[int]]] = {}
         for pos, i in enumerate(ids):
@@ -265,12 +291,6 @@ class EnvPool:
             seeds = [base + self.group_ids[i] for i in order]
             dispatch.enqueue(w, Pending(Op.RESET, order, items, ticket,
                                         [pos_of[i] for i in order], seeds))
-        dispatch.finish(ticket)
-        results: list[ResetResult] = ticket.out
-        obs = [r.obs for r in results]
-        infos = [r.info for r in results]
-        self._raise_if_needed(ids, [r.error for r in results])
-        return obs, infos
 
     # ------------------------------------------------------------------ step
     def step(self, actions: Sequence[Any], env_ids: Sequence[int] | None = None
@@ -309,8 +329,9 @@ class EnvPool:
         return self._tickets
 
     def poll(self, timeout: float | None = 0.0, min_ready: int = 1
-             ) -> list[tuple[int, TurnResult]]:
-        """Results of `step_async` turns that are done, ready first, as ``(env_id, result)``.
+             ) -> list[tuple[int, Any]]:
+        """Results of `step_async` turns (`TurnResult`) and `reset_async` resets
+        (`ResetResult`) that are done, ready first, as ``(env_id, result)``.
 
         Blocks until at least ``min_ready`` results are available (or none are in flight) or
         ``timeout`` seconds pass; ``step_timeout`` is enforced meanwhile.

@@ -107,7 +107,7 @@ class Dispatcher:
         self.failure: dict[int, str] = {}
         #: env ids of `step_async` turns not polled yet, and the finished ones
         self.in_flight: set[int] = set()
-        self.ready: list[tuple[int, TurnResult]] = []
+        self.ready: list[tuple[int, TurnResult | ResetResult]] = []
         self.owner = [0] * num_envs
         for w, ids in enumerate(backend.slices):
             for i in ids:
@@ -403,8 +403,7 @@ class Dispatcher:
                  result: TurnResult | ResetResult) -> None:
         ticket.out[pos] = result
         ticket.remaining -= 1
-        if ticket.is_async:  # stays in flight until polled (async tickets are turns)
-            assert isinstance(result, TurnResult)
+        if ticket.is_async:  # stays in flight until polled
             self.ready.append((env_id, result))
 
     def _fail(self, pending: Pending, k: int, env_id: int, reason: str,

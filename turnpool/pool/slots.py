@@ -12,9 +12,10 @@ as *slots*:
   measured), so a mix of cheap and expensive sessions stays balanced over the workers; within
   a worker, the most recently released slot first (its env is warm).
 * Calls go through an inbox. The driver takes *everything* waiting, sends all steps as one
-  `EnvPool.step_async` call (one message per worker, however many users it serves), runs the
-  resets batched by seed base (one pool reset per distinct base), and collects finished
-  turns ready-first with `EnvPool.poll`, so one slow env never holds back another's result.
+  `EnvPool.step_async` call (one message per worker, however many users it serves), starts
+  the resets batched by seed base (one `EnvPool.reset_async` per distinct base), and collects
+  finished turns and resets ready-first with `EnvPool.poll`, so one slow env (or a worker
+  busy restoring its envs) never holds back another slot's result.
 * Two faces over the same calls: blocking (``submit_reset`` / ``submit_step`` return a
   `concurrent.futures.Future`) and asyncio (``await reset(...)`` / ``await step(...)``, whose
   results reach each event loop in one thread-safe callback per round, not one per result).
@@ -49,7 +50,7 @@ from typing import Any, NamedTuple
 
 from turnpool.envs.registry import EnvTarget
 from turnpool.pool.api import EnvPool
-from turnpool.worker.protocol import TurnResult
+from turnpool.worker.protocol import ResetResult, TurnResult
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,9 @@ class SlotEngine:
                  **pool_options: Any) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+        if pool_options.get("on_error", "flag") != "flag":
+            raise ValueError("a SlotEngine reports failures in its results: on_error must be "
+                             "'flag'")
         self.env_type = env_type
         self.pool = EnvPool(env_type, env_num=capacity, group_n=1, seed=seed,
                             env_kwargs=dict(env_kwargs or {}), **pool_options)
@@ -345,19 +349,23 @@ class SlotEngine:
             except Exception as exc:  # a closed pool: every caller hears it
                 out.extend((w, None, exc) for _, _, w in steps)
         if resets:
-            out.extend(self._resets(resets))
+            out.extend(self._resets(resets, in_flight))
         if in_flight:
             ready = self.pool.poll(timeout=POLL_INTERVAL, min_ready=1)
             now = time.monotonic()
             cost, sent = self.cost, self._sent
             for slot, result in ready:
                 waiter = in_flight.pop(slot, None)
-                if waiter is not None:
-                    self._count_step(result)
-                    out.append((waiter, result, None))
-                    took = now - sent.pop(slot, now)
-                    cost[slot] = took if not cost[slot] else (
-                        cost[slot] + COST_WEIGHT * (took - cost[slot]))
+                if waiter is None:
+                    continue
+                if isinstance(result, ResetResult):
+                    out.append((waiter, self._reset_done(slot, result), None))
+                    continue
+                self._count_step(result)
+                out.append((waiter, result, None))
+                took = now - sent.pop(slot, now)
+                cost[slot] = took if not cost[slot] else (
+                    cost[slot] + COST_WEIGHT * (took - cost[slot]))
         if out:
             _deliver(out)
         now = time.monotonic()
@@ -365,29 +373,33 @@ class SlotEngine:
             self._rebalanced = now
             self.rebalance()
 
-    def _resets(self, resets: list[tuple[int, Any, Waiter]]) -> _Deliver:
-        """One pool reset per distinct seed base: seedless resets share one call, a seeded
-        reset of slot ``i`` to seed ``s`` uses base ``s - i``."""
+    def _resets(self, resets: list[tuple[int, Any, Waiter]], in_flight: dict[int, Waiter]
+                ) -> _Deliver:
+        """Start one pool reset per distinct seed base (seedless resets share one call, a
+        seeded reset of slot ``i`` to seed ``s`` uses base ``s - i``) without waiting: their
+        results come ready-first with the turns', so a reset queued behind a slow worker
+        holds back no other slot."""
         by_base: dict[int | None, list[tuple[int, Waiter]]] = {}
         for slot, seed, waiter in resets:
             by_base.setdefault(None if seed is None else seed - slot, []).append((slot, waiter))
         out: _Deliver = []
         for base, members in by_base.items():
             try:
-                obs, infos = self.pool.reset(seed=base, env_ids=[s for s, _ in members])
+                self.pool.reset_async(seed=base, env_ids=[s for s, _ in members])
             except Exception as exc:
                 out.extend((w, None, exc) for _, w in members)
                 continue
-            seeds = self.pool.env_seeds
-            for (slot, waiter), o, info in zip(members, obs, infos):
-                error = info.get("error") if isinstance(info.get("error"), str) else None
-                failure = str(info.get("failure") or "env_error") if error else None
-                if error:
-                    self._count_failure(failure or "env_error", error)
-                else:
-                    self.resets_total += 1
-                out.append((waiter, SlotReset(o, info, seeds[slot], error, failure), None))
+            in_flight.update(members)
         return out
+
+    def _reset_done(self, slot: int, result: ResetResult) -> SlotReset:
+        error, info = result.error, result.info
+        failure = (result.failure or "env_error") if error is not None else None
+        if error is not None:
+            self._count_failure(failure or "env_error", error)
+        else:
+            self.resets_total += 1
+        return SlotReset(result.obs, info, self.pool.env_seeds[slot], error, failure)
 
     def _count_step(self, result: TurnResult) -> None:
         if result.error is None:
