@@ -215,19 +215,15 @@ async def _drive_server(url: str, sessions: int, special: dict[int, str], warmup
 
 def _server_window(sessions: int, special: dict[int, str], warmup: float, seconds: float,
                    step_timeout: float) -> dict[str, Any]:
-    from turnpool.bench.serve import ServerProcess, _read_line
+    from turnpool.bench.serve import ServerProcess
 
-    cmd_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "turnpool.cli", "serve", "--env", ENV, "--port", "0",
-         "--backend", "process", "--num-workers", "2", "--max-sessions", str(sessions),
-         "--step-timeout", str(step_timeout)],
-        stdout=subprocess.PIPE, text=True, env=cmd_env)
+    server = ServerProcess("turnpool", sessions, cmd=[
+        sys.executable, "-m", "turnpool.cli", "serve", "--env", ENV, "--port", "0",
+        "--backend", "process", "--num-workers", "2", "--max-sessions", str(sessions),
+        "--step-timeout", str(step_timeout)])
     try:
-        line = _read_line(server, 300)
-        url = next(w for w in line.split() if w.startswith("http://")).rstrip(",")
         client = subprocess.run(
-            [sys.executable, "-m", "turnpool.bench.hol", "client", url, str(sessions),
+            [sys.executable, "-m", "turnpool.bench.hol", "client", server.url, str(sessions),
              json.dumps(special), str(warmup), str(seconds)],
             capture_output=True, text=True, timeout=warmup + seconds + 600)
         if client.returncode != 0:
@@ -235,12 +231,7 @@ def _server_window(sessions: int, special: dict[int, str], warmup: float, second
         row: dict[str, Any] = json.loads(client.stdout.strip().splitlines()[-1])
         return row
     finally:
-        ServerProcess.close(_Wrapped(server))  # type: ignore[arg-type]
-
-
-class _Wrapped:
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
+        server.close()
 
 
 # ---------------------------------------------------------------------- the benchmark
@@ -282,7 +273,9 @@ def run(through: list[str], sessions: int, pairs: int, warmup: float, seconds: f
                             "p99_ratio_median": ratios[len(ratios) // 2] if ratios else None,
                             "p99_ratio_min": ratios[0] if ratios else None,
                             "p99_ratio_max": ratios[-1] if ratios else None,
-                            "near_max_ms": max((r["near_max_ms"] or 0) for r in rows)})
+                            "near_max_ms": max((r["near_max_ms"] for r in rows
+                                                if r["near_max_ms"] is not None),
+                                               default=None)})
     return {"benchmark": "hol", "machine": machine_info(), "sessions": sessions,
             "step_timeout": step_timeout, "seconds": seconds, "slow_factor": slow_factor,
             "slow_ms": slow_ms, "windows": windows, "summary": summary}

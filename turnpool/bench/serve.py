@@ -149,13 +149,16 @@ class RunningServer:
 class ServerProcess:
     """A server in a child process; ``url`` once it is listening."""
 
-    def __init__(self, kind: str, max_sessions: int, timeout: float = 300.0) -> None:
-        if kind == "openenv":
+    def __init__(self, kind: str, max_sessions: int, timeout: float = 300.0,
+                 cmd: list[str] | None = None, stderr: Any = None) -> None:
+        """``cmd``: another server command line (it must print its URL on its first line),
+        ``stderr``: where its stderr goes (default: ours)."""
+        if cmd is None and kind == "openenv":
             cmd = [sys.executable, "-m", "turnpool.bench.serve", "reference", str(max_sessions)]
-        else:
+        elif cmd is None:
             cmd = [sys.executable, "-m", "turnpool.cli", "serve", "--env", ENV, "--port", "0",
                    "--max-sessions", str(max_sessions), "--session-timeout", "3600"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         line = _read_line(self.proc, timeout)
         if "http://" not in line:

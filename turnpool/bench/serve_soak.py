@@ -109,14 +109,10 @@ class SoakServer(ServerProcess):
                "--backend", "process", "--num-workers", str(s.num_workers),
                "--max-sessions", str(s.max_sessions), "--step-timeout", str(s.step_timeout),
                "--host", "127.0.0.1", "--port", "0"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        line = _read_line(self.proc, timeout)
-        if "http://" not in line:
-            self.close()
-            raise RuntimeError(f"the server did not start within {timeout:.0f} s: {line!r}; "
-                               f"log: {self.log_tail(20)}")
-        self.url = next(w for w in line.split() if w.startswith("http://")).rstrip(",")
+        try:
+            super().__init__("turnpool", s.max_sessions, timeout, cmd=cmd, stderr=self.log)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; log: {self.log_tail(20)}") from exc
 
     def main_rss_mb(self) -> float:
         """Resident memory of the server process alone (its workers are replaced whenever
