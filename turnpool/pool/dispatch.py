@@ -194,8 +194,7 @@ class Dispatcher:
                 due = self._head_due(w, now) if queues[w] else None
                 if late[w]:
                     late_due = self._late_due(w, now)
-                    if late_due is not None and (due is None or late_due < due):
-                        due = late_due
+                    due = late_due if due is None else min(due, late_due)
                 if due is not None and (wake is None or due < wake):
                     wake = due
             waiting = [w for w in active if queues[w] or late[w]]
@@ -360,7 +359,7 @@ class Dispatcher:
 
     def _partial(self, worker: int, head: Pending, payload: Any) -> None:
         """The worker answered ``head`` except its stalled envs, which become stragglers."""
-        wire, _failed, pending = payload
+        wire, pending = payload
         limit = self._limits[head.op]
         late = self._late[worker]
         waiting = set()

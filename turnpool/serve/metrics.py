@@ -44,13 +44,15 @@ class Metrics:
                                   "A step's time in the server, message to reply",
                                   buckets=BUCKETS, registry=self.registry)
         self.observe_step = self._latency.observe
+        #: the bucket counts at the last `recent_latency` call
+        self._previous: list[float] | None = None
         self.registry.register(_ServerCollector(server))
 
     def recent_latency(self) -> dict[str, float | None]:
         """Step latency p50 / p99 in ms over the steps since the previous call (the upper
         bound of the histogram bucket each falls in; None without steps)."""
         counts = self._bucket_counts()
-        previous, self._previous = getattr(self, "_previous", None), counts
+        previous, self._previous = self._previous, counts
         delta = [c - (previous[k] if previous else 0.0) for k, c in enumerate(counts)]
         total = delta[-1] if delta else 0.0
         out: dict[str, float | None] = {"p50_ms": None, "p99_ms": None}

@@ -110,9 +110,6 @@ class HandoffServer:
         self._spares: list[_Runner] = []
         self._reader: _Runner | None = None
         self._closing = threading.Event()
-        #: requests handed off, and runners given up past ``step_timeout``
-        self.handoffs = 0
-        self.abandoned = 0
 
     # ------------------------------------------------------------------ entry
     def run(self) -> None:
@@ -240,9 +237,7 @@ class HandoffServer:
                 return [(job.seq, job.op, (results, sorted(failed)), None, None)]
             started = self._started(job, pending)
             self._progress(-1)
-            return [(job.seq, Op.PARTIAL,
-                     (results, sorted(k for k in done if k in failed), started),
-                     None, None)]
+            return [(job.seq, Op.PARTIAL, (results, started), None, None)]
         fresh = [k for k, r in enumerate(results) if r is not None and k not in job.reported]
         if not fresh:
             return []
@@ -315,7 +310,6 @@ class HandoffServer:
             helper.job = job
             job.owner = helper
             self._reader = helper
-            self.handoffs += 1
         if fresh:
             threading.Thread(target=self._helper_main, args=(helper,),
                              name="turnpool-runner", daemon=True).start()
@@ -338,7 +332,6 @@ class HandoffServer:
                 return
             r.abandoned = True
             self._host.abandon(env_id)
-            self.abandoned += 1
             timed_out = error_step(TIMED_OUT, failure="timeout")
             reply = None
             if job.partial_sent:  # answer it now, on its own

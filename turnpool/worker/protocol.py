@@ -32,9 +32,9 @@ Wire format (plain tuples; a process backend pickles them once per worker per ca
   ``error`` (``None`` on success) per env.
 * `Op.CLOSE`: close every env; no reply is needed.
 * Replies only, from a process worker whose env stalled (`turnpool.worker.handoff`): an
-  `Op.PARTIAL` reply to a step request carries ``(results, failed, pending)``, where
-  ``results`` has ``None`` at the envs still running and ``pending`` lists ``(index, since)``
-  for each of them; each later arrives in an `Op.LATE` reply (same sequence number) whose
+  `Op.PARTIAL` reply to a step request carries ``(results, pending)``, where ``results`` has
+  ``None`` at the envs still running and ``pending`` lists ``(index, since)`` for each of
+  them; each later arrives in an `Op.LATE` reply (same sequence number) whose
   payload is ``[(env_id, wire_turn), ...]``.
 
 A new op is one `Op` member (with its deadline in `Op.limit`) and one handler in `EnvHost`.

@@ -91,10 +91,14 @@ def _picklable(reply: Reply, exc: Exception) -> Reply:
     """Replace the results that cannot be pickled with per-env errors (the reply's op says
     what its payload holds)."""
     seq, op, payload, failure, error = reply
-    if op.is_turn or op is Op.PARTIAL:
-        results, failed, *pending = payload
+    if op.is_turn:
+        results, failed = payload
         fixed, bad = _fix_items(results, lambda r: error_step(r, failure="unpicklable"))
-        return (seq, op, (fixed, sorted(set(failed) | set(bad)), *pending), failure, error)
+        return (seq, op, (fixed, sorted(set(failed) | set(bad))), failure, error)
+    if op is Op.PARTIAL:  # the pool reads each result's own error: no failed list
+        results, pending = payload
+        fixed = _fix_items(results, lambda r: error_step(r, failure="unpicklable"))[0]
+        return (seq, op, (fixed, pending), failure, error)
     if op is Op.LATE:
         ids = [i for i, _ in payload]
         fixed = _fix_items([r for _, r in payload],
