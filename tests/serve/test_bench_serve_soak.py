@@ -5,6 +5,7 @@ steps and reconnect churn; every fault is classified, no session is lost, RSS is
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -44,6 +45,12 @@ def test_serve_soak_classifies_every_fault_and_loses_no_session() -> None:
     rss = report["rss"]
     assert rss["first_t_s"] == samples[0]["t_s"] and rss["last_mb"] == samples[-1]["rss_mb"]
     assert rss["growth"] == pytest.approx((rss["last_mb"] - rss["first_mb"]) / rss["first_mb"])
+    after = [x["rss_mb"] for x in samples if x["t_s"] >= 5.0 - 1e-6]
+    w = rss["window"]
+    assert 1 <= w <= max(1, len(after) // 2)
+    assert rss["start_median_mb"] == statistics.median(after[:w])
+    assert rss["end_median_mb"] == statistics.median(after[-w:])
+    assert report["checks"]["rss_growth_within_5pct"] == (rss["trend"] <= 0.05)
     assert report["checks"]["complete"] and report["checks"]["no_lost_session"]
     assert report["checks"]["faults_all_classified"]
     assert any("checks:" in str(item) for item in render(report))

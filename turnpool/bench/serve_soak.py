@@ -16,9 +16,12 @@ closes its connection; the client then opens a new session in its place, so the 
 same. Every ``--sample-every`` seconds the benchmark records the server's RSS (server process
 plus the pool's workers), the sessions open, steps, faults, replies of each kind, and the p50 /
 p99 latency of the interval's normal steps; one line per sample goes to stderr. RSS growth is
-(last sample - first sample after ``--warmup``) / that first sample; the server process's own
-RSS is reported too (the workers' share drops whenever an ``exit`` fault replaces one). The
-goal: no RSS growth beyond 5%, no lost session, every fault classified. ``--faults`` narrows
+measured after ``--warmup`` (set it past one episode length, ``50 x --think`` s: until then the
+replay log is still filling) as (median of the last `WINDOW` samples - median of the first
+`WINDOW`) / the latter: one sample can land just after an ``exit`` fault replaced a worker,
+whose share of the total then dips and refills, so single samples swing. The first/last
+figure and the server process's own RSS are reported beside it. The goal: no RSS growth
+beyond 5%, no lost session, every fault classified. ``--faults`` narrows
 the kinds injected (``raise,hang`` leaves the worker restarts out).
 
     turnpool bench serve-soak                                   # 4,096 sessions, 30 minutes
@@ -34,6 +37,7 @@ import math
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,6 +71,8 @@ ACCEPTED = {"raise": {"env_error"}, "hang": {"timeout", "worker_lost"},
 LOST_SLACK_S = 30.0
 #: RSS growth the goal allows
 RSS_GOAL = 0.05
+#: samples whose median is the RSS at the start / the end of the measured span
+WINDOW = 5
 #: how many lost sessions / unexpected replies the report keeps in detail
 _DETAIL = 20
 
@@ -79,7 +85,7 @@ class Settings:
     reconnect_every: float = 60.0
     seconds: float = 1800.0
     sample_every: float = 30.0
-    warmup: float = 60.0
+    warmup: float = 300.0
     step_timeout: float = 5.0
     num_workers: int = 2
     episode_len: int = 50
@@ -446,12 +452,16 @@ def summarize(s: Settings, samples: list[dict[str, Any]], result: dict[str, Any]
     main_last = after[-1]["main_rss_mb"] if after else None
     main_growth = (main_last - main_first) / main_first \
         if main_first and main_last is not None else None
+    window = min(WINDOW, max(1, len(after) // 2))
+    start_med = statistics.median(x["rss_mb"] for x in after[:window]) if after else None
+    end_med = statistics.median(x["rss_mb"] for x in after[-window:]) if after else None
+    trend = (end_med - start_med) / start_med if start_med and end_med is not None else None
     faults = sum((result.get("faults") or {}).values())
     lost = result.get("lost")
     complete = bool(result) and len(samples) > 0
     checks = {
         "complete": complete,
-        "rss_growth_within_5pct": growth is not None and growth <= RSS_GOAL,
+        "rss_growth_within_5pct": trend is not None and trend <= RSS_GOAL,
         "no_lost_session": complete and lost == 0,
         "faults_all_classified": complete and result.get("misclassified") == 0,
         "normal_steps_all_answered": complete and not result.get("unexpected_errors"),
@@ -462,6 +472,8 @@ def summarize(s: Settings, samples: list[dict[str, Any]], result: dict[str, Any]
             "faults_injected": faults,
             "rss": {"idle_mb": rss_idle, "first_mb": first, "last_mb": last,
                     "first_t_s": after[0]["t_s"] if after else None, "growth": growth,
+                    "window": window, "start_median_mb": start_med,
+                    "end_median_mb": end_med, "trend": trend,
                     "max_mb": max((x["rss_mb"] for x in samples), default=None),
                     "server_first_mb": main_first, "server_last_mb": main_last,
                     "server_growth": main_growth},
@@ -494,6 +506,7 @@ def render(report: Report) -> list[Any]:
     t = report["totals"]
     r = report["rss"]
     growth = f"{100 * r['growth']:+.1f}%" if r["growth"] is not None else "-"
+    trend = f"{100 * r['trend']:+.1f}%" if r.get("trend") is not None else "-"
     lines = [
         table,
         f"steps {t.get('steps', 0):,} (normal {t.get('normal_steps', 0):,}), "
@@ -505,10 +518,12 @@ def render(report: Report) -> list[Any]:
         f"lost sessions {t.get('lost')} {t.get('lost_by') or ''}; normal steps answered "
         f"with an error: {t.get('unexpected_errors') or 0}; reset errors "
         f"{t.get('reset_errors')}; reconnects {t.get('reconnects')}",
-        f"RSS (server + workers): idle {ms(r['idle_mb'])} MB, at {r['first_t_s']} s "
-        f"{ms(r['first_mb'])} MB, last {ms(r['last_mb'])} MB, growth {growth} "
-        f"(goal <= {100 * RSS_GOAL:g}%); server process alone {ms(r['server_first_mb'])} -> "
-        f"{ms(r['server_last_mb'])} MB",
+        f"RSS (server + workers): idle {ms(r['idle_mb'])} MB; median of {r.get('window')} "
+        f"samples from {r['first_t_s']} s {ms(r.get('start_median_mb'))} MB, of the last "
+        f"{r.get('window')} {ms(r.get('end_median_mb'))} MB: growth {trend} (goal <= "
+        f"{100 * RSS_GOAL:g}%); first/last sample {ms(r['first_mb'])} -> "
+        f"{ms(r['last_mb'])} MB ({growth}); server process alone "
+        f"{ms(r['server_first_mb'])} -> {ms(r['server_last_mb'])} MB",
         "checks: " + ", ".join(f"{k} {'yes' if v else 'NO'}"
                                for k, v in report["checks"].items()),
     ]
