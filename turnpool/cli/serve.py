@@ -2,6 +2,7 @@
 
     turnpool serve --env sokoban                        # 127.0.0.1:8000, process backend
     turnpool serve --config serve.yaml --port 0         # settings from YAML, a free port
+    turnpool serve --env sokoban --frontends 2          # two front processes on one port
     turnpool serve --env sokoban --host 0.0.0.0 --allow-remote --token "$TOKEN"  # opt-in only
 
 Any host other than loopback is refused unless both ``--allow-remote`` and ``--token`` are
@@ -10,7 +11,7 @@ given.
 The YAML holds `turnpool.serve.ServeSettings` fields (``env``, ``env_kwargs``, ``backend``,
 ``num_workers``, ``max_sessions``, ``step_timeout``, ``reset_timeout``, ``session_timeout``,
 ``http_session_timeout``, ``max_http_sessions``,
-``seed``, ``backend_options``); options given on the command line win.
+``seed``, ``backend_options``, ``frontends``); options given on the command line win.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
 @click.option("--session-timeout", type=float, default=None,
               help="Idle seconds before a WebSocket session is closed  [default: never]")
 @click.option("--seed", type=int, default=None, help="Base seed of seedless resets.")
+@click.option("--frontends", type=click.IntRange(min=1), default=None,
+              help="Front-end processes sharing the port, each serving its share of the "
+                   "sessions over its share of the workers  [default: 1]")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind; anything but loopback needs --allow-remote and a token.")
 @click.option("--port", default=8000, show_default=True, type=int,
@@ -73,8 +77,8 @@ def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
               help=f"Bearer token every client must send (or set ${TOKEN_ENV}).")
 def serve(env: str | None, config_path: Path | None, backend: str | None,
           num_workers: int | None, max_sessions: int | None, step_timeout: float | None,
-          session_timeout: float | None, seed: int | None, host: str, port: int,
-          allow_remote: bool, token: str | None) -> None:
+          session_timeout: float | None, seed: int | None, frontends: int | None, host: str,
+          port: int, allow_remote: bool, token: str | None) -> None:
     """Serve envs over OpenEnv's protocol (WebSocket /ws and HTTP); Ctrl-C stops it."""
     from turnpool.serve import check_bind
     from turnpool.serve import serve as run
@@ -88,11 +92,12 @@ def serve(env: str | None, config_path: Path | None, backend: str | None,
     settings = load_settings(config_path, {
         "env": env, "backend": backend, "num_workers": num_workers,
         "max_sessions": max_sessions, "step_timeout": step_timeout,
-        "session_timeout": session_timeout, "seed": seed})
+        "session_timeout": session_timeout, "seed": seed, "frontends": frontends})
 
     def ready(url: str) -> None:
+        fronts = f" in {settings.frontends} fronts" if settings.frontends > 1 else ""
         click.echo(f"turnpool serve: {settings.env} x {settings.max_sessions} sessions on "
-                   f"{settings.backend}, at {url}  (OpenEnv: ws{url[4:]}/ws; status page: "
+                   f"{settings.backend}{fronts}, at {url}  (OpenEnv: ws{url[4:]}/ws; status page: "
                    f"{url}/)", nl=True)
 
     try:

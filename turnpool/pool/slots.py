@@ -190,6 +190,14 @@ class SlotEngine:
                 load[worker[s]] += cost[s] or mean
             self.load = load
 
+    def measured_load(self) -> tuple[float, int, int]:
+        """(summed cost of the leased slots measured so far, how many those are, how many
+        slots are leased): a load that other engines can compare, unlike `load`, where
+        unmeasured slots count this engine's own mean."""
+        with self._lock:
+            known = [c for c in map(self.cost.__getitem__, self._leased) if c > 0.0]
+            return float(sum(known)), len(known), len(self._leased)
+
     # ------------------------------------------------------------------ blocking face
     def submit_reset(self, slot: int, seed: int | None = None
                      ) -> concurrent.futures.Future[SlotReset]:

@@ -26,16 +26,19 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from turnpool.serve.app import create_app
 from turnpool.serve.engine import PoolEngine, ServeSettings
 from turnpool.webshop.server import UvicornThread, bind_socket
 
+if TYPE_CHECKING:
+    from turnpool.serve.fronts import FrontLink
+
 log = logging.getLogger(__name__)
 
 __all__ = ["PoolEngine", "ServeSettings", "TurnpoolServer", "check_bind", "create_app",
-           "is_loopback", "serve"]
+           "is_loopback", "run_app", "serve"]
 
 
 def is_loopback(host: str) -> bool:
@@ -69,7 +72,7 @@ def _uvicorn_server(app: Any) -> Any:
     from turnpool.serve.fastws import front_protocol
 
     front = front_protocol(app.state.server, app.state.tools,
-                           import_from_string(HTTP_PROTOCOLS["auto"]))
+                           import_from_string(HTTP_PROTOCOLS["auto"]), app.state.link)
     # asyncio's own loop: uvloop measured no less CPU per step on the lean /ws path
     # (docs/performance.md); the front takes either loop's transports
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
@@ -114,25 +117,50 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
           token: str | None = None, on_ready: Callable[[str], None] | None = None,
           allow_remote: bool = False) -> None:
     """Run the server in the foreground until interrupted (Ctrl-C / SIGTERM); the pool's
-    workers are stopped on the way out either way."""
+    workers (and, with ``settings.frontends > 1``, the front processes) are stopped on the
+    way out either way."""
     check_bind(host, token, allow_remote)
-    engine = PoolEngine(settings)
     previous = None
     if threading.current_thread() is threading.main_thread():
         # uvicorn shuts down gracefully on SIGTERM and then re-raises it; this handler turns
         # that into SystemExit so the ``finally`` below still closes the pool.
         previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        sock = bind_socket(host, port)
+        if settings.frontends > 1:
+            _serve_fronts(settings, host, port, token, on_ready, allow_remote)
+            return
+        engine = PoolEngine(settings)
         try:
-            bound_host, bound_port = sock.getsockname()[:2]
-            server = _uvicorn_server(create_app(engine, token))
-            if on_ready is not None:
-                on_ready(f"http://{bound_host}:{bound_port}")
-            server.run(sockets=[sock])
+            sock = bind_socket(host, port)
+            try:
+                if on_ready is not None:
+                    bound_host, bound_port = sock.getsockname()[:2]
+                    on_ready(f"http://{bound_host}:{bound_port}")
+                run_app(engine, token, [sock])
+            finally:
+                sock.close()
         finally:
-            sock.close()
+            engine.close()
     finally:
-        engine.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def run_app(engine: PoolEngine, token: str | None, sockets: list[Any],
+            link: FrontLink | None = None) -> None:
+    """Serve the app over ``engine`` on already bound ``sockets`` until uvicorn exits."""
+    server = _uvicorn_server(create_app(engine, token, link))
+    if link is not None:
+        link.uvicorn = server
+    server.run(sockets=sockets)
+
+
+def _serve_fronts(settings: ServeSettings, host: str, port: int, token: str | None,
+                  on_ready: Callable[[str], None] | None, allow_remote: bool) -> None:
+    """The supervisor of ``settings.frontends`` front processes, in the foreground."""
+    from turnpool.serve.fronts import FrontGroup
+
+    with FrontGroup(settings, host, port, token, allow_remote) as group:
+        if on_ready is not None:
+            on_ready(group.url)
+        group.wait()

@@ -28,13 +28,14 @@ import asyncio
 import contextlib
 import inspect
 import json
+import os
 import secrets
 import time
 import uuid
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -47,6 +48,9 @@ from turnpool.serve.engine import PoolEngine, PoolFull, PoolTimeout, SlotReset, 
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.metrics import CONTENT_TYPE
 from turnpool.serve.page import STATUS_PAGE
+
+if TYPE_CHECKING:
+    from turnpool.serve.fronts import FrontLink
 
 #: Largest client message (bytes of JSON) the server reads; longer ones are refused.
 MAX_MESSAGE_CHARS = 1_000_000
@@ -134,6 +138,11 @@ class Server:
         self.refused = 0
         self.reaped = 0
         self._rate: deque[tuple[float, int]] = deque(maxlen=16)
+        #: what new session ids start with (``f<k>-`` on front k of several: the fronts
+        #: route a request by it, `turnpool.serve.fronts`)
+        self.id_prefix = ""
+        #: connections this server passed to / took from other fronts
+        self.passed_out = self.passed_in = 0
         #: the Prometheus registry (None without ``prometheus-client``: /metrics says so)
         self.metrics = _metrics(self)
 
@@ -159,7 +168,7 @@ class Server:
                                 f"server busy: all {cap} env slots are held by sessions; "
                                 "retry after one closes", status=503,
                                 active_sessions=len(self.sessions), max_sessions=cap) from None
-        session = Session(uuid.uuid4().hex, slot, kind)
+        session = Session(self.id_prefix + uuid.uuid4().hex, slot, kind)
         self.sessions[session.id] = session
         return session
 
@@ -338,6 +347,8 @@ class Server:
         latency = self.metrics.recent_latency() if self.metrics is not None else {}
         return {
             "latency_p50_ms": latency.get("p50_ms"), "latency_p99_ms": latency.get("p99_ms"),
+            "latency_buckets": latency.get("buckets") or [], "pid": os.getpid(),
+            "passed_out": self.passed_out, "passed_in": self.passed_in,
             "workers": [{"sessions": per_worker.get(w, 0), "load": load}
                         for w, load in enumerate(list(eng.load))],
             "env": self.settings.env, "backend": eng.pool.backend_name,
@@ -455,17 +466,26 @@ def error_frame(code: str, message: str, **extra: Any) -> str:
 
 
 # ---------------------------------------------------------------------- the app
-def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
-    """The FastAPI app of ``turnpool serve`` over a started engine (which it does not own)."""
+def create_app(engine: PoolEngine, token: str | None = None,
+               link: FrontLink | None = None) -> FastAPI:
+    """The FastAPI app of ``turnpool serve`` over a started engine (which it does not own);
+    with ``link``, the app of one front of several (`turnpool.serve.fronts`)."""
     server = Server(engine, token)
     tools = mcp.Tools(engine.settings.env, dict(engine.settings.env_kwargs))
+    if link is not None:
+        server.id_prefix = link.prefix
+        link.server = server
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         reaper = asyncio.create_task(server.reap_forever())
+        if link is not None:
+            await link.start()
         try:
             yield
         finally:
+            if link is not None:
+                await link.stop()
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
@@ -473,6 +493,11 @@ def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
     app = FastAPI(title=f"turnpool serve: {engine.settings.env}", lifespan=lifespan)
     app.state.server = server
     app.state.tools = tools
+    app.state.link = link
+    if link is not None:
+        from turnpool.serve.fronts import Router
+
+        app.add_middleware(Router, link=link, max_body=MAX_MESSAGE_CHARS)
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Any) -> Response:
@@ -513,15 +538,29 @@ def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
     async def page() -> HTMLResponse:
         return HTMLResponse(STATUS_PAGE)
 
+    def whole(request: Request) -> bool:
+        """Whether to answer for every front (not asked for this one alone)."""
+        return link is not None and request.query_params.get("local") != "1"
+
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         if server.metrics is None:
             return json_response({"detail": "install prometheus-client for /metrics"}, 501)
-        return Response(server.metrics.render(), media_type=CONTENT_TYPE)
+        text = server.metrics.render()
+        if whole(request):
+            assert link is not None
+            text = await link.merged_metrics(text)
+        return Response(text, media_type=CONTENT_TYPE)
 
     @app.get("/api/status")
-    async def api_status() -> Response:
-        return json_response(server.status())
+    async def api_status(request: Request) -> Response:
+        status = server.status()
+        if link is not None:
+            status["placement"] = link.published()
+        if whole(request):
+            assert link is not None
+            status = await link.merged_status(status)
+        return json_response(status)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -47,6 +47,9 @@ class ServeSettings:
     max_action_chars: int = 16_384
     max_actions_per_step: int = 64
     backend_options: dict[str, Any] = field(default_factory=dict)
+    #: front-end processes on the one port (`turnpool.serve.fronts`): each serves its share
+    #: of the sessions over its share of the workers; 1: one process serves everything
+    frontends: int = 1
 
     def http_cap(self) -> int:
         if self.max_http_sessions is not None:

@@ -40,6 +40,7 @@ from turnpool.serve.errors import ProtocolError
 if TYPE_CHECKING:
     from turnpool.serve import mcp
     from turnpool.serve.app import Server, Session
+    from turnpool.serve.fronts import FrontLink
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ class Front(asyncio.Protocol):
     tools: mcp.Tools
     batcher: StepBatcher
     inner_class: Any
+    #: this front's link to the others when the server runs several (None: one)
+    link: FrontLink | None = None
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -109,10 +112,14 @@ class Front(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.head = b""
         self.timer: asyncio.TimerHandle | None = None
+        #: what another front read of this connection before passing it here (it stays)
+        self.passed: bytes | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.timer = self.loop.call_later(self.config.timeout_keep_alive, transport.close)
+        if self.passed:  # before the transport reads anything more
+            self.data_received(self.passed)
 
     def data_received(self, data: bytes) -> None:
         self.head += data
@@ -125,9 +132,13 @@ class Front(asyncio.Protocol):
         if request is None:
             self._hand_over()
             return
+        assert self.transport is not None
+        if self.link is not None and self.passed is None:
+            to = self.link.place(request[2].get("session_id"))
+            if to is not None and self.link.pass_connection(self.transport, self.head, to):
+                return
         if self.timer is not None:
             self.timer.cancel()
-        assert self.transport is not None
         conn = WsConnection(self.server, self.tools, self.server_state, self.transport,
                             self.batcher)
         self.transport.set_protocol(conn)
@@ -474,12 +485,14 @@ class WsConnection(asyncio.Protocol):
             self._release()
 
 
-def front_protocol(server: Server, tools: mcp.Tools, inner_class: Any) -> type[Front]:
+def front_protocol(server: Server, tools: mcp.Tools, inner_class: Any,
+                   link: FrontLink | None = None) -> type[Front]:
     """The `Front` class of one server, to give uvicorn as ``http``; ``inner_class`` is
-    uvicorn's HTTP protocol class that serves every other request."""
+    uvicorn's HTTP protocol class that serves every other request; ``link`` places new
+    sessions among several fronts."""
     return type("TurnpoolFront", (Front,), {"server": server, "tools": tools,
                                             "batcher": StepBatcher(server.engine),
-                                            "inner_class": inner_class})
+                                            "inner_class": inner_class, "link": link})
 
 
 __all__ = ["Front", "WsConnection", "front_protocol"]

@@ -48,21 +48,13 @@ class Metrics:
         self._previous: list[float] | None = None
         self.registry.register(_ServerCollector(server))
 
-    def recent_latency(self) -> dict[str, float | None]:
-        """Step latency p50 / p99 in ms over the steps since the previous call (the upper
-        bound of the histogram bucket each falls in; None without steps)."""
+    def recent_latency(self) -> dict[str, Any]:
+        """Step latency p50 / p99 in ms over the steps since the previous call (`quantiles`)
+        and the histogram's cumulative counts of those steps (``buckets``)."""
         counts = self._bucket_counts()
         previous, self._previous = self._previous, counts
         delta = [c - (previous[k] if previous else 0.0) for k, c in enumerate(counts)]
-        total = delta[-1] if delta else 0.0
-        out: dict[str, float | None] = {"p50_ms": None, "p99_ms": None}
-        if total <= 0:
-            return out
-        bounds = [*BUCKETS, float("inf")]
-        for name, q in (("p50_ms", 0.5), ("p99_ms", 0.99)):
-            k = next(k for k, c in enumerate(delta) if c >= q * total)
-            out[name] = bounds[k] * 1000.0 if bounds[k] != float("inf") else None
-        return out
+        return {**quantiles(delta), "buckets": delta}
 
     def _bucket_counts(self) -> list[float]:
         """The histogram's cumulative bucket counts, ``+Inf`` last."""
@@ -75,6 +67,20 @@ class Metrics:
 
         out: bytes = generate_latest(self.registry)
         return out
+
+
+def quantiles(cumulative: list[float]) -> dict[str, float | None]:
+    """p50 / p99 in ms from cumulative histogram counts over `BUCKETS` (``+Inf`` last): the
+    upper bound of the bucket each falls in; None without steps."""
+    total = cumulative[-1] if cumulative else 0.0
+    out: dict[str, float | None] = {"p50_ms": None, "p99_ms": None}
+    if total <= 0:
+        return out
+    bounds = [*BUCKETS, float("inf")]
+    for name, q in (("p50_ms", 0.5), ("p99_ms", 0.99)):
+        k = next(k for k, c in enumerate(cumulative) if c >= q * total)
+        out[name] = bounds[k] * 1000.0 if bounds[k] != float("inf") else None
+    return out
 
 
 class _ServerCollector:
