@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -59,6 +60,16 @@ log = logging.getLogger(__name__)
 ENV = "sokoban"
 ACTIONS = ("Up", "Down", "Left", "Right")
 SERVERS = ("openenv", "turnpool")
+
+
+def fronts_of(kind: str) -> int:
+    """The front processes of a server kind: ``turnpool`` 1, ``turnpool-f<N>`` N."""
+    m = re.fullmatch(r"turnpool-f(\d+)", kind)
+    return int(m.group(1)) if m else 1
+
+
+def known_server(kind: str) -> bool:
+    return kind in SERVERS or fronts_of(kind) > 1
 
 
 # ---------------------------------------------------------------------- the reference server
@@ -157,7 +168,8 @@ class ServerProcess:
             cmd = [sys.executable, "-m", "turnpool.bench.serve", "reference", str(max_sessions)]
         elif cmd is None:
             cmd = [sys.executable, "-m", "turnpool.cli", "serve", "--env", ENV, "--port", "0",
-                   "--max-sessions", str(max_sessions), "--session-timeout", "3600"]
+                   "--max-sessions", str(max_sessions), "--session-timeout", "3600",
+                   "--frontends", str(fronts_of(kind))]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         line = _read_line(self.proc, timeout)
@@ -521,6 +533,8 @@ def summarize(rows: list[dict[str, Any]], levels: list[int]) -> list[dict[str, A
         for kind in sorted({r["server"] for r in at}):
             mine = [r for r in at if r["server"] == kind]
             entry[kind] = {
+                "x_openenv_median": _median([r["x_openenv"] for r in mine
+                                             if r.get("x_openenv") is not None]),
                 "steps_per_s": _median([r["steps_per_s"] for r in mine]),
                 "p99_ms": _median([r["p99_ms"] for r in mine if r["p99_ms"] is not None]),
                 "cpu_us_per_step": _median([r["cpu_us_per_step"] for r in mine
@@ -616,6 +630,14 @@ def render(report: dict[str, Any]) -> list[Any]:
                             ms((e.get("turnpool") or {}).get("cpu_us_per_step")),
                             ms((e.get("openenv") or {}).get("cpu_us_per_step")))
         out.append(summary)
+        extra = sorted({k for e in report["summary"] for k in e
+                        if isinstance(e[k], dict) and fronts_of(k) > 1})
+        for kind in extra:
+            out.append(f"{kind}: " + "; ".join(
+                f"{e['sessions']} sessions x openenv {ratio(e[kind].get('x_openenv_median'))}"
+                f", {ms(e[kind].get('steps_per_s'))} steps/s, p99 {ms(e[kind].get('p99_ms'))}"
+                f" ms, cpu {ms(e[kind].get('cpu_us_per_step'))} us/step"
+                for e in report["summary"] if kind in e))
     if report["holds"]:
         held = Table(title=f"sessions held (asked {report['hold']}: open, reset, step, keep)")
         for col in ("server", "held", "seconds to open", "RSS MB"):
@@ -637,7 +659,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4))
-    for kind in SERVERS:  # medians over the pairs; the bars are each window's spread
+    kinds = (*SERVERS, *sorted({k for e in report["summary"] for k in e
+                                if isinstance(e[k], dict)}))
+    for kind in dict.fromkeys(kinds):  # medians over the pairs; bars: each window's spread
         at = [e for e in report["summary"] if kind in e]
         if not at:
             continue
@@ -672,7 +696,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
               help="Sessions to try to hold at once (0: skip).")
 @click.option("--seconds", default=10.0, show_default=True, help="Measured window per level.")
 @click.option("--warmup", default=2.0, show_default=True, help="Unmeasured seconds first.")
-@click.option("--servers", default=",".join(SERVERS), show_default=True)
+@click.option("--servers", default=",".join(SERVERS), show_default=True,
+              help="Servers compared, interleaved: openenv, turnpool, turnpool-f<N> "
+                   "(turnpool serve --frontends N).")
 @click.option("--pairs", default=4, show_default=True,
               help="Interleaved rounds per level: each gives every server one window.")
 @click.option("--url", "urls", multiple=True, metavar="NAME=URL",
@@ -692,13 +718,14 @@ def command(sessions: str, hold: int, seconds: float, warmup: float, servers: st
     except ValueError as exc:
         raise click.BadParameter(f"--sessions must be integers: {exc}") from exc
     chosen = tuple(s.strip() for s in servers.split(",") if s.strip())
-    unknown = set(chosen) - set(SERVERS)
+    unknown = {s for s in chosen if not known_server(s)}
     if unknown:
-        raise click.BadParameter(f"unknown servers {sorted(unknown)}; known: {SERVERS}")
+        raise click.BadParameter(f"unknown servers {sorted(unknown)}; known: {SERVERS} and "
+                                 "turnpool-f<N> (turnpool serve --frontends N)")
     given: dict[str, str] = {}
     for item in urls:
         name, sep, url = item.partition("=")
-        if not sep or name not in SERVERS or not url.startswith(("http://", "https://")):
+        if not sep or not known_server(name) or not url.startswith(("http://", "https://")):
             raise click.BadParameter(f"--url takes NAME=URL with NAME one of {SERVERS}, got "
                                      f"{item!r}")
         given[name] = url
