@@ -11,8 +11,14 @@ the pool started stays up for later pools in the process (starting one takes sec
 ``ray.shutdown()`` to stop it.
 
 Actors default to ``num_cpus=0`` so that any number of them fits any cluster (parallelism is
-set by ``num_workers``); ``ray_actor_options`` passes Ray's own options (``num_cpus``,
-``scheduling_strategy``, ``runtime_env`` ...).
+set by ``num_workers``). On a cluster of several nodes the workers, and the envs (and served
+sessions) they hold, are spread evenly over the nodes that have CPUs instead of packed on the
+driver's: worker ``k`` is placed on node ``k mod n`` of the live nodes at the time (Ray's
+node affinity; its ``soft`` form and ``SPREAD`` were both seen to pack every actor on one
+node of a local two-node cluster; the standby actor, which may take over any slice, gets
+Ray's default placement). `RayBackend.worker_nodes` says where each runs.
+``ray_actor_options`` passes Ray's own options (``num_cpus``, ``scheduling_strategy``,
+``runtime_env`` ...); a ``scheduling_strategy`` given there replaces this placement.
 
 Faults: every ``ray.get`` has a timeout. An actor that dies (an env calling ``os._exit``) makes
 its pending call fail with ``ActorDiedError``; one stuck past ``step_timeout`` is killed with
@@ -107,9 +113,12 @@ class SliceActor:
         self.host: EnvHost | None = None
 
     def load(self, builds: list[EnvBuild], progress_path: str
-             ) -> tuple[int, str, dict[int, str]]:
+             ) -> tuple[int, str, str, dict[int, str]]:
+        import ray
+
         self.host = EnvHost(builds, ProgressWriter(progress_path))
-        return os.getpid(), socket.gethostname(), dict(self.host.build_errors)
+        return (os.getpid(), socket.gethostname(), ray.get_runtime_context().get_node_id(),
+                dict(self.host.build_errors))
 
     def ping(self) -> int:
         return os.getpid()
@@ -118,6 +127,16 @@ class SliceActor:
         if self.host is None:
             raise RuntimeError("actor has no envs")
         return encode(self.host.handle(request))
+
+
+def _nodes_with_cpus() -> list[str]:
+    """The ids of the cluster's live nodes that have CPUs (all live ones if none has),
+    sorted, so worker ``k`` goes to the same node in every run of the same cluster."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    with_cpus = [n for n in alive if n.get("Resources", {}).get("CPU", 0) > 0]
+    return sorted(str(n["NodeID"]) for n in with_cpus or alive)
 
 
 @functools.lru_cache(maxsize=1)
@@ -135,6 +154,8 @@ class _Actor(WorkerHandle):
 
     runner: Any
     pending: deque[tuple[int, Op, Any]] = field(default_factory=deque)
+    #: the Ray node the actor runs on
+    node: str = ""
 
 
 class RayBackend(Backend):
@@ -161,6 +182,9 @@ class RayBackend(Backend):
         self.ray_address = ray_address
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
         self.actor_options: dict[str, Any] = {"num_cpus": 0, **(ray_actor_options or {})}
+        #: the nodes worker k is placed on in turn (empty: Ray's own placement)
+        self._nodes: list[str] = []
+        self._started = False
         self._actors: list[_Actor | None] = [None] * self.num_workers
         self._timeout = 60.0
         self._closed = False
@@ -178,6 +202,8 @@ class RayBackend(Backend):
             raise BackendUnavailable(f"ray could not start: {short_error(exc)}") from exc
         import ray
 
+        if "scheduling_strategy" not in self.actor_options:
+            self._nodes = _nodes_with_cpus()
         try:
             hellos = [self._create(k) for k in range(self.num_workers)]
             # The standby starts alongside the workers and start() waits for it too: a
@@ -186,6 +212,7 @@ class RayBackend(Backend):
             standby = [self._standby.ping.remote()] if self._standby is not None else []
             self._greet(list(range(self.num_workers)), hellos, timeout)
             ray.get(standby, timeout=timeout)
+            self._started = True
         except EnvBuildError:  # the envs are broken, not the backend
             self.close()
             raise
@@ -198,12 +225,21 @@ class RayBackend(Backend):
         progress = ProgressSlot()
         handle, self._standby = self._standby, None
         if handle is None:
-            handle = self._new_actor()
+            handle = self._new_actor(k)
         self._actors[k] = _Actor(runner=handle, progress=progress, local=False)
         return handle.load.remote(self.builds_of(k), progress.path)
 
-    def _new_actor(self) -> Any:
-        return _remote_class().options(**self.actor_options).remote()
+    def _new_actor(self, k: int | None = None) -> Any:
+        """A new actor: worker ``k``'s on its node, or the standby (None)."""
+        options = dict(self.actor_options)
+        if self._nodes and k is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            if self._started:  # a replacement: the nodes alive now
+                self._nodes = _nodes_with_cpus() or self._nodes
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                self._nodes[k % len(self._nodes)], soft=False)
+        return _remote_class().options(**options).remote()
 
     def _replenish(self) -> None:
         """Start the next standby; after a restart nobody waits for it (recovery first)."""
@@ -214,13 +250,17 @@ class RayBackend(Backend):
         import ray
 
         errors: dict[int, str] = {}
-        for k, (pid, host, failed) in zip(workers, ray.get(hellos, timeout=timeout)):
+        for k, (pid, host, node, failed) in zip(workers, ray.get(hellos, timeout=timeout)):
             actor = self._actors[k]
             assert actor is not None
-            actor.pid, actor.local = int(pid), host == self._hostname
+            actor.pid, actor.local, actor.node = int(pid), host == self._hostname, str(node)
             actor.progress.unlink()
             errors.update(failed)
         raise_build_errors(errors)
+
+    def worker_nodes(self) -> list[str | None]:
+        """Per worker, the id of the Ray node its actor runs on (None: none now)."""
+        return [a.node if a is not None and a.node else None for a in self._actors]
 
     def close(self) -> None:
         if self._closed:

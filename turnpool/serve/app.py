@@ -345,12 +345,15 @@ class Server:
         owner = {i: w for w, ids in enumerate(eng.pool.backend.slices) for i in ids}
         per_worker = Counter(owner.get(s.slot, -1) for s in list(self.sessions.values()))
         latency = self.metrics.recent_latency() if self.metrics is not None else {}
+        nodes_of = getattr(eng.pool.backend, "worker_nodes", None)  # ray: where each runs
+        nodes = nodes_of() if nodes_of is not None else [None] * len(eng.load)
         return {
             "latency_p50_ms": latency.get("p50_ms"), "latency_p99_ms": latency.get("p99_ms"),
             "latency_buckets": latency.get("buckets") or [], "pid": os.getpid(),
             "passed_out": self.passed_out, "passed_in": self.passed_in,
-            "workers": [{"sessions": per_worker.get(w, 0), "load": load}
-                        for w, load in enumerate(list(eng.load))],
+            "workers": [{"sessions": per_worker.get(w, 0), "load": load, "node": node}
+                        for w, (load, node) in enumerate(zip(list(eng.load), nodes,
+                                                             strict=False))],
             "env": self.settings.env, "backend": eng.pool.backend_name,
             "num_workers": eng.pool.num_workers, "capacity": eng.capacity,
             "active_sessions": len(self.sessions), "uptime_s": time.time() - self.started,
