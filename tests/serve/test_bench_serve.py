@@ -63,18 +63,23 @@ def test_bench_serve_drives_a_running_server_by_url(tmp_path: Path) -> None:
 
 
 def test_bench_serve_runs_a_server_of_several_fronts(tmp_path: Path) -> None:
+    """A two-front server, loaded by two client processes that start together."""
     out = tmp_path / "serve.json"
     res = CliRunner().invoke(main, ["bench", "serve", "--servers", "openenv,turnpool-f2",
-                                    "--sessions", "6", "--hold", "8", "--seconds", "1",
-                                    "--warmup", "0.2", "--pairs", "1", "--json", str(out)])
+                                    "--sessions", "7", "--hold", "8", "--seconds", "1",
+                                    "--warmup", "0.2", "--pairs", "1", "--clients", "2",
+                                    "--json", str(out)])
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text(encoding="utf-8"))
     (ref,) = [r for r in report["rows"] if r["server"] == "openenv"]
     (ours,) = [r for r in report["rows"] if r["server"] == "turnpool-f2"]
-    assert ours["running"] == 6 and ours["errors"] == 0 and ours["steps"] > 0
+    for row in (ref, ours):
+        assert row["clients"] == 2 and row["sessions"] == 7 and row["running"] == 7
+        assert row["errors"] == 0 and row["steps"] > 0 and row["cpu_us_per_step"] > 0
+        assert row["p50_ms"] <= row["p99_ms"] and "quantiles_ms" not in row
     assert ours["x_openenv"] == pytest.approx(ours["steps_per_s"] / ref["steps_per_s"])
     assert report["summary"][0]["turnpool-f2"]["x_openenv_median"] == ours["x_openenv"]
-    assert report["holds"]["turnpool-f2"]["held"] == 8
-    assert "turnpool-f2: 6 sessions x openenv" in res.output
+    assert report["holds"]["turnpool-f2"]["held"] == 8 and report["clients"] == 2
+    assert "turnpool-f2: 7 sessions x openenv" in res.output
     bad = CliRunner().invoke(main, ["bench", "serve", "--servers", "turnpool-fx"])
     assert bad.exit_code == 2 and "turnpool-f<N>" in bad.output

@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 ENV = "sokoban"
 ACTIONS = ("Up", "Down", "Left", "Right")
 SERVERS = ("openenv", "turnpool")
+#: latency quantiles each load client reports, so several clients' latencies can be merged
+SKETCH = 1000
 
 
 def fronts_of(kind: str) -> int:
@@ -297,10 +299,13 @@ def _is_observation(reply: str) -> bool:
 
 
 async def _load(url: str, sessions: int, warmup: float, seconds: float,
-                connect_parallel: int = 64, think: float = 0.0) -> dict[str, Any]:
-    """``sessions`` closed-loop sessions for ``warmup + seconds``; counts the window only.
-    With ``think`` each session waits that long after each reply (an LLM's pace), the
-    sessions' phases spread evenly over it."""
+                connect_parallel: int = 64, think: float = 0.0, first: int = 0,
+                sync: bool = False) -> dict[str, Any]:
+    """``sessions`` closed-loop sessions (seeds from ``first``) for ``warmup + seconds``;
+    counts the window only. With ``think`` each session waits that long after each reply (an
+    LLM's pace), the sessions' phases spread evenly over it. With ``sync`` (one of several
+    client processes) it prints ``ready`` once its sessions are open and starts when a line
+    comes on stdin."""
     gate = asyncio.Semaphore(connect_parallel)
     started = asyncio.Event()
     ready = 0
@@ -319,7 +324,7 @@ async def _load(url: str, sessions: int, warmup: float, seconds: float,
             counts["refused"] += 1
             return
         try:
-            reset = json.dumps({"type": "reset", "data": {"seed": i}})
+            reset = json.dumps({"type": "reset", "data": {"seed": first + i}})
             if not _is_observation(await ws.ask(reset)):
                 counts["refused"] += 1
                 return
@@ -355,6 +360,9 @@ async def _load(url: str, sessions: int, warmup: float, seconds: float,
     deadline = time.monotonic() + 300
     while ready + counts["refused"] < sessions and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+    if sync:
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     now = time.perf_counter()
     window[0], window[1] = now + warmup, now + warmup + seconds
     started.set()
@@ -373,7 +381,8 @@ async def _load(url: str, sessions: int, warmup: float, seconds: float,
     return {"sessions": sessions, "think_s": think, "running": ready, "steps": counts["steps"],
             "all_steps": counts["all_steps"], "steps_per_s": counts["steps"] / seconds,
             "p50_ms": pct(0.50), "p99_ms": pct(0.99), "errors": counts["errors"],
-            "refused": counts["refused"], "client_cpu_s": client_cpu}
+            "refused": counts["refused"], "client_cpu_s": client_cpu,
+            "quantiles_ms": [pct(k / SKETCH) for k in range(SKETCH)] if lat else []}
 
 
 async def _hold(url: str, sessions: int, connect_parallel: int = 64) -> dict[str, Any]:
@@ -412,8 +421,9 @@ def _client_main(argv: list[str]) -> None:
     mode, url = argv[0], argv[1]
     if mode == "load":
         think = float(argv[5]) if len(argv) > 5 else 0.0
+        first = int(argv[6]) if len(argv) > 6 else 0
         out = asyncio.run(_load(url, int(argv[2]), float(argv[3]), float(argv[4]),
-                                think=think))
+                                think=think, first=first, sync=len(argv) > 7))
         print(json.dumps(out), flush=True)
     else:
         asyncio.run(_hold(url, int(argv[2])))
@@ -476,10 +486,53 @@ def _machine_busy_s() -> float:
     return float(t.user + t.system)
 
 
+def _clients(args: list[str], n: int, clients: int, timeout: float,
+             on_mark: Any) -> dict[str, Any]:
+    """``n`` sessions over ``clients`` load client processes that start together; their
+    results summed, latency percentiles from their pooled quantile sketches."""
+    shares = [n // clients + (1 if c < n % clients else 0) for c in range(clients)]
+    firsts = [sum(shares[:c]) for c in range(clients)]
+    procs = [_start_client(["load", args[0], str(share), *args[2:], str(first), "sync"])
+             for share, first in zip(shares, firsts, strict=True)]
+    try:
+        for proc in procs:
+            if _read_line(proc, timeout).strip() != "ready":
+                raise RuntimeError("a load client did not open its sessions")
+        on_mark("started")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        for proc in procs:
+            while _read_line(proc, timeout).strip() != "stopped":
+                pass
+        on_mark("stopped")
+        parts = [json.loads(_read_line(proc, timeout)) for proc in procs]
+    finally:
+        for proc in procs:
+            _end_client(proc, "", 60)
+    out: dict[str, Any] = {k: sum(p[k] for p in parts) for k in (
+        "sessions", "running", "steps", "all_steps", "steps_per_s", "errors", "refused",
+        "client_cpu_s")}
+    pooled = sorted((q, p["steps"] / SKETCH) for p in parts for q in p["quantiles_ms"])
+    total = sum(w for _, w in pooled)
+
+    def pct(q: float) -> float | None:
+        seen = 0.0
+        for value, w in pooled:
+            seen += w
+            if seen >= q * total:
+                return float(value)
+        return None
+
+    out.update(think_s=parts[0]["think_s"], p50_ms=pct(0.5), p99_ms=pct(0.99), clients=clients)
+    return out
+
+
 def _window(kind: str, server: ServerProcess | RunningServer, n: int, warmup: float,
-            seconds: float, think: float = 0.0) -> dict[str, Any]:
+            seconds: float, think: float = 0.0, clients: int = 1) -> dict[str, Any]:
     """One load window on one server, with the machine's state over it: ``other_busy`` is
-    the share of all cores busy with neither the server nor the load client."""
+    the share of all cores busy with neither the server nor the load clients."""
     import psutil
 
     marks: dict[str, tuple[float | None, float, float]] = {}
@@ -487,8 +540,12 @@ def _window(kind: str, server: ServerProcess | RunningServer, n: int, warmup: fl
     def mark(name: str) -> None:  # server CPU, machine CPU, wall clock
         marks[name] = (server.cpu_s(), _machine_busy_s(), time.monotonic())
 
-    row = _client(["load", server.url, str(n), str(warmup), str(seconds), str(think)],
-                  timeout=warmup + seconds + 600, on_mark=mark)
+    args = [server.url, str(n), str(warmup), str(seconds), str(think)]
+    if clients > 1:
+        row = _clients(args, n, clients, warmup + seconds + 600, mark)
+    else:
+        row = _client(["load", *args], timeout=warmup + seconds + 600, on_mark=mark)
+    row.pop("quantiles_ms", None)
     cpu = other = None
     if "started" in marks and "stopped" in marks:
         (s0, m0, w0), (s1, m1, w1) = marks["started"], marks["stopped"]
@@ -545,7 +602,8 @@ def summarize(rows: list[dict[str, Any]], levels: list[int]) -> list[dict[str, A
 
 def run(levels: list[int], hold: int, warmup: float, seconds: float,
         servers: tuple[str, ...], progress: Any = None, pairs: int = 4,
-        urls: dict[str, str] | None = None, think: float = 0.0) -> dict[str, Any]:
+        urls: dict[str, str] | None = None, think: float = 0.0,
+        clients: int = 1) -> dict[str, Any]:
     urls = dict(urls or {})
     rows: list[dict[str, Any]] = []
     holds: dict[str, dict[str, Any]] = {}
@@ -565,7 +623,7 @@ def run(levels: list[int], hold: int, warmup: float, seconds: float,
                 for kind in order:
                     if progress:
                         progress(f"{n} sessions, pair {p + 1}/{pairs}: {kind}")
-                    row = _window(kind, running[kind], n, warmup, seconds, think)
+                    row = _window(kind, running[kind], n, warmup, seconds, think, clients)
                     row["pair"] = p
                     rows.append(row)
                     log.info("%s %d sessions: %.0f steps/s", kind, n, row["steps_per_s"])
@@ -586,6 +644,7 @@ def run(levels: list[int], hold: int, warmup: float, seconds: float,
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {"benchmark": "serve", "env": ENV, "levels": levels, "hold": hold,
             "warmup_s": warmup, "seconds": seconds, "pairs": pairs, "think_s": think,
+            "clients": clients,
             "rows": rows,
             "summary": summarize(rows, levels), "holds": holds,
             "external": sorted(urls), "machine": machine_info(loadavg_1m_at_end=load)}
@@ -707,11 +766,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
 @click.option("--think", default=0.0, show_default=True, type=float,
               help="Seconds each session waits after each reply (an LLM's pace; 0: back to "
                    "back). Latency is then what the server adds to each step.")
+@click.option("--clients", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Load client processes sharing the sessions (one Python client tops out "
+                   "near 20k steps/s: use several where the server has many cores).")
 @json_option("Also write the report as JSON here.")
 @plot_option("Also save a PNG plot here.")
 def command(sessions: str, hold: int, seconds: float, warmup: float, servers: str,
-            pairs: int, urls: tuple[str, ...], think: float, json_path: Path | None,
-            plot_path: Path | None) -> None:
+            pairs: int, urls: tuple[str, ...], think: float, clients: int,
+            json_path: Path | None, plot_path: Path | None) -> None:
     """OpenEnv's reference server vs turnpool serve: steps/s, latency, sessions held, RSS."""
     try:
         levels = [int(x) for x in sessions.split(",") if x.strip()]
@@ -734,7 +796,7 @@ def command(sessions: str, hold: int, seconds: float, warmup: float, servers: st
     console = start(width=160)
     report = measure_and_print(
         console, lambda progress: run(levels, hold, warmup, seconds, chosen, progress, pairs,
-                                      given, think), render)
+                                      given, think, clients), render)
     write_outputs(console, report, json_path, plot_path, plot)
 
 

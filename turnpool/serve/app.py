@@ -143,6 +143,8 @@ class Server:
         self.id_prefix = ""
         #: connections this server passed to / took from other fronts
         self.passed_out = self.passed_in = 0
+        #: called when a session opens or closes (a front publishes its count)
+        self.on_sessions: Callable[[], None] | None = None
         #: the Prometheus registry (None without ``prometheus-client``: /metrics says so)
         self.metrics = _metrics(self)
 
@@ -170,6 +172,8 @@ class Server:
                                 active_sessions=len(self.sessions), max_sessions=cap) from None
         session = Session(self.id_prefix + uuid.uuid4().hex, slot, kind)
         self.sessions[session.id] = session
+        if self.on_sessions is not None:
+            self.on_sessions()
         return session
 
     def attach(self, session_id: str) -> Session:
@@ -190,6 +194,8 @@ class Server:
         session.closed = True
         self.sessions.pop(session.id, None)
         self.engine.release(session.slot)
+        if self.on_sessions is not None:
+            self.on_sessions()
 
     def idle_limit(self, session: Session) -> float | None:
         """Seconds ``session`` may stay idle (None: forever): a session a WebSocket holds
@@ -477,6 +483,7 @@ def create_app(engine: PoolEngine, token: str | None = None,
     tools = mcp.Tools(engine.settings.env, dict(engine.settings.env_kwargs))
     if link is not None:
         server.id_prefix = link.prefix
+        server.on_sessions = link.publish_count
         link.server = server
 
     @contextlib.asynccontextmanager

@@ -112,8 +112,10 @@ class Front(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.head = b""
         self.timer: asyncio.TimerHandle | None = None
-        #: what another front read of this connection before passing it here (it stays)
+        #: what another front read of this connection before passing it here, and how many
+        #: times it was passed (it is passed on only while this front is full)
         self.passed: bytes | None = None
+        self.hops = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -133,9 +135,10 @@ class Front(asyncio.Protocol):
             self._hand_over()
             return
         assert self.transport is not None
-        if self.link is not None and self.passed is None:
-            to = self.link.place(request[2].get("session_id"))
-            if to is not None and self.link.pass_connection(self.transport, self.head, to):
+        if self.link is not None:
+            to = self.link.place(request[2].get("session_id"), self.hops)
+            if to is not None and self.link.pass_connection(self.transport, self.head, to,
+                                                            self.hops + 1):
                 return
         if self.timer is not None:
             self.timer.cancel()

@@ -68,6 +68,7 @@ PUBLISH_PERIOD_S = 0.1
 #: Per front in the shared file: the summed step cost (s) of its measured sessions, how many
 #: those are, its sessions, its free slots, its publication count.
 _ROW = struct.Struct("<ddddd")
+_COUNTS = struct.Struct("<dd")  # sessions and free slots, 16 bytes into a row
 #: Largest message passed with a connection (the request head and what followed it).
 MAX_PASSED_BYTES = 256 * 1024
 #: Paths whose requests may name a session of another front.
@@ -353,7 +354,7 @@ class FrontLink:
         self._on_ready = on_ready
         self._file = open(spec.loads_path, "r+b")  # noqa: SIM115 - held while serving
         self._map = mmap.mmap(self._file.fileno(), _ROW.size * spec.count)
-        self._seen = [-1.0] * spec.count
+        self._seen: list[tuple[float, float]] = [(-1.0, -1.0)] * spec.count
         #: per front, the cost this front sent there since that front last published
         self._sent = [0.0] * spec.count
         self._published = 0.0
@@ -409,6 +410,15 @@ class FrontLink:
         _ROW.pack_into(self._map, self.index * _ROW.size, cost, float(measured), float(leased),
                        float(self.engine.capacity - leased), self._published)
 
+    def publish_count(self) -> None:
+        """Publish this front's sessions and free slots now (a session opened or closed):
+        a burst of new connections must not all be passed to a front that just filled."""
+        if self._map.closed:  # sessions closed after the front stopped
+            return
+        leased = self.engine.leased
+        _COUNTS.pack_into(self._map, self.index * _ROW.size + 16, float(leased),
+                          float(self.engine.capacity - leased))
+
     def published(self) -> dict[str, float]:
         """This front's last publication (what other fronts place by)."""
         cost, measured, leased, free, seq = self._row(self.index)
@@ -437,41 +447,46 @@ class FrontLink:
             free.append(f)
         return loads, free, mean
 
-    def place(self, session_id: str | None) -> int | None:
+    def place(self, session_id: str | None, hops: int = 0) -> int | None:
         """The front a new ``/ws`` connection should go to (None: this one): a session's
         owner; else the least loaded front (what this front sent there since it last
         published counted at the mean cost) when this one carries more by over half a
-        session's cost, or has no free slot."""
+        session's cost, or has no free slot. A connection already passed ``hops`` times is
+        passed on only while this front is full, and at most ``count`` times in all."""
         if session_id:
             owner = owner_of(session_id)
             return owner if owner is not None and owner != self.index and \
-                owner < self.count else None
+                owner < self.count and hops == 0 else None
+        if hops >= self.count or (hops and self.engine.leased < self.engine.capacity):
+            return None
         loads, free, mean = self.loads()
+        full = free[self.index] < 1
         best, best_load = None, math.inf
         for k in range(self.count):
-            seq = self._row(k)[4]
-            if seq != self._seen[k]:  # a new publication counts what we sent there
-                self._seen[k], self._sent[k] = seq, 0.0
-            if k == self.index or seq <= 0 or free[k] - self._sent[k] / mean < 1:
+            _, _, leased, _, seq = self._row(k)
+            if (seq, leased) != self._seen[k]:  # it published, or opened or closed a
+                self._seen[k], self._sent[k] = (seq, leased), 0.0  # session: counted there
+            pending = 0.0 if full else self._sent[k]  # full: any free slot beats refusing
+            if k == self.index or seq <= 0 or free[k] - pending / mean < 1:
                 continue  # not started yet, or no free slot there
-            theirs = loads[k] + self._sent[k]
-            if theirs < best_load:
-                best, best_load = k, theirs
-        if best is None or (free[self.index] > 0 and loads[self.index] - best_load <= mean / 2):
+            if loads[k] + pending < best_load:
+                best, best_load = k, loads[k] + pending
+        if best is None or (not full and loads[self.index] - best_load <= mean / 2):
             return None
         self._sent[best] += mean
         return best
 
     # ------------------------------------------------------------------ connections
-    def pass_connection(self, transport: asyncio.Transport, data: bytes, to: int) -> bool:
+    def pass_connection(self, transport: asyncio.Transport, data: bytes, to: int,
+                        hops: int = 1) -> bool:
         """Hand ``transport``'s connection, with the bytes read from it so far, to front
-        ``to``; False (serve it here) if that cannot be done now."""
+        ``to`` (its ``hops``-th pass); False (serve it here) if that cannot be done now."""
         sock = transport.get_extra_info("socket")
         if sock is None or self._fd_sock is None or len(data) > MAX_PASSED_BYTES:
             return False
         try:
             # sendmsg itself: socket.send_fds drops its address argument
-            self._fd_sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+            self._fd_sock.sendmsg([bytes((hops,)), data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                             array.array("i", [sock.fileno()]))], 0,
                                   self.spec.fd_path(to))
         except OSError as exc:  # its queue is full, or it is restarting
@@ -502,16 +517,16 @@ class FrontLink:
                 continue
             if self.server is not None:
                 self.server.passed_in += 1
-            self._adopt(conn, data)
+            self._adopt(conn, data[1:], data[0] if data else 1)
 
-    def _adopt(self, conn: socket.socket, data: bytes) -> None:
+    def _adopt(self, conn: socket.socket, data: bytes, hops: int) -> None:
         srv = self.uvicorn
         loop = asyncio.get_running_loop()
         conn.setblocking(False)
         proto = srv.config.http_protocol_class(config=srv.config,
                                                server_state=srv.server_state,
                                                app_state=srv.lifespan.state, _loop=loop)
-        proto.passed = data  # replayed at connection_made; placed here for good
+        proto.passed, proto.hops = data, hops  # replayed at connection_made
 
         async def connect() -> None:
             try:
