@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from turnpool.bench.serve_soak import ACCEPTED, FAULTS, Settings, render, run
+from turnpool.bench.serve_soak import ACCEPTED, FAULTS, Settings, fitted_growth, render, run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,7 +50,18 @@ def test_serve_soak_classifies_every_fault_and_loses_no_session() -> None:
     assert 1 <= w <= max(1, len(after) // 2)
     assert rss["start_median_mb"] == statistics.median(after[:w])
     assert rss["end_median_mb"] == statistics.median(after[-w:])
+    points = [(x["t_s"], x["rss_mb"]) for x in samples if x["t_s"] >= 5.0 - 1e-6]
+    assert rss["trend"] == pytest.approx(fitted_growth(points))
     assert report["checks"]["rss_growth_within_5pct"] == (rss["trend"] <= 0.05)
+
     assert report["checks"]["complete"] and report["checks"]["no_lost_session"]
     assert report["checks"]["faults_all_classified"]
     assert any("checks:" in str(item) for item in render(report))
+
+
+def test_fitted_growth_reads_the_trend_through_the_swings() -> None:
+    flat = [(t, 100.0 + (20.0 if t % 2 else -20.0)) for t in range(100)]
+    assert fitted_growth(flat) == pytest.approx(0.0, abs=0.05)
+    rising = [(t, 100.0 + 2.0 * t) for t in range(11)]
+    assert fitted_growth(rising) == pytest.approx(0.2)
+    assert fitted_growth([(1.0, 5.0)]) is None

@@ -17,10 +17,13 @@ same. Every ``--sample-every`` seconds the benchmark records the server's RSS (s
 plus the pool's workers), the sessions open, steps, faults, replies of each kind, and the p50 /
 p99 latency of the interval's normal steps; one line per sample goes to stderr. RSS growth is
 measured after ``--warmup`` (set it past one episode length, ``50 x --think`` s: until then the
-replay log is still filling) as (median of the last `WINDOW` samples - median of the first
-`WINDOW`) / the latter: one sample can land just after an ``exit`` fault replaced a worker,
-whose share of the total then dips and refills, so single samples swing. The first/last
-figure and the server process's own RSS are reported beside it. The goal: no RSS growth
+replay log is still filling) from a least-squares line through every sample since: (its value
+at the last sample - at the first) / at the first. Single samples swing (by +-20% at 4,096
+sessions): a sample can land while an ``exit`` fault's replacement worker is refilling its
+envs, or before a new standby has started, so two samples, or two short windows, measure
+that swing rather than a trend. The first/last figure, the medians of the first and last
+`WINDOW` samples and the server process's own RSS (one process for the whole run) are
+reported beside it. The goal: no RSS growth
 beyond 5%, no lost session, every fault classified. ``--faults`` narrows
 the kinds injected (``raise,hang`` leaves the worker restarts out).
 
@@ -441,6 +444,21 @@ def run(s: Settings, progress: ProgressFn | None = None) -> Report:
     return summarize(s, samples, result, started, rss_idle, log_tail, server.log_kinds)
 
 
+def fitted_growth(points: list[tuple[float, float]]) -> float | None:
+    """Growth along the least-squares line through ``(t, value)`` points, from the first
+    point's time to the last's, relative to the line's value at the first (None: fewer than
+    two times)."""
+    if len({t for t, _ in points}) < 2:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    slope = sum((t - mt) * (v - mv) for t, v in points) / sum((t - mt) ** 2 for t, _ in points)
+    t0, t1 = points[0][0], points[-1][0]
+    start = mv + slope * (t0 - mt)
+    return slope * (t1 - t0) / start if start > 0 else None
+
+
 def summarize(s: Settings, samples: list[dict[str, Any]], result: dict[str, Any],
               started: dict[str, Any], rss_idle: float, log_tail: list[str],
               log_kinds: Counter[str]) -> Report:
@@ -455,7 +473,10 @@ def summarize(s: Settings, samples: list[dict[str, Any]], result: dict[str, Any]
     window = min(WINDOW, max(1, len(after) // 2))
     start_med = statistics.median(x["rss_mb"] for x in after[:window]) if after else None
     end_med = statistics.median(x["rss_mb"] for x in after[-window:]) if after else None
-    trend = (end_med - start_med) / start_med if start_med and end_med is not None else None
+    window_growth = (end_med - start_med) / start_med \
+        if start_med and end_med is not None else None
+    trend = fitted_growth([(x["t_s"], x["rss_mb"]) for x in after])
+    server_trend = fitted_growth([(x["t_s"], x["main_rss_mb"]) for x in after])
     faults = sum((result.get("faults") or {}).values())
     lost = result.get("lost")
     complete = bool(result) and len(samples) > 0
@@ -473,7 +494,8 @@ def summarize(s: Settings, samples: list[dict[str, Any]], result: dict[str, Any]
             "rss": {"idle_mb": rss_idle, "first_mb": first, "last_mb": last,
                     "first_t_s": after[0]["t_s"] if after else None, "growth": growth,
                     "window": window, "start_median_mb": start_med,
-                    "end_median_mb": end_med, "trend": trend,
+                    "end_median_mb": end_med, "window_growth": window_growth,
+                    "trend": trend, "server_trend": server_trend,
                     "max_mb": max((x["rss_mb"] for x in samples), default=None),
                     "server_first_mb": main_first, "server_last_mb": main_last,
                     "server_growth": main_growth},
@@ -506,7 +528,8 @@ def render(report: Report) -> list[Any]:
     t = report["totals"]
     r = report["rss"]
     growth = f"{100 * r['growth']:+.1f}%" if r["growth"] is not None else "-"
-    trend = f"{100 * r['trend']:+.1f}%" if r.get("trend") is not None else "-"
+    def pct(v: float | None) -> str:
+        return f"{100 * v:+.1f}%" if v is not None else "-"
     lines = [
         table,
         f"steps {t.get('steps', 0):,} (normal {t.get('normal_steps', 0):,}), "
@@ -518,12 +541,13 @@ def render(report: Report) -> list[Any]:
         f"lost sessions {t.get('lost')} {t.get('lost_by') or ''}; normal steps answered "
         f"with an error: {t.get('unexpected_errors') or 0}; reset errors "
         f"{t.get('reset_errors')}; reconnects {t.get('reconnects')}",
-        f"RSS (server + workers): idle {ms(r['idle_mb'])} MB; median of {r.get('window')} "
-        f"samples from {r['first_t_s']} s {ms(r.get('start_median_mb'))} MB, of the last "
-        f"{r.get('window')} {ms(r.get('end_median_mb'))} MB: growth {trend} (goal <= "
-        f"{100 * RSS_GOAL:g}%); first/last sample {ms(r['first_mb'])} -> "
-        f"{ms(r['last_mb'])} MB ({growth}); server process alone "
-        f"{ms(r['server_first_mb'])} -> {ms(r['server_last_mb'])} MB",
+        f"RSS (server + workers) from {r['first_t_s']} s: growth along the fitted line "
+        f"{pct(r.get('trend'))} (goal <= {100 * RSS_GOAL:g}%); first/last sample "
+        f"{ms(r['first_mb'])} -> {ms(r['last_mb'])} MB ({growth}); median of the first/last "
+        f"{r.get('window')} samples {ms(r.get('start_median_mb'))} -> "
+        f"{ms(r.get('end_median_mb'))} MB ({pct(r.get('window_growth'))}); idle "
+        f"{ms(r['idle_mb'])} MB; server process alone {ms(r['server_first_mb'])} -> "
+        f"{ms(r['server_last_mb'])} MB (fitted {pct(r.get('server_trend'))})",
         "checks: " + ", ".join(f"{k} {'yes' if v else 'NO'}"
                                for k, v in report["checks"].items()),
     ]
