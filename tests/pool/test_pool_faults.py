@@ -138,3 +138,31 @@ def test_unpicklable_results_and_actions_fail_only_their_envs() -> None:
         assert infos[1]["t"] == 2
         obs, infos = pool.reset()
         assert all("error" not in i for i in infos)
+
+
+def test_no_progress_file_outlives_a_worker_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every progress file the process backend makes is unlinked once its worker has mapped
+    it, and an idle standby holds none: a pool owner killed at any moment after start leaves
+    nothing in /dev/shm (only this pool's files are checked; other runs may have theirs)."""
+    import os
+    import signal
+
+    import turnpool.backends.process as process_module
+    from turnpool.worker.transport import ProgressSlot
+
+    made: list[str] = []
+
+    class RecordingSlot(ProgressSlot):
+        def __init__(self, file: bool = True) -> None:
+            super().__init__(file)
+            if self.path:
+                made.append(self.path)
+
+    monkeypatch.setattr(process_module, "ProgressSlot", RecordingSlot)
+    with EnvPool("faulty", env_num=4, group_n=1, seed=1, backend="process", num_workers=2,
+                 standby=True) as pool:
+        pool.reset(seed=1)
+        assert len(made) == 2 and not [p for p in made if os.path.exists(p)]
+        os.kill(pool.worker_pids()[0], signal.SIGKILL)  # the standby takes its slice
+        pool.step(["a"] * 4)
+        assert len(made) == 3 and not [p for p in made if os.path.exists(p)]

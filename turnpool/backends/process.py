@@ -241,7 +241,9 @@ class ProcessBackend(Backend):
         proc.start()
         req_r.close()
         rep_w.close()
-        return _Proc(runner=proc, progress=ProgressSlot(), conn=rep_r, out=req_w, pid=proc.pid)
+        # its progress file comes with its slice (`_send_init`): an idle standby holds none
+        return _Proc(runner=proc, progress=ProgressSlot(file=False), conn=rep_r, out=req_w,
+                     pid=proc.pid)
 
     def _spawn_standby(self) -> _Proc:
         """An idle worker at the lowest priority: its start-up only uses idle CPU."""
@@ -264,6 +266,8 @@ class ProcessBackend(Backend):
     def _send_init(self, worker: _Proc, slot: int) -> None:
         blob = cloudpickle.dumps(self.builds_of(slot))
         assert worker.out is not None
+        if not worker.progress.path:
+            worker.progress = ProgressSlot()
         worker.out.send_bytes(pickle.dumps(("init", slot, blob, worker.progress.path,
                                             self.handoff_after, self.step_timeout), PROTOCOL))
 

@@ -298,10 +298,13 @@ class FrontGroup:
 def run_front(spec: FrontSpec, ready: Any) -> None:
     """A front process: the single-process server over its share, on the shared port (and
     on its private HTTP socket); ends on SIGTERM or when the supervisor is gone."""
-    from turnpool.serve import run_app
+    from turnpool.serve import _exit_on_sigterm, run_app
     from turnpool.serve.engine import PoolEngine
 
     logging.basicConfig(level=logging.WARNING)
+    # uvicorn stops gracefully on SIGTERM and then re-raises it: as SystemExit, the
+    # ``finally`` below still closes the pool (its workers and their files)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     threading.Thread(target=_end_with_parent, name="turnpool-front-parent",
                      daemon=True).start()
     try:
@@ -694,8 +697,8 @@ def merge_status(parts: dict[int, dict[str, Any]], count: int) -> dict[str, Any]
     from turnpool.serve.metrics import quantiles
 
     first = parts[min(parts)]
-    out = dict(first)
-    for key in _SUMMED:
+    out = {k: v for k, v in first.items() if k not in ("pid", "placement")}
+    for key in (*_SUMMED, "passed_out", "passed_in"):
         out[key] = sum(p.get(key) or 0 for p in parts.values())
     failures: Counter[str] = Counter()
     for p in parts.values():

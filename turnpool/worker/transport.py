@@ -137,15 +137,21 @@ class ProgressSlot:
     It is a small file in ``/dev/shm`` (or the temp dir) that the worker opens by path
     (`ProgressWriter`); the caller removes the name as soon as the worker has mapped it
     (`unlink`), so nothing stays behind even if the caller is killed later. A worker in the
-    caller's own process (a thread) writes through `write`.
+    caller's own process (a thread) writes through `write`. ``ProgressSlot(file=False)``
+    holds no file: an idle standby worker's, which gets its file with its slice, so a caller
+    killed while its standby idles leaves nothing behind either.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, file: bool = True) -> None:
+        self.path = ""
+        self._map: mmap.mmap | None = None
+        if not file:
+            return
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
         fd, self.path = tempfile.mkstemp(prefix="turnpool-progress-", dir=folder)
         try:
             os.ftruncate(fd, _SLOT.size)
-            self._map: mmap.mmap | None = mmap.mmap(fd, _SLOT.size)
+            self._map = mmap.mmap(fd, _SLOT.size)
         finally:
             os.close(fd)
         self.write(-1)
@@ -161,8 +167,9 @@ class ProgressSlot:
         return int(env_id), float(since)
 
     def unlink(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        if self.path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
 
     def close(self) -> None:
         self.unlink()
