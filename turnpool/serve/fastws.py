@@ -137,11 +137,19 @@ class Front(asyncio.Protocol):
         assert self.transport is not None
         if self.link is not None:
             to = self.link.place(request[2].get("session_id"), self.hops)
-            if to is not None and self.link.pass_connection(self.transport, self.head, to,
-                                                            self.hops + 1):
+            if to is not None and self.link.pass_connection(
+                    self.transport, self.head, to, self.hops + 1,
+                    lambda: self._serve(request, end)):
                 return
+        self._serve(request, end)
+
+    def _serve(self, request: tuple[str, dict[str, str], dict[str, str]], end: int) -> None:
+        """Serve the WebSocket session here."""
+        assert self.transport is not None
         if self.timer is not None:
             self.timer.cancel()
+        if self.transport.is_closing():
+            return
         conn = WsConnection(self.server, self.tools, self.server_state, self.transport,
                             self.batcher)
         self.transport.set_protocol(conn)

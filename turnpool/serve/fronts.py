@@ -51,7 +51,7 @@ import struct
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,8 @@ _ROW = struct.Struct("<ddddd")
 _COUNTS = struct.Struct("<dd")  # sessions and free slots, 16 bytes into a row
 #: Largest message passed with a connection (the request head and what followed it).
 MAX_PASSED_BYTES = 256 * 1024
+#: Seconds a pass may wait for a full queue before the connection is served where it is.
+PASS_WAIT_S = 1.0
 #: Paths whose requests may name a session of another front.
 ROUTED_PATHS = frozenset({"/reset", "/step", "/state", "/close", "/mcp"})
 #: Header a proxied request carries (the owner serves it, never routes it again) and the
@@ -365,6 +367,9 @@ class FrontLink:
         self._clients: dict[int, Any] = {}
         self._publisher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: passes waiting for a full queue: (transport, data, to, hops, deadline, here)
+        self._waiting: deque[tuple[Any, bytes, int, int, float, Callable[[], None]]] = deque()
+        self._retry: asyncio.TimerHandle | None = None
         #: the uvicorn server serving this front (set before it runs)
         self.uvicorn: Any = None
         #: the sessions of this front (set by `turnpool.serve.app.create_app`)
@@ -389,6 +394,9 @@ class FrontLink:
             self._on_ready()
 
     async def stop(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if self._publisher is not None:
             self._publisher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -481,18 +489,41 @@ class FrontLink:
 
     # ------------------------------------------------------------------ connections
     def pass_connection(self, transport: asyncio.Transport, data: bytes, to: int,
-                        hops: int = 1) -> bool:
+                        hops: int = 1, here: Callable[[], None] | None = None) -> bool:
         """Hand ``transport``'s connection, with the bytes read from it so far, to front
-        ``to`` (its ``hops``-th pass); False (serve it here) if that cannot be done now."""
-        sock = transport.get_extra_info("socket")
-        if sock is None or self._fd_sock is None or len(data) > MAX_PASSED_BYTES:
+        ``to`` (its ``hops``-th pass); False (serve it here) if that cannot be done now.
+        When ``to``'s queue is full (a burst: Linux queues 10 datagrams per socket by
+        default) and ``here`` is given, the pass waits with the connection paused, retried
+        each millisecond for up to `PASS_WAIT_S`, after which ``here()`` serves it on this
+        front; True then too."""
+        if transport.get_extra_info("socket") is None or self._fd_sock is None or \
+                len(data) > MAX_PASSED_BYTES:
             return False
+        if not self._waiting:
+            sent = self._send(transport, data, to, hops)
+            if sent is not None:
+                return sent
+        if here is None:
+            return False
+        transport.pause_reading()
+        self._waiting.append((transport, data, to, hops, time.monotonic() + PASS_WAIT_S, here))
+        if self._retry is None:
+            self._retry = asyncio.get_running_loop().call_later(0.001, self._flush)
+        return True
+
+    def _send(self, transport: asyncio.Transport, data: bytes, to: int, hops: int
+              ) -> bool | None:
+        """One try: True if passed, False if it cannot be, None if ``to``'s queue is full."""
+        assert self._fd_sock is not None
+        sock = transport.get_extra_info("socket")
         try:
             # sendmsg itself: socket.send_fds drops its address argument
-            self._fd_sock.sendmsg([bytes((hops,)), data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                            array.array("i", [sock.fileno()]))], 0,
-                                  self.spec.fd_path(to))
-        except OSError as exc:  # its queue is full, or it is restarting
+            self._fd_sock.sendmsg([bytes((hops,)), data], [(
+                socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [sock.fileno()]))], 0,
+                self.spec.fd_path(to))
+        except BlockingIOError:
+            return None
+        except OSError as exc:  # it is restarting, or the client left
             log.debug("could not pass a connection to front %d: %s", to, exc)
             return False
         if self.server is not None:
@@ -500,6 +531,22 @@ class FrontLink:
         # our descriptor only: the connection lives on in the one passed
         transport.abort()
         return True
+
+    def _flush(self) -> None:
+        """Retry the waiting passes in order; serve here those out of time or refused."""
+        self._retry = None
+        now = time.monotonic()
+        while self._waiting:
+            transport, data, to, hops, deadline, here = self._waiting[0]
+            sent = None if transport.is_closing() else self._send(transport, data, to, hops)
+            if sent is None and not transport.is_closing() and now < deadline:
+                break  # still full: try again in a millisecond
+            self._waiting.popleft()
+            if not sent and not transport.is_closing():
+                transport.resume_reading()
+                here()
+        if self._waiting and self._fd_sock is not None:
+            self._retry = asyncio.get_running_loop().call_later(0.001, self._flush)
 
     def _receive(self) -> None:
         """Serve the connections other fronts passed here."""
