@@ -7,6 +7,7 @@ lands on; a WebSocket attaching to an MCP session follows it to its front; ``/ap
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -132,6 +133,28 @@ def test_a_new_session_goes_to_the_front_whose_sessions_cost_less(group: FrontGr
     finally:
         for ws in [heavy, *cheap]:
             ws.close()
+
+
+def test_a_burst_at_full_capacity_is_served_in_full(group: FrontGroup) -> None:
+    """16 sessions opened at once on 16 slots (8 per front): whichever front the kernel
+    hands each to, every one gets a slot, as on one front; three times over."""
+    async def burst() -> list[str]:
+        from turnpool.bench.serve import WsClient
+
+        async def one(i: int) -> tuple[Any, str]:
+            ws = await WsClient.connect(group.url)
+            return ws, await asyncio.wait_for(ws.ask(json.dumps(
+                {"type": "reset", "data": {"seed": i}})), 60)
+
+        opened = await asyncio.gather(*(one(i) for i in range(16)))
+        for ws, _ in opened:
+            await ws.close()
+        return [reply for _, reply in opened]
+
+    for _ in range(3):
+        _until(lambda: _status(group.url)["active_sessions"] == 0)
+        replies = asyncio.run(burst())
+        assert all(r.startswith('{"type":"observation"') for r in replies), replies
 
 
 def test_an_http_session_is_served_by_either_front(group: FrontGroup) -> None:

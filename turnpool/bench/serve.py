@@ -653,8 +653,12 @@ def run(levels: list[int], hold: int, warmup: float, seconds: float,
 def render(report: dict[str, Any]) -> list[Any]:
     from rich.table import Table
 
-    table = Table(title=f"serve: {report['env']}, closed-loop sessions, {report['seconds']:g} s "
-                        f"window, {report['machine']['cpu_count']} cpus")
+    think = report.get("think_s") or 0.0
+    pace = f"sessions pausing {think:g} s after each reply" if think else "closed-loop sessions"
+    clients = report.get("clients") or 1
+    table = Table(title=f"serve: {report['env']}, {pace}, {report['seconds']:g} s window, "
+                        f"{report['machine']['cpu_count']} cpus"
+                        + (f", {clients} client processes" if clients > 1 else ""))
     for col in ("sessions", "pair", "server", "running", "steps/s", "x openenv", "p50 ms",
                 "p99 ms", "cpu us/step", "errors", "RSS MB", "load 1m", "other busy"):
         table.add_column(col, justify="left" if col == "server" else "right")
