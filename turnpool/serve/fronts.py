@@ -360,7 +360,7 @@ class FrontLink:
         self._file = open(spec.loads_path, "r+b")  # noqa: SIM115 - held while serving
         self._map = mmap.mmap(self._file.fileno(), _ROW.size * spec.count)
         self._seen: list[tuple[float, float]] = [(-1.0, -1.0)] * spec.count
-        #: per front, the cost this front sent there since that front last published
+        #: per front, the cost of the passes this front sent there since its row last changed
         self._sent = [0.0] * spec.count
         self._published = 0.0
         self._fd_sock: socket.socket | None = None
