@@ -33,7 +33,7 @@ from turnpool.serve.engine import PoolEngine, ServeSettings
 from turnpool.webshop.server import UvicornThread, bind_socket
 
 if TYPE_CHECKING:
-    from turnpool.serve.fronts import FrontLink
+    from turnpool.serve.app import Link
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
 
 
 def run_app(engine: PoolEngine, token: str | None, sockets: list[Any],
-            link: FrontLink | None = None) -> None:
+            link: Link | None = None) -> None:
     """Serve the app over ``engine`` on already bound ``sockets`` until uvicorn exits."""
     server = _uvicorn_server(create_app(engine, token, link))
     if link is not None:

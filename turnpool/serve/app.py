@@ -35,7 +35,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -48,9 +48,6 @@ from turnpool.serve.engine import PoolEngine, PoolFull, PoolTimeout, SlotReset, 
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.metrics import CONTENT_TYPE
 from turnpool.serve.page import STATUS_PAGE
-
-if TYPE_CHECKING:
-    from turnpool.serve.fronts import FrontLink
 
 #: Largest client message (bytes of JSON) the server reads; longer ones are refused.
 MAX_MESSAGE_CHARS = 1_000_000
@@ -124,6 +121,34 @@ class Peer(Protocol):
     async def send_text(self, data: str) -> None: ...
 
     async def close(self, code: int = 1000) -> None: ...
+
+
+class Link(Protocol):
+    """What the app of one front of several uses of `turnpool.serve.fronts.FrontLink`
+    (named here, so that this module does not import the one above it)."""
+
+    prefix: str
+    server: Any
+    uvicorn: Any
+
+    def install(self, app: FastAPI) -> None: ...
+
+    def publish_count(self) -> None: ...
+
+    def published(self) -> dict[str, float]: ...
+
+    def place(self, session_id: str | None, hops: int = 0) -> int | None: ...
+
+    def pass_connection(self, transport: Any, data: bytes, to: int, hops: int = 1,
+                        here: Callable[[], None] | None = None) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def merged_status(self, local: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def merged_metrics(self, local: bytes) -> bytes: ...
 
 
 class Server:
@@ -476,7 +501,7 @@ def error_frame(code: str, message: str, **extra: Any) -> str:
 
 # ---------------------------------------------------------------------- the app
 def create_app(engine: PoolEngine, token: str | None = None,
-               link: FrontLink | None = None) -> FastAPI:
+               link: Link | None = None) -> FastAPI:
     """The FastAPI app of ``turnpool serve`` over a started engine (which it does not own);
     with ``link``, the app of one front of several (`turnpool.serve.fronts`)."""
     server = Server(engine, token)
@@ -505,9 +530,7 @@ def create_app(engine: PoolEngine, token: str | None = None,
     app.state.tools = tools
     app.state.link = link
     if link is not None:
-        from turnpool.serve.fronts import Router
-
-        app.add_middleware(Router, link=link, max_body=MAX_MESSAGE_CHARS)
+        link.install(app)  # its router: a request naming another front's session goes there
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Any) -> Response:

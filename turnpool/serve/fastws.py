@@ -39,8 +39,7 @@ from turnpool.serve.errors import ProtocolError
 
 if TYPE_CHECKING:
     from turnpool.serve import mcp
-    from turnpool.serve.app import Server, Session
-    from turnpool.serve.fronts import FrontLink
+    from turnpool.serve.app import Link, Server, Session
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +100,7 @@ class Front(asyncio.Protocol):
     batcher: StepBatcher
     inner_class: Any
     #: this front's link to the others when the server runs several (None: one)
-    link: FrontLink | None = None
+    link: Link | None = None
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -497,7 +496,7 @@ class WsConnection(asyncio.Protocol):
 
 
 def front_protocol(server: Server, tools: mcp.Tools, inner_class: Any,
-                   link: FrontLink | None = None) -> type[Front]:
+                   link: Link | None = None) -> type[Front]:
     """The `Front` class of one server, to give uvicorn as ``http``; ``inner_class`` is
     uvicorn's HTTP protocol class that serves every other request; ``link`` places new
     sessions among several fronts."""

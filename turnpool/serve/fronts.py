@@ -590,6 +590,12 @@ class FrontLink:
         task.add_done_callback(self._tasks.discard)
 
     # ------------------------------------------------------------------ HTTP
+    def install(self, app: Any) -> None:
+        """Put this front's `Router` in front of ``app``."""
+        from turnpool.serve.app import MAX_MESSAGE_CHARS
+
+        app.add_middleware(Router, link=self, max_body=MAX_MESSAGE_CHARS)
+
     def client(self, k: int) -> Any:
         import httpx
 
