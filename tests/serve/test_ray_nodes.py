@@ -45,7 +45,7 @@ def two_nodes() -> Iterator[list[str]]:
 
 def test_the_pool_spreads_its_actors_over_the_nodes(two_nodes: list[str]) -> None:
     with EnvPool("sokoban", env_num=8, group_n=1, seed=5, backend="ray", num_workers=4) as pool:
-        nodes = pool.backend.worker_nodes()  # type: ignore[attr-defined]
+        nodes = pool.backend.worker_nodes()
         assert set(nodes) == set(two_nodes)
         assert sorted(Counter(nodes).values()) == [2, 2]
         obs, _ = pool.reset(seed=5)

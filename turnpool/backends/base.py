@@ -123,6 +123,10 @@ class Backend(ABC):
         """OS process ids of the workers, where they are processes (tests and diagnostics)."""
         return []
 
+    def worker_nodes(self) -> list[str | None]:
+        """Per worker, the cluster node it runs on (None: not on a cluster, or none now)."""
+        return [None] * self.num_workers
+
     def worker_dead(self, worker: int) -> bool:
         """Is the worker's process known to be gone (so a late reply is a death, not a
         hang)? False when unknown."""

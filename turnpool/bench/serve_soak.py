@@ -23,9 +23,9 @@ sessions): a sample can land while an ``exit`` fault's replacement worker is ref
 envs, or before a new standby has started, so two samples, or two short windows, measure
 that swing rather than a trend. The first/last figure, the medians of the first and last
 `WINDOW` samples and the server process's own RSS (one process for the whole run) are
-reported beside it. The goal: no RSS growth
-beyond 5%, no lost session, every fault classified. ``--faults`` narrows
-the kinds injected (``raise,hang`` leaves the worker restarts out).
+reported beside it. The goal: no RSS growth beyond 5%, no lost session, every fault
+classified. ``--faults`` narrows the kinds injected (``raise,hang`` leaves the worker
+restarts out).
 
     turnpool bench serve-soak                                   # 4,096 sessions, 30 minutes
     turnpool bench serve-soak --sessions 256 --think 1 --minutes 2 --json soak.json
@@ -527,9 +527,10 @@ def render(report: Report) -> list[Any]:
                       ms(x["p50_ms"]), ms(x["p99_ms"]), f"{x['load_1m']:.1f}")
     t = report["totals"]
     r = report["rss"]
-    growth = f"{100 * r['growth']:+.1f}%" if r["growth"] is not None else "-"
+
     def pct(v: float | None) -> str:
         return f"{100 * v:+.1f}%" if v is not None else "-"
+
     lines = [
         table,
         f"steps {t.get('steps', 0):,} (normal {t.get('normal_steps', 0):,}), "
@@ -543,8 +544,8 @@ def render(report: Report) -> list[Any]:
         f"{t.get('reset_errors')}; reconnects {t.get('reconnects')}",
         f"RSS (server + workers) from {r['first_t_s']} s: growth along the fitted line "
         f"{pct(r.get('trend'))} (goal <= {100 * RSS_GOAL:g}%); first/last sample "
-        f"{ms(r['first_mb'])} -> {ms(r['last_mb'])} MB ({growth}); median of the first/last "
-        f"{r.get('window')} samples {ms(r.get('start_median_mb'))} -> "
+        f"{ms(r['first_mb'])} -> {ms(r['last_mb'])} MB ({pct(r['growth'])}); median of the "
+        f"first/last {r.get('window')} samples {ms(r.get('start_median_mb'))} -> "
         f"{ms(r.get('end_median_mb'))} MB ({pct(r.get('window_growth'))}); idle "
         f"{ms(r['idle_mb'])} MB; server process alone {ms(r['server_first_mb'])} -> "
         f"{ms(r['server_last_mb'])} MB (fitted {pct(r.get('server_trend'))})",

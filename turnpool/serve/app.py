@@ -376,8 +376,7 @@ class Server:
         owner = {i: w for w, ids in enumerate(eng.pool.backend.slices) for i in ids}
         per_worker = Counter(owner.get(s.slot, -1) for s in list(self.sessions.values()))
         latency = self.metrics.recent_latency() if self.metrics is not None else {}
-        nodes_of = getattr(eng.pool.backend, "worker_nodes", None)  # ray: where each runs
-        nodes = nodes_of() if nodes_of is not None else [None] * len(eng.load)
+        nodes = eng.pool.backend.worker_nodes()  # on Ray: where each runs
         return {
             "latency_p50_ms": latency.get("p50_ms"), "latency_p99_ms": latency.get("p99_ms"),
             "latency_buckets": latency.get("buckets") or [], "pid": os.getpid(),

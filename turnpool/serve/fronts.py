@@ -8,14 +8,14 @@ and listens on the same host and port with ``SO_REUSEPORT``, so the kernel sprea
 connections over them. What no single front can see is settled between them over Unix sockets
 in a private directory (`FrontLink`):
 
-* **Placement by cost.** Each front publishes, ten times a second, its load (the measured step
-  cost of the slots its sessions hold: `turnpool.pool.slots.SlotEngine.load`), its sessions and
-  its free slots in a small shared file. A front that accepts a new ``/ws`` session while
-  another front carries less by more than one session's cost, or while it has no free slot,
-  passes the connection itself to the least loaded front: the socket's descriptor and the
-  bytes read so far, over a Unix datagram socket (``SCM_RIGHTS``). The receiver serves it as
-  if it had accepted it. So a front whose sessions step an expensive env takes fewer new
-  sessions, not the same count.
+* **Placement by cost.** Each front publishes, ten times a second, its load (the measured
+  step cost of the slots its sessions hold: `turnpool.pool.slots.SlotEngine.measured_load`),
+  its sessions and its free slots in a small shared file. A front that accepts a new ``/ws``
+  session while another front carries less by over half a session's cost, or while it has no
+  free slot, passes the connection itself to the least loaded front: the socket's descriptor
+  and the bytes read so far, over a Unix datagram socket (``SCM_RIGHTS``). The receiver
+  serves it as if it had accepted it. So a front whose sessions step an expensive env takes
+  fewer new sessions, not the same count.
 * **Sessions by id.** A session id names its front (``f<k>-<hex>``). A WebSocket attaching to a
   session that another front holds is passed to that front the same way; an HTTP or MCP
   request for it (``/step``, ``/state``, ``/close``, ``/reset``, ``/mcp``) is proxied to the
@@ -83,6 +83,11 @@ MAX_RESTARTS = 20
 _SESSION_ID = re.compile(r"^f(\d{1,4})-")
 
 
+def loads_path(directory: str) -> str:
+    """The shared file of a group's published loads (`_ROW` per front)."""
+    return os.path.join(directory, "loads")
+
+
 def owner_of(session_id: Any) -> int | None:
     """The front a session id names (None: not a front's id)."""
     if not isinstance(session_id, str):
@@ -111,7 +116,7 @@ class FrontSpec:
 
     @property
     def loads_path(self) -> str:
-        return os.path.join(self.directory, "loads")
+        return loads_path(self.directory)
 
 
 def front_settings(settings: ServeSettings, index: int, count: int) -> ServeSettings:
@@ -176,7 +181,7 @@ class FrontGroup:
             self._reserve = reuse_port_socket(host, port, listen=False)
             self.host, self.port = self._reserve.getsockname()[:2]
             self.url = f"http://{self.host}:{self.port}"
-            with open(os.path.join(self.directory, "loads"), "wb") as f:
+            with open(loads_path(self.directory), "wb") as f:
                 f.write(bytes(_ROW.size * self.count))
             self.specs = [FrontSpec(k, self.count, front_settings(settings, k, self.count),
                                     self.host, self.port, token, self.directory)
@@ -246,7 +251,7 @@ class FrontGroup:
 
     def _unpublish(self, k: int) -> None:
         """Blank a dead front's row: the others place nothing there until it is back."""
-        with open(os.path.join(self.directory, "loads"), "r+b") as f:
+        with open(loads_path(self.directory), "r+b") as f:
             f.seek(k * _ROW.size)
             f.write(bytes(_ROW.size))
 
@@ -441,12 +446,15 @@ class FrontLink:
             await asyncio.sleep(PUBLISH_PERIOD_S)
             self.publish()
 
-    def loads(self) -> tuple[list[float], list[float], float]:
-        """Per front its load and free slots, and one session's mean cost: a front's load
-        is its measured sessions' cost plus its other sessions at the mean cost of every
-        measured session (1.0 each while none is measured: load is then a count). This
-        front's sessions and free slots are taken live, the rest as last published."""
-        rows = [self._row(k) for k in range(self.count)]
+    def loads(self, rows: list[tuple[float, ...]] | None = None
+              ) -> tuple[list[float], list[float], float]:
+        """Per front its load and free slots, and one session's mean cost, from ``rows``
+        (default: the shared file now): a front's load is its measured sessions' cost plus
+        its other sessions at the mean cost of every measured session (1.0 each while none
+        is measured: load is then a count). This front's sessions and free slots are taken
+        live, the rest as published."""
+        if rows is None:
+            rows = [self._row(k) for k in range(self.count)]
         cost, measured = sum(r[0] for r in rows), sum(r[1] for r in rows)
         mean = cost / measured if measured > 0 and cost > 0 else 1.0
         loads, free = [], []
@@ -470,11 +478,11 @@ class FrontLink:
                 owner < self.count and hops == 0 else None
         if hops >= self.count or (hops and self.engine.leased < self.engine.capacity):
             return None
-        loads, free, mean = self.loads()
+        rows = [self._row(k) for k in range(self.count)]  # one snapshot of the file
+        loads, free, mean = self.loads(rows)
         full = free[self.index] < 1
         best, best_load = None, math.inf
-        for k in range(self.count):
-            _, _, leased, _, seq = self._row(k)
+        for k, (_, _, leased, _, seq) in enumerate(rows):
             if (seq, leased) != self._seen[k]:  # it published, or opened or closed a
                 self._seen[k], self._sent[k] = (seq, leased), 0.0  # session: counted there
             pending = 0.0 if full else self._sent[k]  # full: any free slot beats refusing
@@ -628,7 +636,6 @@ class FrontLink:
             from turnpool.serve.app import dumps_bytes
 
             await self._drop(k)
-
             return 502, [(b"content-type", b"application/json")], dumps_bytes(
                 {"detail": {"code": "SESSION_ERROR", "retryable": True,
                             "message": f"the front holding this session did not answer: "
