@@ -135,6 +135,7 @@ def test_cycle_finder_finds_a_cycle() -> None:
 
 #: The floors, bottom up: a module imports only from its own floor and those below.
 FLOORS: list[tuple[str, ...]] = [
+    ("turnpool.extras",),            # optional imports as one-line errors; imports nothing
     ("turnpool.webshop",),           # the shop the WebShop env talks to
     ("turnpool.envs",),
     ("turnpool.worker",),            # protocol, host, deadline, transport: the worker's side
@@ -158,6 +159,7 @@ def _floor(module: str) -> int | None:
 #: module (prefix) -> what it may import: ``"a.b"`` is that module (or package) only,
 #: ``"a.b.*"`` is it and everything below it. The first matching rule wins.
 ALLOWED: list[tuple[str, tuple[str, ...]]] = [
+    ("turnpool.extras", ()),
     ("turnpool.webshop", ("turnpool.webshop.*",)),
     ("turnpool.envs", ("turnpool.envs.*", "turnpool.webshop.*")),
     ("turnpool.worker", ("turnpool.envs.*", "turnpool.worker.*")),
@@ -181,7 +183,13 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
+#: Modules every floor may import (they import nothing of turnpool themselves).
+EVERYWHERE = ("turnpool.extras",)
+
+
 def _allows(allowed: tuple[str, ...], target: str) -> bool:
+    if target in EVERYWHERE:
+        return True
     for rule in allowed:
         if rule.endswith(".*") and _in(target, rule[:-2]):
             return True
