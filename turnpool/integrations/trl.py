@@ -52,6 +52,7 @@ from turnpool.rollout.collector import TrajectoryCollector, build_pool
 from turnpool.rollout.prompts import describe_env, make_env_prompt
 from turnpool.rollout.settings import CollectorSettings, TagSpec, TurnSettings
 from turnpool.rollout.trajectory import Trajectory
+from turnpool.worker.protocol import Failure
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def failure_of(trajectory: Trajectory) -> str | None:
     """The failure class of a failed trajectory (None when it did not fail)."""
     if trajectory.error is None:
         return None
-    return trajectory.failure or "env_error"
+    return Failure.of(trajectory.failure).value
 
 
 def _tool_name(action: str, taken: set[str]) -> str:
@@ -144,7 +145,7 @@ def environment_factory(
         self.tool_steps, self.invalid_calls = 0, []
         obs, info, *_ = pool.submit_reset(slot, seed_of_row(row, seed_key)).result(wait_s)
         if info.get("error"):
-            self._done, self._failure = True, str(info.get("failure") or "env_error")
+            self._done, self._failure = True, Failure.of(info.get("failure")).value
             return f"The environment failed to start: {info['error']}"
         return f"{intro}\n{without_answer_format(obs)}"
 
@@ -178,7 +179,7 @@ def environment_factory(
         self._reward += float(res.reward_sum)
         if res.error:
             self._done = True
-            self._failure = str(res.info.get("failure") or "env_error")
+            self._failure = Failure.of(res.info.get("failure")).value
             return f"The environment failed: {res.error}"
         self._done = bool(res.terminated or res.truncated)
         text = f"{without_answer_format(res.obs)}\nReward: {res.reward_sum}"

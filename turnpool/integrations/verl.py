@@ -56,6 +56,7 @@ from turnpool.pool.slots import PoolTimeout, SlotEngine
 from turnpool.rollout.episode import apply_turn, plan_turn, start_episode
 from turnpool.rollout.prompts import build_messages, make_env_prompt
 from turnpool.rollout.settings import TagSpec, TurnSettings
+from turnpool.worker.protocol import Failure
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class TurnpoolAgentLoop(AgentLoopBase):
         failure = None
         if ep.error is not None:
             last = ep.turns[-1].info if ep.turns else info
-            failure = str(last.get("failure") or "env_error")
+            failure = Failure.of(last.get("failure")).value
             mask = [0] * len(mask)
         score = sum(t.reward for t in ep.turns) + ep.penalty
         extra = {"turnpool_failure": failure, "turnpool_success": bool(ep.success),

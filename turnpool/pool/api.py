@@ -40,28 +40,26 @@ Example:
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import logging
-import math
 import operator
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnpool.backends import BACKENDS, get_backend, start_backend
+from turnpool.backends import start_backend
 from turnpool.backends.base import Backend
 from turnpool.envs.registry import EnvTarget, build_target, target_name
-from turnpool.pool.dispatch import Dispatcher, Pending, Ticket
+from turnpool.pool.arguments import check_arguments, check_int
+from turnpool.pool.dispatch import Dispatcher
+from turnpool.pool.requests import Ticket
+from turnpool.pool.table import EnvRecord
 from turnpool.worker.protocol import (
     DEFAULT_MP_CONTEXT,
     DEFAULT_STEP_TIMEOUT,
     START_TIMEOUT,
-    BackendUnavailable,
     EnvBuild,
     EnvBuildError,
-    Op,
     ResetResult,
     TurnResult,
 )
@@ -110,9 +108,12 @@ class EnvPool:
             `turnpool.backends.BACKENDS`.
         num_workers: worker count (default: the backend's, e.g. one process per core).
         mp_context: ``"spawn"`` (default), ``"forkserver"`` or ``"fork"`` for process backends.
-        step_timeout: seconds one env may spend on one turn before its worker is killed and
-            the env flagged (None: no deadline). reset_timeout: the same for a reset
-            (default: ``step_timeout``).
+        step_timeout: seconds one env may spend on one turn before it is flagged
+            (``timeout``; None: no deadline). The process backend's worker answers that
+            itself and keeps running (hand-off, `turnpool.worker.handoff`); a worker that
+            cannot answer (a hang holding the GIL, an in-process hang that no interrupt
+            reaches) is killed and replaced, its other envs restored. reset_timeout: the
+            same for a reset (default: ``step_timeout``).
         on_error: ``"flag"`` (failed envs return done + ``info["error"]``) or ``"raise"``
             (`EnvError` after the call).
         fallback: run sequentially, with a logged warning, if the backend cannot start.
@@ -143,8 +144,8 @@ class EnvPool:
             specs = [EnvGroupSpec(tag or target_name(env_type), env_type, env_num,
                                   dict(env_kwargs or {}))]
         specs = list(specs)
-        _check_arguments(specs, group_n, seed, backend, num_workers, mp_context, step_timeout,
-                         reset_timeout, on_error, backend_options)
+        check_arguments(EnvPool.__init__, specs, group_n, seed, backend, num_workers,
+                        mp_context, step_timeout, reset_timeout, on_error, backend_options)
         self.group_n = int(group_n)
         self.seed = int(seed)
         self.on_error = on_error
@@ -223,7 +224,16 @@ class EnvPool:
     def env_seeds(self) -> list[int | None]:
         """Each env's current episode seed (``None`` before its first reset or after a
         failure); callers read seeds here instead of re-deriving the group rule."""
-        return list(self._dispatch.replay.seeds)
+        return list(self._dispatch.table.seeds)
+
+    def owner_of(self, env_id: int) -> int:
+        """The worker index that holds env ``env_id`` (fixed for the pool's life)."""
+        return self._dispatch.table.owner_of(env_id)
+
+    def env_record(self, env_id: int) -> EnvRecord:
+        """Env ``env_id``'s row of the pool's env table: owner, episode seed and mark, status
+        (idle, in flight, straggling, failed with its reason and class)."""
+        return self._dispatch.table.record(env_id)
 
     def worker_pids(self) -> list[int]:
         """OS pids of the worker processes (empty for in-process backends)."""
@@ -240,7 +250,7 @@ class EnvPool:
         ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
         self._check_ids(ids)
         ticket = Ticket(ids, is_async=False)
-        self._enqueue_resets(ticket, self._reset_base(seed, ids))
+        self._dispatch.resets(ticket, self._reset_base(seed, ids), self.group_ids)
         self._dispatch.finish(ticket)
         results: list[ResetResult] = ticket.out
         obs = [r.obs for r in results]
@@ -255,9 +265,8 @@ class EnvPool:
         self._check_open()
         ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
         self._check_ids(ids)
-        ticket = Ticket(ids, is_async=True)
-        self._enqueue_resets(ticket, self._reset_base(seed, ids))
-        self._dispatch.in_flight.update(ids)
+        self._dispatch.resets(Ticket(ids, is_async=True), self._reset_base(seed, ids),
+                              self.group_ids)
 
     def _reset_base(self, seed: int | None, ids: list[int]) -> int:
         """The seed base of a reset: the pool's schedule when ``seed`` is None."""
@@ -265,32 +274,11 @@ class EnvPool:
             base = self.seed + self._episode * self.n_groups
             self._episode += 1
             return base
-        _check_int("seed", seed)
+        check_int("seed", seed)
         # a base below 0 is fine as long as every env reset here gets a seed >= 0
-        _check_int("seed (+ group index of the envs reset)",
+        check_int("seed (+ group index of the envs reset)",
                    int(seed) + min((self.group_ids[i] for i in ids), default=0), 0)
         return int(seed)
-
-    def _enqueue_resets(self, ticket: Ticket, base: int) -> None:
-        """One `Op.RESET` request per worker for the envs of ``ticket``: group ``g`` gets
-        seed ``base + g``."""
-        ids = ticket.env_ids
-        dispatch = self._dispatch
-        per_worker: dict[int, tuple[list[int], list[int]]] = {}
-        for pos, i in enumerate(ids):
-            wids, wpos = per_worker.setdefault(dispatch.owner[i], ([], []))
-            wids.append(i)
-            wpos.append(pos)
-        for w, (wids, wpos) in per_worker.items():
-            groups: dict[int, list[int]] = {}
-            for i in wids:
-                groups.setdefault(self.group_ids[i], []).append(i)
-            items = [(base + g, members) for g, members in groups.items()]
-            order = [i for _, members in items for i in members]
-            pos_of = dict(zip(wids, wpos))
-            seeds = [base + self.group_ids[i] for i in order]
-            dispatch.enqueue(w, Pending(Op.RESET, order, items, ticket,
-                                        [pos_of[i] for i in order], seeds))
 
     # ------------------------------------------------------------------ step
     def step(self, actions: Sequence[Any], env_ids: Sequence[int] | None = None
@@ -338,17 +326,12 @@ class EnvPool:
         """
         self._check_open()
         want = max(0, int(min_ready))
-        dispatch = self._dispatch
-        dispatch.pump(lambda: len(dispatch.ready) >= want, timeout)
-        out, dispatch.ready = dispatch.ready, []
-        if self.on_error == "raise" and any(r.error is not None for _, r in out):
-            # The failed envs are reported; the others stay ready for the next poll, so an
-            # exception never swallows a result.
-            dispatch.ready = [x for x in out if x[1].error is None]
-            failed = [x for x in out if x[1].error is not None]
-            dispatch.in_flight.difference_update(i for i, _ in failed)
-            self._raise_if_needed([i for i, _ in failed], [r.error for _, r in failed])
-        dispatch.in_flight.difference_update(i for i, _ in out)
+        table = self._dispatch.table
+        self._dispatch.pump(lambda: len(table.ready) >= want, timeout)
+        # With on_error="raise" the failed envs are reported; the others stay ready for the
+        # next poll, so an exception never swallows a result.
+        out, failed = table.take_ready(hold_if_failed=self.on_error == "raise")
+        self._raise_if_needed([i for i, _ in failed], [r.error for _, r in failed])
         return out
 
     def forget(self, env_ids: Sequence[int]) -> None:
@@ -362,12 +345,12 @@ class EnvPool:
         bad = [i for i in ids if not 0 <= i < n]
         if bad:
             raise IndexError(f"env id {bad[0]} out of range [0, {n})")
-        self._dispatch.forget(ids)
+        self._dispatch.table.forget(ids)
 
     @property
     def in_flight(self) -> frozenset[int]:
         """Env ids whose `step_async` results have not been polled yet."""
-        return frozenset(self._dispatch.in_flight)
+        return frozenset(self._dispatch.table.in_flight)
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
@@ -399,7 +382,7 @@ class EnvPool:
                 raise IndexError(f"env id {i} out of range [0, {n})")
         if len(set(ids)) != len(ids):
             raise ValueError("env_ids contains duplicates")
-        busy = self._dispatch.in_flight.intersection(ids)
+        busy = self._dispatch.table.busy(ids)
         if busy:
             raise RuntimeError(f"envs {sorted(busy)[:5]} are still in flight; poll() first")
 
@@ -407,7 +390,7 @@ class EnvPool:
         self._check_open()
         if env_ids is None:
             ids = list(range(self.num_envs))
-            if self._dispatch.in_flight:
+            if self._dispatch.table.in_flight:
                 self._check_ids(ids)
         else:
             ids = [int(i) for i in env_ids]
@@ -440,88 +423,3 @@ def _entry_point(env_type: EnvTarget, env_kwargs: dict[str, Any]
     """What workers rebuild the env from (`turnpool.envs.registry.build_target`); fails
     here, not in a worker, on typos."""
     return build_target(env_type, env_kwargs)
-
-
-# ---------------------------------------------------------------------- argument checks
-def _check_int(name: str, value: Any, minimum: int | None = None, none_ok: bool = False
-               ) -> None:
-    if value is None and none_ok:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int{' or None' if none_ok else ''}, "
-                        f"got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _check_seconds(name: str, value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or None, "
-                        f"got {type(value).__name__} {value!r}")
-    if not value > 0 or math.isnan(value):
-        raise ValueError(f"{name} must be > 0 seconds (or None for no deadline), got {value}")
-
-
-def _option_names(backend: str) -> set[str]:
-    """Keyword options a backend's constructor takes (auto: those of every backend, since
-    it hands them to the one it picks)."""
-    names: set[str] = set()
-    for key in (BACKENDS if backend == "auto" else [backend]):
-        try:
-            cls = get_backend(key)
-        except (BackendUnavailable, ValueError):
-            continue
-        for klass in cls.__mro__:
-            init = klass.__dict__.get("__init__")
-            if init is None:
-                continue
-            for p in inspect.signature(init).parameters.values():
-                if p.kind == p.KEYWORD_ONLY:
-                    names.add(p.name)
-    return names - {"mp_context"}
-
-
-def _check_arguments(specs: list[EnvGroupSpec], group_n: Any, seed: Any, backend: Any,
-                     num_workers: Any, mp_context: Any, step_timeout: Any,
-                     reset_timeout: Any, on_error: Any, options: dict[str, Any]) -> None:
-    """Strict arguments: a typo or a bad value fails here, naming the parameter."""
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a str, got {type(backend).__name__} {backend!r}")
-    if backend not in BACKENDS:
-        close = difflib.get_close_matches(backend, list(BACKENDS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown backend {backend!r} (one of {', '.join(BACKENDS)}){hint}")
-    known = _option_names(backend)
-    unknown = sorted(set(options) - known)
-    if unknown:
-        params = set(inspect.signature(EnvPool.__init__).parameters) - {
-            "self", "backend_options", "specs"}
-        candidates = sorted(params | _option_names("auto"))
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-            if not close:
-                close = [c for c in candidates if c.replace("_", "") == key.lower()]
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise TypeError(f"EnvPool() got unexpected keyword argument(s) {', '.join(hints)} "
-                        f"for backend {backend!r}")
-    _check_int("group_n", group_n, 1)
-    _check_int("seed", seed, 0)
-    _check_int("num_workers", num_workers, 1, none_ok=True)
-    _check_seconds("step_timeout", step_timeout)
-    _check_seconds("reset_timeout", reset_timeout)
-    if mp_context is not None and not isinstance(mp_context, str):
-        raise TypeError(f"mp_context must be a str or None, got {type(mp_context).__name__}")
-    if on_error not in ("flag", "raise"):
-        raise ValueError(f"on_error must be 'flag' or 'raise', got {on_error!r}")
-    for spec in specs:
-        if not (isinstance(spec.env_type, str) or callable(spec.env_type)):
-            raise TypeError(f"env_type must be a str (a registered name, 'module:Class' or a "
-                            f"gymnasium id) or an env factory, got "
-                            f"{type(spec.env_type).__name__}")
-        if not isinstance(spec.env_kwargs, Mapping):
-            raise TypeError(f"env_kwargs must be a dict, got {type(spec.env_kwargs).__name__}")
-        _check_int(f"env_num (n_groups of tag {spec.tag!r})", spec.n_groups, 0)
-

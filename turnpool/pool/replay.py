@@ -4,8 +4,9 @@ When a worker dies or is killed past its deadline, only the env it was running i
 Its other envs are rebuilt in the replacement worker by reset (same seed) + replay of the
 actions recorded since that reset (`Op.RESTORE`); deterministic envs make this exact, so
 their results for the step are as if nothing happened. The log is compacted at every reset,
-so it only holds the live episodes' turns. The `Dispatcher` owns one `ReplayLog` and decides
-when to restore; this module only remembers.
+so it only holds the live episodes' turns. The env table (`turnpool.pool.table.EnvTable`)
+holds one `ReplayLog` as its episode part; the `Dispatcher` decides when to restore; this
+module only remembers.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class ReplayLog:
             self.seeds[i] = seed
             self._mark[i] = start
         self._compact(worker, broken)
+
+    def mark(self, env_id: int) -> int:
+        """Where env ``env_id``'s episode starts in its worker's log."""
+        return self._mark[env_id]
 
     def held(self, worker: int) -> int:
         """How many step requests the log keeps for ``worker``."""

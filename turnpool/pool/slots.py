@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 
 from turnpool.envs.registry import EnvTarget
 from turnpool.pool.api import EnvPool
-from turnpool.worker.protocol import ResetResult, TurnResult
+from turnpool.worker.protocol import Failure, ResetResult, TurnResult
 
 log = logging.getLogger(__name__)
 
@@ -402,9 +402,9 @@ class SlotEngine:
 
     def _reset_done(self, slot: int, result: ResetResult) -> SlotReset:
         error, info = result.error, result.info
-        failure = (result.failure or "env_error") if error is not None else None
+        failure = Failure.of(result.failure).value if error is not None else None
         if error is not None:
-            self._count_failure(failure or "env_error", error)
+            self._count_failure(Failure.of(failure).value, error)
         else:
             self.resets_total += 1
         return SlotReset(result.obs, info, self.pool.env_seeds[slot], error, failure)
@@ -414,7 +414,7 @@ class SlotEngine:
             self.steps_total += result.n_executed
         else:
             self.steps_total += 1
-            self._count_failure(result.failure or "env_error", result.error)
+            self._count_failure(Failure.of(result.failure).value, result.error)
 
     def _count_failure(self, failure: str, error: str) -> None:
         self.failures[failure] += 1

@@ -81,7 +81,7 @@ from turnpool.rollout.prompts import build_messages, env_prompts
 from turnpool.rollout.scoring import compute_scores
 from turnpool.rollout.settings import CollectorSettings, RolloutPlan, TagSpec
 from turnpool.rollout.trajectory import Trajectory, Turn, write_jsonl
-from turnpool.worker.protocol import FAILURE_CLASSES
+from turnpool.worker.protocol import FAILURE_CLASSES, Failure
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class TrajectoryCollector:
     def _count_failures(self, eps: Sequence[EpisodeState]) -> None:
         for ep in eps:
             if ep.error is not None:
-                self._failures[ep.failure or "env_error"] += 1
+                self._failures[Failure.of(ep.failure).value] += 1
 
     def _failure_metrics(self) -> dict[str, float]:
         f = self._failures

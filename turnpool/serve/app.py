@@ -48,6 +48,7 @@ from turnpool.serve.engine import PoolEngine, PoolFull, PoolTimeout, SlotReset, 
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.metrics import CONTENT_TYPE
 from turnpool.serve.page import STATUS_PAGE
+from turnpool.worker.protocol import Failure
 
 #: Largest client message (bytes of JSON) the server reads; longer ones are refused.
 MAX_MESSAGE_CHARS = 1_000_000
@@ -403,7 +404,7 @@ class Server:
 
 def _failed(failure: str | None, retryable: bool, error: str, session: Session
             ) -> ProtocolError:
-    cls = failure or "env_error"
+    cls = Failure.of(failure).value
     return ProtocolError("EXECUTION_ERROR", f"env step failed ({cls}): {error}", status=500,
                          failure=cls, retryable=retryable, error=error,
                          episode_id=session.episode_id, session_id=session.id)

@@ -7,12 +7,17 @@ one request to a worker and one reply back. Inside every worker an
 `turnpool.worker.host.EnvHost` answers the requests. This module is what all three share; it
 depends on nothing but the envs.
 
+The pool builds one typed record per request (`ResetRequest`, `StepRequest`,
+`RestoreRequest`, `CloseRequest`) and reads each reply as a `WorkerReply`; `encode` and
+`decode` are the one codec between those records and the wire. Failure classes are the
+`Failure` enum (a member is its string, so infos keep plain strings).
+
 Wire format (plain tuples; a process backend pickles them once per worker per call):
 
 * request ``(seq, op, payload)`` with ``op`` an `Op`; reply ``(seq, op, payload, failure,
   error)``: ``failure`` and ``error`` are ``None`` unless the request failed as a whole (the
   host itself, a deadline between two envs, a transport that could not carry it); then
-  ``failure`` is its class (`FAILURE_CLASSES`) and every env of the request is failed with it.
+  ``failure`` is its class (`Failure`) and every env of the request is failed with it.
 * `Op.RESET`: payload ``[(seed, [env_id, ...]), ...]``: one entry per group slice owned by
   this worker. The host resets the first env with ``seed`` and copies its state to the others
   (``get_state`` / ``set_state``), falling back to resetting each with the same seed if the env
@@ -37,7 +42,8 @@ Wire format (plain tuples; a process backend pickles them once per worker per ca
   them; each later arrives in an `Op.LATE` reply (same sequence number) whose
   payload is ``[(env_id, wire_turn), ...]``.
 
-A new op is one `Op` member (with its deadline in `Op.limit`) and one handler in `EnvHost`.
+A new op is one `Op` member (with its deadline in `Op.limit`), one request record here and one
+handler in `EnvHost`.
 Backends never look inside payloads. Sequence numbers are chosen by the pool and echoed by the
 worker; the pool discards any reply whose number it is not waiting for (a late reply from a
 worker it gave up on).
@@ -54,7 +60,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
@@ -103,11 +109,114 @@ class Op(enum.IntEnum):
         return "reset timeout" if self is Op.RESET else "step timeout"
 
 
-#: ``(seq, op, payload)``
+#: ``(seq, op, payload)``: a request on the wire (`encode`)
 Request = tuple[int, Op, Any]
-#: ``(seq, op, payload, failure, error)``: ``failure``/``error`` set when the request as a
-#: whole failed
+#: ``(seq, op, payload, failure, error)``: a reply on the wire (`decode`); ``failure`` /
+#: ``error`` set when the request as a whole failed
 Reply = tuple[int, Op, Any, "str | None", "str | None"]
+
+
+# ---------------------------------------------------------------------- typed records
+# One record per op the pool sends; `encode` is the one place a record becomes wire tuples
+# and `decode` the one place a reply tuple becomes a `WorkerReply`. A new op is one `Op`
+# member, one record here (``op``, ``env_ids``, ``payload``) and one host handler.
+@dataclass(frozen=True, slots=True)
+class ResetRequest:
+    """`Op.RESET`: ``groups`` is ``[(seed, [env_id, ...]), ...]``, one entry per group slice."""
+
+    groups: list[tuple[int, list[int]]]
+    op = Op.RESET
+
+    @property
+    def env_ids(self) -> list[int]:
+        return [i for _, members in self.groups for i in members]
+
+    @property
+    def seeds(self) -> list[int]:
+        """Each env's episode seed, aligned to `env_ids`."""
+        return [seed for seed, members in self.groups for _ in members]
+
+    @property
+    def payload(self) -> Any:
+        return self.groups
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequest:
+    """`Op.STEP` (a list of actions per env) or, ``single``, `Op.STEP1` (one bare action per
+    env); ``env_ids`` may be a ``range`` and ``actions`` a list slice (whole-pool calls)."""
+
+    env_ids: Sequence[int]
+    actions: Sequence[Any]
+    single: bool = False
+
+    @property
+    def op(self) -> Op:
+        return Op.STEP1 if self.single else Op.STEP
+
+    @property
+    def payload(self) -> Any:
+        return (self.env_ids, self.actions)
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreRequest:
+    """`Op.RESTORE`: ``items`` is ``[(env_id, seed, [turn, ...]), ...]``."""
+
+    items: list[tuple[int, int, list[Any]]]
+    op = Op.RESTORE
+
+    @property
+    def env_ids(self) -> list[int]:
+        return [item[0] for item in self.items]
+
+    @property
+    def payload(self) -> Any:
+        return self.items
+
+
+@dataclass(frozen=True, slots=True)
+class CloseRequest:
+    """`Op.CLOSE`: close every env of the worker (no reply needed)."""
+
+    op = Op.CLOSE
+    env_ids = ()
+    payload = None
+
+
+#: A request the pool sends (one record type per op)
+RequestRecord = ResetRequest | StepRequest | RestoreRequest | CloseRequest
+
+
+class WorkerReply(NamedTuple):
+    """A reply, decoded: ``payload`` is op-specific (module docstring); ``failure`` and
+    ``error`` are set when the request failed as a whole."""
+
+    seq: int
+    op: Op
+    payload: Any
+    failure: Failure | None
+    error: str | None
+
+
+def encode(seq: int, request: RequestRecord) -> Request:
+    """The wire tuple of ``request`` under sequence number ``seq``.
+
+    >>> encode(7, StepRequest(range(2), ["a", "b"], single=True))
+    (7, <Op.STEP1: 3>, (range(0, 2), ['a', 'b']))
+    """
+    return (seq, request.op, request.payload)
+
+
+def decode(reply: Reply) -> WorkerReply:
+    """The `WorkerReply` of a wire reply tuple.
+
+    >>> decode((7, Op.STEP, None, "timeout", "step timeout (1 s)")).failure.retryable
+    True
+    """
+    seq, op, payload, failure, error = reply
+    return WorkerReply(seq, op, payload, None if failure is None else Failure.of(failure),
+                       error)
 
 #: Cap on the length of an error text carried in ``info["error"]``.
 MAX_ERROR_CHARS = 300
@@ -121,17 +230,49 @@ START_TIMEOUT = 120.0
 DEFAULT_MP_CONTEXT = "spawn"
 
 
-#: Why an env failed, as carried in ``info["failure"]`` of every failed env (with
-#: ``info["retryable"]``): the one list of failure classes, and whether running the episode
-#: again from the same seed can succeed (the env itself is not to blame).
-FAILURE_CLASSES: dict[str, bool] = {
-    "env_error": False,        # env code raised
-    "timeout": True,           # a step or reset ran past its deadline
-    "worker_lost": True,       # the worker holding the env died (or was killed)
-    "unpicklable": False,      # an action or result could not cross a process boundary
-    "policy_error": True,      # the policy could not produce a reply for the env
-    "construct_error": False,  # the env could not be built
-}
+class Failure(str, enum.Enum):
+    """Why an env failed, as carried in ``info["failure"]`` of every failed env (with
+    ``info["retryable"]``): the one list of failure classes. A member is its string (``==``,
+    ``hash``, ``str``, f-strings and JSON all see ``"env_error"`` etc.), so infos and metrics
+    keyed by class name are unchanged; infos hold the plain string (`failure_info`).
+
+    >>> Failure.of(None), Failure.of("timeout").retryable, f"{Failure.WORKER_LOST}"
+    (<Failure.ENV_ERROR: 'env_error'>, True, 'worker_lost')
+    """
+
+    ENV_ERROR = "env_error"              # env code raised
+    TIMEOUT = "timeout"                  # a step or reset ran past its deadline
+    WORKER_LOST = "worker_lost"          # the worker holding the env died (or was killed)
+    UNPICKLABLE = "unpicklable"          # an action or result could not cross a process boundary
+    POLICY_ERROR = "policy_error"        # the policy could not produce a reply for the env
+    CONSTRUCT_ERROR = "construct_error"  # the env could not be built
+
+    # print as the plain string (as `enum.StrEnum` does, which Python 3.10 lacks)
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
+
+    @property
+    def retryable(self) -> bool:
+        """Whether running the episode again from the same seed can succeed (the env itself
+        is not to blame)."""
+        return self in _RETRYABLE
+
+    @classmethod
+    def of(cls, value: object) -> Failure:
+        """The class ``value`` names (a member or its string); `ENV_ERROR` when it names none
+        (``None``, an unknown word): the one reading of a failure class."""
+        try:
+            return _BY_NAME.get(value, Failure.ENV_ERROR)  # type: ignore[call-overload]
+        except TypeError:  # unhashable: names no class
+            return Failure.ENV_ERROR
+
+
+_RETRYABLE = frozenset({Failure.TIMEOUT, Failure.WORKER_LOST, Failure.POLICY_ERROR})
+_BY_NAME: dict[str, Failure] = {f.value: f for f in Failure}
+
+#: Failure class name -> retryable, for readers that want plain strings (`Failure` is the
+#: source).
+FAILURE_CLASSES: dict[str, bool] = {f.value: f.retryable for f in Failure}
 
 
 class BackendUnavailable(RuntimeError):
@@ -179,8 +320,8 @@ class TurnResult(NamedTuple):
         return self.terminated or self.truncated
 
     @property
-    def failure(self) -> str | None:
-        """The failure class (`FAILURE_CLASSES`) when ``error`` is set, else None: the
+    def failure(self) -> Failure | None:
+        """The failure class (`Failure`) when ``error`` is set, else None: the
         ``info["failure"]`` field set where the failure was decided (the record stays seven
         plain fields on the wire, which counts for microsecond envs)."""
         return failure_of(self.info) if self.error is not None else None
@@ -205,7 +346,7 @@ class ResetResult(NamedTuple):
     error: str | None
 
     @property
-    def failure(self) -> str | None:
+    def failure(self) -> Failure | None:
         """The failure class when ``error`` is set (as `TurnResult.failure`)."""
         return failure_of(self.info) if self.error is not None else None
 
@@ -252,16 +393,17 @@ def bounded(text: str) -> str:
 
 
 def failure_info(failure: str) -> dict[str, Any]:
-    """``{"failure": failure, "retryable": ...}`` for a class of `FAILURE_CLASSES`."""
-    if failure not in FAILURE_CLASSES:
+    """``{"failure": failure, "retryable": ...}`` for a class of `Failure` (the info holds
+    the plain string)."""
+    if failure not in _BY_NAME:
         raise ValueError(f"unknown failure class {failure!r}; one of {list(FAILURE_CLASSES)}")
-    return {"failure": failure, "retryable": FAILURE_CLASSES[failure]}
+    cls = _BY_NAME[failure]
+    return {"failure": cls.value, "retryable": cls.retryable}
 
 
-def failure_of(info: dict[str, Any]) -> str:
-    """The failure class of a failed env's info (``"env_error"`` when it names none)."""
-    failure = info.get("failure")
-    return failure if failure in FAILURE_CLASSES else "env_error"
+def failure_of(info: Mapping[str, Any]) -> Failure:
+    """The failure class of a failed env's info (`Failure.ENV_ERROR` when it names none)."""
+    return Failure.of(info.get("failure"))
 
 
 def error_info(reason: str, failure: str = "env_error") -> dict[str, Any]:

@@ -1,0 +1,165 @@
+"""The env table: the one home of every env's pool-side state, owned by the `Dispatcher`.
+
+One record per env (`EnvRecord`): the worker that owns it, its episode seed and where its
+episode starts in the replay log (the `ReplayLog` is the table's episode part), and its
+status: idle, in flight (sent by `step_async` / `reset_async`, result not polled yet),
+straggling (its worker answered its request without it, `Op.PARTIAL`) or failed, with the
+reason and class, until its next reset. The dispatcher changes the table as replies and
+faults arrive; the pool's API, the slot engine and the server only ask it (`owner_of`,
+`record`, `seeds`, `busy`). A synchronous call hands its results back before it returns, so
+its envs are never seen in flight.
+
+Storage is by column (an owner list, a failed dict, an in-flight set, per-worker straggler
+maps), so the hot path of a whole-pool step does no per-env work; `record` assembles a row.
+
+>>> table = EnvTable([[0, 1], [2]], 3)
+>>> table.started(0, {0: 5, 1: 5})
+>>> table.fail(1, "ValueError: boom", Failure.ENV_ERROR)
+>>> table.record(1).status, table.record(1).failure, table.owner_of(2), table.seeds[0]
+(<Status.FAILED: 'failed'>, <Failure.ENV_ERROR: 'env_error'>, 1, 5)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from turnpool.pool.replay import ReplayLog
+from turnpool.pool.requests import Straggler
+from turnpool.worker.protocol import Failure, ResetResult, TurnResult
+
+
+class Status(enum.Enum):
+    """Where an env stands, as the pool sees it."""
+
+    IDLE = "idle"
+    IN_FLIGHT = "in flight"
+    STRAGGLING = "straggling"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class EnvRecord:
+    """One env's row of the table (a snapshot)."""
+
+    env_id: int
+    owner: int
+    #: episode seed (None before its first reset, after a failed reset or `EnvTable.forget`)
+    seed: int | None
+    #: where its episode starts in its worker's replay log
+    mark: int
+    status: Status
+    #: why it failed and the class, when ``status`` is FAILED
+    reason: str | None = None
+    failure: Failure | None = None
+
+
+class EnvTable:
+    """Every env's owner, episode (seed + replay), flight and failure state."""
+
+    def __init__(self, slices: Sequence[Sequence[int]], num_envs: int) -> None:
+        self.slices = [list(ids) for ids in slices]
+        self.owner = [0] * num_envs
+        for w, ids in enumerate(self.slices):
+            for i in ids:
+                self.owner[i] = w
+        self.replay = ReplayLog(self.slices, num_envs)
+        #: failed envs (until their next reset) -> why, and their class
+        self.failed: dict[int, str] = {}
+        self._failure: dict[int, Failure] = {}
+        #: env ids of async calls not polled yet, and the finished ones (ready first)
+        self.in_flight: set[int] = set()
+        self.ready: list[tuple[int, TurnResult | ResetResult]] = []
+        #: per worker, env id -> its `Straggler`
+        self.stragglers: list[dict[int, Straggler]] = [{} for _ in self.slices]
+
+    # ------------------------------------------------------------------ queries
+    def owner_of(self, env_id: int) -> int:
+        """The worker that holds env ``env_id`` (fixed for the pool's life)."""
+        return self.owner[env_id]
+
+    @property
+    def seeds(self) -> list[int | None]:
+        """Each env's episode seed (the live list: read it, do not change it)."""
+        return self.replay.seeds
+
+    def failure_of(self, env_id: int) -> Failure:
+        return self._failure.get(env_id, Failure.ENV_ERROR)
+
+    def busy(self, env_ids: Iterable[int]) -> set[int]:
+        """The envs of ``env_ids`` in flight."""
+        return self.in_flight.intersection(env_ids)
+
+    def live(self, worker: int) -> list[int]:
+        """The envs of ``worker`` that are in an episode and not failed (what a replacement
+        worker must restore), in slice order."""
+        seeds, failed = self.replay.seeds, self.failed
+        return [i for i in self.slices[worker] if seeds[i] is not None and i not in failed]
+
+    def record(self, env_id: int) -> EnvRecord:
+        """Env ``env_id``'s row."""
+        owner = self.owner[env_id]
+        reason = self.failed.get(env_id)
+        if reason is not None:
+            status = Status.FAILED
+        elif env_id in self.stragglers[owner]:
+            status = Status.STRAGGLING
+        elif env_id in self.in_flight:
+            status = Status.IN_FLIGHT
+        else:
+            status = Status.IDLE
+        return EnvRecord(env_id, owner, self.replay.seeds[env_id], self.replay.mark(env_id),
+                         status, reason, self.failure_of(env_id) if reason is not None else None)
+
+    # ------------------------------------------------------------------ changes
+    def fail(self, env_id: int, reason: str, failure: Failure, episode_lost: bool = False
+             ) -> None:
+        """Env ``env_id`` failed (``episode_lost``: at a reset, so it has no episode)."""
+        self.failed[env_id] = reason
+        self._failure[env_id] = failure
+        if episode_lost:
+            self.replay.seeds[env_id] = None
+
+    def started(self, worker: int, seeds: dict[int, int]) -> None:
+        """Envs of ``worker`` began episodes with these seeds (and are no longer failed)."""
+        for i in seeds:
+            self.failed.pop(i, None)
+        self.replay.started(worker, seeds, self.failed)
+
+    def stepped(self, worker: int, env_ids: Sequence[int], actions: Sequence[Any],
+                single: bool) -> None:
+        """``worker`` completed these envs' turns (one replay-log append)."""
+        self.replay.stepped(worker, env_ids, actions, single)
+
+    def forget(self, env_ids: Sequence[int]) -> None:
+        """Drop these envs' episodes: no seed (never restored), no turns kept."""
+        by_worker: dict[int, list[int]] = {}
+        for i in env_ids:
+            by_worker.setdefault(self.owner[i], []).append(i)
+        for w, ids in by_worker.items():
+            self.replay.forget(w, ids, self.failed)
+
+    def worker_gone(self, worker: int, reason: str) -> None:
+        """``worker`` could not be replaced: every env of it not failed yet fails."""
+        for i in self.slices[worker]:
+            if i not in self.failed:
+                self.fail(i, reason, Failure.WORKER_LOST)
+
+    def sent_async(self, env_ids: Iterable[int]) -> None:
+        self.in_flight.update(env_ids)
+
+    def take_ready(self, hold_if_failed: bool
+                   ) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
+        """``(taken, failed)``: the finished results, no longer in flight. ``hold_if_failed``
+        and some failed: only the failed ones are taken (returned as ``failed``), the others
+        stay ready and in flight (the caller raises for the failed ones)."""
+        out, self.ready = self.ready, []
+        if hold_if_failed and any(r.error is not None for _, r in out):
+            self.ready = [x for x in out if x[1].error is None]
+            failed = [x for x in out if x[1].error is not None]
+            self.in_flight.difference_update(i for i, _ in failed)
+            return [], failed
+        self.in_flight.difference_update(i for i, _ in out)
+        return out, []
