@@ -23,9 +23,10 @@ worker is killed and replaced; the other envs it held are rebuilt by reset + rep
 recorded actions (deterministic envs make this exact) and their results for the step are
 computed as if nothing happened. ``on_error="raise"`` raises `EnvError` after the step instead.
 
-Parts: this module is the public API (groups, seeds, validation); a pool holds one
-`turnpool.pool.dispatch.Dispatcher` (queues, sequence numbers, deadlines, recovery), which
-holds one `turnpool.pool.replay.ReplayLog` (episode seeds and the turns to replay). Backends
+Parts: this module is the public API (groups, seeds; argument checks in ``arguments.py``); a
+pool holds one `turnpool.pool.dispatch.Dispatcher` (queues, sequence numbers, deadlines,
+recovery), which owns the `turnpool.pool.table.EnvTable` (each env's owner, episode seed and
+turns to replay, status; ask it through `EnvPool.owner_of` and `EnvPool.env_record`). Backends
 are started by name through `turnpool.backends.start_backend`, never imported here, so adding
 one never touches the pool.
 
@@ -309,6 +310,9 @@ class EnvPool:
         ticket number (the order of the call; results carry env ids, not tickets).
 
         Envs already in flight cannot be stepped again until their result was polled.
+        Unlike `step` / `step_turns` (actions first), the env ids come first here: both are
+        sequences, so reordering would silently misroute existing positional callers; pass
+        ``env_ids=`` and ``action_lists=`` by keyword to read the same everywhere.
         """
         ids = self._ids(env_ids, len(action_lists))
         ticket = Ticket(ids, is_async=True)
