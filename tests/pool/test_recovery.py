@@ -291,3 +291,37 @@ def test_a_straggler_is_tracked_in_the_table_until_its_late_result_is_polled() -
     taken, failed = table.take_ready(hold_if_failed=True)
     assert [(i, r.obs) for i, r in taken] == [(0, "0:['x']"), (1, "1:late")] and failed == []
     assert table.record(1).status is Status.IDLE and table.in_flight == set()
+
+
+def test_a_hang_past_the_deadline_restarts_the_worker_and_blames_the_running_env() -> None:
+    dispatch, backend = started_dispatcher(2)
+    backend.crash = True  # the step is never answered: swallow it
+    ticket = Ticket([0, 1], is_async=False)
+    dispatch.turns(ticket, ["a", "b"], whole=True, single=True)
+    backend.replies.clear()
+    backend.crash = False
+    head = dispatch._queues[0][0]
+    head.clock -= 60.0  # its 30 s deadline passed (no waiting in a test)
+    backend.marker = (1, head.clock)  # stuck in env 1 since the request began
+    dispatch.finish(ticket)
+    assert backend.restarts == 1
+    assert [op for _, op, _ in backend.sent[2:]] == [Op.RESTORE, Op.STEP1]
+    assert ticket.out[1].failure is Failure.TIMEOUT
+    assert ticket.out[1].error == "step timeout (30 s)" and ticket.out[0].obs == "0:a"
+
+
+def test_a_straggler_past_its_deadline_is_blamed_and_its_finished_neighbour_replayed(
+) -> None:
+    dispatch, backend = started_dispatcher(2)
+    backend.stall = {1}
+    ticket = Ticket([0, 1], is_async=False)
+    dispatch.turns(ticket, ["a", "b"], whole=True, single=True)
+    dispatch.pump(lambda: ticket.remaining == 1, 0.0)
+    assert dispatch.table.record(1).status is Status.STRAGGLING
+    dispatch.table.stragglers[0][1].due -= 60.0  # past deadline and grace
+    dispatch.finish(ticket)
+    assert backend.restarts == 1
+    assert backend.sent[-1] == (backend.sent[-1][0], Op.RESTORE, [(0, 5, [["a"]])])
+    assert ticket.out[0].obs == "0:a" and ticket.out[1].failure is Failure.TIMEOUT
+    assert dispatch.table.record(1).status is Status.FAILED
+    assert dispatch.table.stragglers[0] == {}
