@@ -117,15 +117,18 @@ Reply = tuple[int, Op, Any, "str | None", "str | None"]
 
 
 # ---------------------------------------------------------------------- typed records
-# One record per op the pool sends; `encode` is the one place a record becomes wire tuples
-# and `decode` the one place a reply tuple becomes a `WorkerReply`. A new op is one `Op`
+# One record per op the pool sends (immutable tuples: built per worker per call, so cheap);
+# `encode` is the one place a record becomes wire tuples and `decode` the one place a reply
+# tuple becomes a `WorkerReply`. A new op is one `Op`
 # member, one record here (``op``, ``env_ids``, ``payload``) and one host handler.
-@dataclass(frozen=True, slots=True)
-class ResetRequest:
+class ResetRequest(NamedTuple):
     """`Op.RESET`: ``groups`` is ``[(seed, [env_id, ...]), ...]``, one entry per group slice."""
 
     groups: list[tuple[int, list[int]]]
-    op = Op.RESET
+
+    @property
+    def op(self) -> Op:
+        return Op.RESET
 
     @property
     def env_ids(self) -> list[int]:
@@ -141,8 +144,7 @@ class ResetRequest:
         return self.groups
 
 
-@dataclass(frozen=True, slots=True)
-class StepRequest:
+class StepRequest(NamedTuple):
     """`Op.STEP` (a list of actions per env) or, ``single``, `Op.STEP1` (one bare action per
     env); ``env_ids`` may be a ``range`` and ``actions`` a list slice (whole-pool calls)."""
 
@@ -159,12 +161,14 @@ class StepRequest:
         return (self.env_ids, self.actions)
 
 
-@dataclass(frozen=True, slots=True)
-class RestoreRequest:
+class RestoreRequest(NamedTuple):
     """`Op.RESTORE`: ``items`` is ``[(env_id, seed, [turn, ...]), ...]``."""
 
     items: list[tuple[int, int, list[Any]]]
-    op = Op.RESTORE
+
+    @property
+    def op(self) -> Op:
+        return Op.RESTORE
 
     @property
     def env_ids(self) -> list[int]:
@@ -175,13 +179,20 @@ class RestoreRequest:
         return self.items
 
 
-@dataclass(frozen=True, slots=True)
-class CloseRequest:
+class CloseRequest(NamedTuple):
     """`Op.CLOSE`: close every env of the worker (no reply needed)."""
 
-    op = Op.CLOSE
-    env_ids = ()
-    payload = None
+    @property
+    def op(self) -> Op:
+        return Op.CLOSE
+
+    @property
+    def env_ids(self) -> list[int]:
+        return []
+
+    @property
+    def payload(self) -> Any:
+        return None
 
 
 #: A request the pool sends (one record type per op)
@@ -199,6 +210,9 @@ class WorkerReply(NamedTuple):
     error: str | None
 
 
+_as_worker_reply = partial(tuple.__new__, WorkerReply)
+
+
 def encode(seq: int, request: RequestRecord) -> Request:
     """The wire tuple of ``request`` under sequence number ``seq``.
 
@@ -214,9 +228,10 @@ def decode(reply: Reply) -> WorkerReply:
     >>> decode((7, Op.STEP, None, "timeout", "step timeout (1 s)")).failure.retryable
     True
     """
+    if reply[3] is None:  # the common case: no Python call per field
+        return _as_worker_reply(reply)
     seq, op, payload, failure, error = reply
-    return WorkerReply(seq, op, payload, None if failure is None else Failure.of(failure),
-                       error)
+    return WorkerReply(seq, op, payload, Failure.of(failure), error)
 
 #: Cap on the length of an error text carried in ``info["error"]``.
 MAX_ERROR_CHARS = 300
