@@ -21,7 +21,7 @@ from websockets.sync.client import connect
 
 import turnpool
 from turnpool.serve import ServeSettings, TurnpoolServer
-from turnpool.serve.fastws import accept_key
+from turnpool.serve.codec import accept_key
 
 pytestmark = pytest.mark.timeout(120)
 
