@@ -115,9 +115,9 @@ def test_a_held_session_idle_past_its_limit_is_closed_by_the_sweep() -> None:
 
 def test_an_idle_websocket_session_is_closed_and_told_when_session_timeout_is_set() -> None:
     table = _table(session_timeout=2.0)
-    session = table.open("ws")
     peer = FakePeer()
-    session.websocket = peer
+    session = table.open("ws", peer)
+    assert session.websocket is peer
     assert table.sweep(now=session.last_active + 3.0) == [session]
     assert '"code":"SESSION_ERROR"' in peer.sent[0] and "2 s idle" in peer.sent[0]
     assert peer.ended == [1000]

@@ -83,7 +83,7 @@ def uvicorn_server(service: Service, peers: FrontPeers | None = None) -> Any:
     from uvicorn.importer import import_from_string
 
     entry, ws_class = ws.bind(service, import_from_string(HTTP_PROTOCOLS["auto"]), peers)
-    # asyncio's own loop: uvloop measured no less CPU per step on the lean /ws path
+    # asyncio's own loop: uvloop measured no less CPU per step on the /ws path
     # (docs/performance.md); the protocols take either loop's transports
     config = uvicorn.Config(app_for(service, peers), log_level="warning", access_log=False,
                             lifespan="on", timeout_keep_alive=300, loop="asyncio", http=entry,

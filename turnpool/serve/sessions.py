@@ -112,9 +112,9 @@ class SessionTable:
         return self._sessions.get(session_id) if isinstance(session_id, str) else None
 
     # ------------------------------------------------------------------ changes
-    def open(self, kind: str) -> Session:
-        """A new session of ``kind``; ``CAPACITY_REACHED`` when its cap or the slots are
-        used up."""
+    def open(self, kind: str, peer: Peer | None = None) -> Session:
+        """A new session of ``kind`` (held by the WebSocket ``peer``, if given);
+        ``CAPACITY_REACHED`` when its cap or the slots are used up."""
         if kind in HELD_KINDS:
             held = sum(1 for s in self._sessions.values() if s.kind in HELD_KINDS)
             cap = self.settings.http_cap()
@@ -133,7 +133,7 @@ class SessionTable:
                                 f"server busy: all {cap} env slots are held by sessions; "
                                 "retry after one closes", status=503,
                                 active_sessions=len(self._sessions), max_sessions=cap) from None
-        session = Session(self.id_prefix + uuid.uuid4().hex, slot, kind)
+        session = Session(self.id_prefix + uuid.uuid4().hex, slot, kind, websocket=peer)
         self._sessions[session.id] = session
         self._changed()
         return session

@@ -208,13 +208,11 @@ class WsConnection(asyncio.Protocol):
         wanted = query.get("session_id")
         try:
             session = service.sessions.attach(wanted, self) if wanted else \
-                service.sessions.open("ws")
+                service.sessions.open("ws", self)
         except ProtocolError as exc:
             self.send(dumps({"type": "error", "data": exc.data()}))
             self.end(1013 if exc.code == "CAPACITY_REACHED" else 1008)
             return
-        if not wanted:
-            session.websocket = self
         self.attached = bool(wanted)
         self.session = session
         if rest:
