@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
+import queue
 import signal
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 import turnpool
-from turnpool.pool.slots import PoolFull, PoolTimeout, SlotEngine
+from turnpool.pool.slots import (
+    PoolFull,
+    PoolTimeout,
+    ResetRequest,
+    SlotEngine,
+    StepRequest,
+)
+from turnpool.worker.protocol import ResetResult, TurnResult
 
 WAIT_S = 60.0
 
@@ -180,3 +191,186 @@ def test_a_released_slot_stops_holding_the_replay_log() -> None:
         victim = engine.pool.worker_pids()[0]
         os.kill(victim, signal.SIGKILL)
         assert engine.submit_step(a, ["y"]).result(timeout=WAIT_S).obs == want
+
+
+# ---------------------------------------------------------------------- the driver's inbox
+# Unit tests of the driver's state machine: typed requests in, one fake pool (no processes)
+# whose turns finish when the test says so.
+class FakePool:
+    """A `SlotPool` of ``n`` envs over two workers that records every call; a turn or a
+    reset finishes when `finish` hands its result to the driver's next poll."""
+
+    backend_name = "fake"
+
+    def __init__(self, n: int = 4) -> None:
+        self.num_envs = n
+        self.env_seeds: list[int | None] = [None] * n
+        self.worker_slices = [list(range(n // 2)), list(range(n // 2, n))]
+        self.calls: list[tuple[Any, ...]] = []
+        self._ready: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+        self.closed = False
+
+    def worker_nodes(self) -> list[str | None]:
+        return [None, None]
+
+    def step_async(self, env_ids: list[int], action_lists: list[Any]) -> None:
+        self.calls.append(("step", list(env_ids), list(action_lists)))
+
+    def reset_async(self, seed: int | None, env_ids: list[int]) -> None:
+        self.calls.append(("reset", seed, list(env_ids)))
+        for i in env_ids:
+            self.env_seeds[i] = (seed if seed is not None else 100) + i
+
+    def forget(self, env_ids: list[int]) -> None:
+        self.calls.append(("forget", list(env_ids)))
+
+    def poll(self, timeout: float, min_ready: int) -> list[tuple[int, Any]]:
+        try:
+            out = [self._ready.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                out.append(self._ready.get_nowait())
+            except queue.Empty:
+                return out
+
+    def finish(self, slot: int, result: Any) -> None:
+        self._ready.put((slot, result))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _turn(obs: str, error: str | None = None, info: dict[str, Any] | None = None
+          ) -> TurnResult:
+    return TurnResult(obs, 1.0, False, False, info or {}, 1 if error is None else 0, error)
+
+
+@pytest.fixture()
+def fake() -> Iterator[tuple[SlotEngine, FakePool]]:
+    pool = FakePool()
+    engine = SlotEngine("trivial", capacity=pool.num_envs, slot_pool=pool)
+    try:
+        yield engine, pool
+    finally:
+        engine.close()
+
+
+def _waiter() -> concurrent.futures.Future[Any]:
+    return concurrent.futures.Future()
+
+
+def test_steps_submitted_together_reach_the_pool_as_one_call(fake: Any) -> None:
+    engine, pool = fake
+    a, b = engine.lease(), engine.lease()
+    fa, fb = _waiter(), _waiter()
+    engine.submit(StepRequest(a, ["up"], fa), StepRequest(b, ["down"], fb))
+    pool.finish(b, _turn("b moved"))
+    assert fb.result(WAIT_S).obs == "b moved"
+    pool.finish(a, _turn("a moved"))
+    assert fa.result(WAIT_S).obs == "a moved"
+    assert [c for c in pool.calls if c[0] == "step"] == [("step", [a, b], [["up"], ["down"]])]
+    assert engine.batches_total == 1 and engine.steps_total == 2
+
+
+def test_a_result_reaches_its_caller_while_another_slot_is_still_running(fake: Any) -> None:
+    engine, pool = fake
+    slow, quick = engine.lease(), engine.lease()
+    f_slow, f_quick = _waiter(), _waiter()
+    engine.submit(StepRequest(slow, ["x"], f_slow), StepRequest(quick, ["x"], f_quick))
+    pool.finish(quick, _turn("quick"))
+    assert f_quick.result(WAIT_S).obs == "quick"
+    assert not f_slow.done()
+    pool.finish(slow, _turn("slow"))
+    assert f_slow.result(WAIT_S).obs == "slow"
+
+
+def test_a_second_call_for_a_busy_slot_is_refused_alone(fake: Any) -> None:
+    engine, pool = fake
+    slot = engine.lease()
+    first, second = _waiter(), _waiter()
+    engine.submit(StepRequest(slot, ["a"], first), StepRequest(slot, ["b"], second))
+    with pytest.raises(RuntimeError, match="still running a call"):
+        second.result(WAIT_S)
+    pool.finish(slot, _turn("a done"))
+    assert first.result(WAIT_S).obs == "a done"
+
+
+def test_a_seeded_reset_uses_the_base_that_starts_its_slot_at_that_seed(fake: Any) -> None:
+    engine, pool = fake
+    slots = [engine.lease() for _ in range(3)]
+    seeded, free1, free2 = _waiter(), _waiter(), _waiter()
+    engine.submit(ResetRequest(slots[0], 10, seeded), ResetRequest(slots[1], None, free1),
+                  ResetRequest(slots[2], None, free2))
+    for s in slots:
+        pool.finish(s, ResetResult(f"start {s}", {}, None))
+    assert seeded.result(WAIT_S) == (f"start {slots[0]}", {}, 10, None, None)
+    assert free1.result(WAIT_S).seed == 100 + slots[1]
+    resets = [c for c in pool.calls if c[0] == "reset"]
+    # one pool call per seed base: slot i to seed s is base s - i; seedless ones share one
+    assert sorted(resets, key=str) == sorted([("reset", 10 - slots[0], [slots[0]]),
+                                              ("reset", None, [slots[1], slots[2]])], key=str)
+    assert engine.resets_total == 3
+
+
+def test_a_failed_turn_is_answered_and_counted_by_its_failure_class(fake: Any) -> None:
+    engine, pool = fake
+    slot = engine.lease()
+    fut = _waiter()
+    engine.submit(StepRequest(slot, ["x"], fut))
+    pool.finish(slot, _turn("", error="stuck", info={"failure": "timeout"}))
+    res = fut.result(WAIT_S)
+    assert res.error == "stuck" and res.failure == "timeout"
+    assert engine.failures == {"timeout": 1}
+    assert engine.recent_failures[-1]["error"] == "stuck"
+
+
+def test_a_released_slot_is_forgotten_by_the_pool_before_its_next_reset(fake: Any) -> None:
+    engine, pool = fake
+    slot = engine.lease()
+    engine.release(slot)
+    again = engine.lease()
+    assert again == slot  # the most recently released slot of its worker comes back first
+    fut = _waiter()
+    engine.submit(ResetRequest(again, 5, fut))
+    pool.finish(again, ResetResult("fresh", {}, None))
+    assert fut.result(WAIT_S).obs == "fresh"
+    ops = [c[0] for c in pool.calls]
+    assert ops.index("forget") < ops.index("reset")
+    assert pool.calls[ops.index("forget")] == ("forget", [slot])
+
+
+def test_a_request_for_a_slot_not_leased_is_refused_before_the_inbox(fake: Any) -> None:
+    engine, pool = fake
+    leased = engine.lease()
+    with pytest.raises(ValueError, match="not leased"):
+        engine.submit(StepRequest(leased, ["a"], _waiter()),
+                      StepRequest(leased + 1, ["b"], _waiter()))
+    assert pool.calls == []  # all or none
+
+
+def test_closing_the_engine_answers_every_call_still_in_flight(fake: Any) -> None:
+    engine, pool = fake
+    slot = engine.lease()
+    fut = _waiter()
+    engine.submit(StepRequest(slot, ["x"], fut))
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        fut.result(WAIT_S)
+    assert pool.closed
+
+
+def test_leases_go_to_the_worker_whose_leased_slots_cost_least(fake: Any) -> None:
+    engine, pool = fake
+    first = engine.lease()
+    assert engine.worker_of(first) == 0
+    second = engine.lease()  # by count while nothing is measured: the other worker
+    assert engine.worker_of(second) == 1
+    engine.cost[first] = 0.5  # worker 0's session measured expensive, worker 1's cheap
+    engine.cost[second] = 0.01
+    engine.rebalance()
+    assert engine.load == [0.5, 0.01]
+    third = engine.lease()
+    assert engine.worker_of(third) == 1
+    assert engine.slots_of(1) == pool.worker_slices[1]

@@ -149,7 +149,7 @@ def _pool_window(sessions: int, special: dict[int, str], handoff: bool, warmup: 
                         step_timeout=step_timeout, env_kwargs={"episode_len": 10**9},
                         **options)
     try:
-        near = set(engine.pool.backend.slices[0])
+        near = set(engine.slots_of(0))
         lat, errors = asyncio.run(_drive_engine(engine, sessions, special, warmup, seconds))
     finally:
         engine.close()

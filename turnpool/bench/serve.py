@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,7 @@ def reference_app(max_sessions: int) -> Any:
 def _run_reference(max_sessions: int) -> None:
     import uvicorn
 
-    from turnpool.webshop.server import bind_socket
+    from turnpool.serve.running import bind_socket
 
     _raise_fd_limit()
     sock = bind_socket("127.0.0.1", 0)
@@ -230,25 +231,29 @@ def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
 
 # ---------------------------------------------------------------------- the client load
 class WsClient:
-    """A minimal WebSocket client (RFC 6455 text frames over asyncio streams), so the load
-    generator costs far less CPU per message than either server and the two servers, not
-    the client, set the numbers. Frames are masked with a zero key (allowed by the RFC; the
-    key only matters to proxies) and replies are read whole."""
+    """A minimal WebSocket client over asyncio streams, on the server's own codec
+    (`turnpool.serve.codec`), so the load generator costs far less CPU per message than
+    either server and the two servers, not the client, set the numbers. Frames are masked
+    with a zero key (allowed by the RFC; the key only matters to proxies)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from turnpool.serve.codec import FrameDecoder
+
         self.reader = reader
         self.writer = writer
+        self.decoder = FrameDecoder(max_bytes=2**24, masked=False)
+        self.frames: deque[tuple[bool, int, bytes]] = deque()
 
     @classmethod
     async def connect(cls, url: str) -> WsClient:
         import base64
 
+        from turnpool.serve.codec import upgrade_request
+
         host, _, port = url.removeprefix("http://").partition(":")
         reader, writer = await asyncio.open_connection(host, int(port), limit=2**24)
         key = base64.b64encode(os.urandom(16)).decode()
-        writer.write((f"GET /ws HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
-                      f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                      "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        writer.write(upgrade_request(host, int(port), key))
         head = await reader.readuntil(b"\r\n\r\n")
         if b" 101 " not in head.split(b"\r\n", 1)[0]:
             writer.close()
@@ -256,32 +261,24 @@ class WsClient:
         return cls(reader, writer)
 
     def send(self, text: str, opcode: int = 0x1) -> None:
-        data = text.encode()
-        n = len(data)
-        if n < 126:
-            head = bytes((0x80 | opcode, 0x80 | n))
-        elif n < 65536:
-            head = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
-        else:
-            head = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
-        self.writer.write(head + b"\0\0\0\0" + data)
+        from turnpool.serve.codec import encode_frame
+
+        self.writer.write(encode_frame(opcode, text.encode(), mask=b"\0\0\0\0"))
 
     async def recv(self) -> str:
         while True:
-            b0, b1 = await self.reader.readexactly(2)
-            n = b1 & 0x7F
-            if n == 126:
-                n = int.from_bytes(await self.reader.readexactly(2), "big")
-            elif n == 127:
-                n = int.from_bytes(await self.reader.readexactly(8), "big")
-            data = await self.reader.readexactly(n)
-            opcode = b0 & 0x0F
+            while not self.frames:
+                data = await self.reader.read(2**16)
+                if not data:
+                    raise ConnectionError("closed by the server")
+                self.frames.extend(self.decoder.feed(data))
+            _, opcode, payload = self.frames.popleft()
             if opcode in (0x1, 0x2):
-                return data.decode()
+                return payload.decode()
             if opcode == 0x8:
                 raise ConnectionError("closed by the server")
             if opcode == 0x9:  # ping -> pong
-                self.send(data.decode(errors="replace"), 0xA)
+                self.send(payload.decode(errors="replace"), 0xA)
 
     async def ask(self, text: str) -> str:
         self.send(text)

@@ -2,7 +2,8 @@
 
 Sessions lease slots of one `turnpool.pool.slots.SlotEngine` (an `EnvPool` of single-env
 groups on its own driver thread, steps of all sessions batched into one pool call, results
-ready-first); ``app.py`` speaks the protocol over it. `PoolEngine` only adds the settings.
+ready-first); `turnpool.serve.service` speaks the protocol over it. `PoolEngine` only adds
+the settings.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ class ServeSettings:
     num_workers: int | None = None
     #: env slots in the pool = the most sessions held at once (more get a "busy" answer)
     max_sessions: int = 256
-    #: seconds one env may spend on one turn before its worker is killed and the env flagged
+    #: seconds one env may spend on one turn: past it the turn fails with ``timeout`` (the
+    #: worker's hand-off answers for the stuck env and keeps serving the others; only a
+    #: worker that cannot answer at all is replaced) and the session's episode is over
     step_timeout: float = DEFAULT_STEP_TIMEOUT
     reset_timeout: float | None = None
     #: seconds a WebSocket session may stay idle before the server closes it (telling the

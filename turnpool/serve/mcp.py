@@ -23,17 +23,14 @@ from typing import Any, Protocol
 
 from turnpool.rollout.prompts import describe_env
 from turnpool.serve.errors import ProtocolError
+from turnpool.serve.sessions import SessionTable
 
 
 class Sessions(Protocol):
-    """What this module needs of the server's sessions (`turnpool.serve.app.Server`)."""
+    """What this module needs of the server (`turnpool.serve.service.Service`)."""
 
     settings: Any
-    sessions: dict[str, Any]
-
-    def open(self, kind: str) -> Any: ...
-
-    def close(self, session: Any) -> None: ...
+    sessions: SessionTable
 
     async def reset(self, session: Any, data: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -132,14 +129,14 @@ async def handle(server: Sessions, tools: Tools, request: Any,
         if method == "tools/list":
             return rpc_result({"tools": tools.listing()}, request_id)
         if method == "openenv/session/create":
-            own = session or server.open("mcp")
+            own = session or server.sessions.open("mcp")
             return rpc_result({"session_id": own.id}, request_id)
         if method == "openenv/session/close":
             target = server.sessions.get(str(params.get("session_id")))
             if target is None:
                 return rpc_error(INVALID_PARAMS,
                                  f"Unknown session_id: {params.get('session_id')}", request_id)
-            server.close(target)
+            server.sessions.close(target)
             return rpc_result({"session_id": target.id, "closed": True}, request_id)
         if method == "tools/call":
             return rpc_result(await _call(server, tools, params, session), request_id)
@@ -179,7 +176,7 @@ async def _call(server: Sessions, tools: Tools, params: dict[str, Any],
             raise ProtocolError("SESSION_ERROR", f"Unknown session_id: {params['session_id']}")
     temporary = own is None
     if own is None:  # stateless: a slot for this call alone
-        own = server.open("once")
+        own = server.sessions.open("once")
     try:
         if step is None or not own.started:  # a session with no episode starts one
             payload = await server.reset(own, data)
@@ -187,7 +184,7 @@ async def _call(server: Sessions, tools: Tools, params: dict[str, Any],
             payload = await server.step(own, step)
     finally:
         if temporary:
-            server.close(own)
+            server.sessions.close(own)
     text = payload["observation"]["text"]
     return {"content": [{"type": "text", "text": text}], "structuredContent": payload,
             "isError": False, "data": payload}

@@ -25,6 +25,9 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from turnpool.extras import require
+from turnpool.serve.service import Service
+from turnpool.serve.status import StepRate, sessions_per_worker
 from turnpool.worker.protocol import FAILURE_CLASSES
 
 #: Step latency buckets (seconds): sub-millisecond steps to a full deadline.
@@ -34,19 +37,20 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Metrics:
-    """The registry of one server; ``observe_step`` is the only call on the hot path."""
+    """The registry of one server; ``observe_step`` is the only call on the hot path.
+    Without ``prometheus-client``, `turnpool.extras.MissingExtra` (the serve extra)."""
 
-    def __init__(self, server: Any) -> None:
-        from prometheus_client import CollectorRegistry, Histogram
-
-        self.registry = CollectorRegistry(auto_describe=False)
-        self._latency = Histogram("turnpool_step_latency_seconds",
+    def __init__(self, service: Service, rate: StepRate) -> None:
+        client = require("prometheus_client", feature="/metrics of turnpool serve",
+                         extra="serve")
+        self.registry = client.CollectorRegistry(auto_describe=False)
+        self._latency = client.Histogram("turnpool_step_latency_seconds",
                                   "A step's time in the server, message to reply",
                                   buckets=BUCKETS, registry=self.registry)
         self.observe_step = self._latency.observe
         #: the bucket counts at the last `recent_latency` call
         self._previous: list[float] | None = None
-        self.registry.register(_ServerCollector(server))
+        self.registry.register(_ServerCollector(service, rate))
 
     def recent_latency(self) -> dict[str, Any]:
         """Step latency p50 / p99 in ms over the steps since the previous call (`quantiles`)
@@ -86,14 +90,15 @@ def quantiles(cumulative: list[float]) -> dict[str, float | None]:
 class _ServerCollector:
     """Reads the engine's and the sessions' counters at scrape time."""
 
-    def __init__(self, server: Any) -> None:
-        self.server = server
+    def __init__(self, service: Service, rate: StepRate) -> None:
+        self.service = service
+        self.rate = rate
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        server = self.server
-        engine = server.engine
+        service = self.service
+        engine = service.engine
         for name, value, help_text in (
                 ("turnpool_steps", engine.steps_total, "Env steps served"),
                 ("turnpool_resets", engine.resets_total, "Episodes started"),
@@ -105,26 +110,25 @@ class _ServerCollector:
             failures.add_metric([failure], engine.failures.get(failure, 0))
         yield failures
         yield GaugeMetricFamily("turnpool_step_rate", "Recent steps per second",
-                                value=server.step_rate())
+                                value=self.rate.rate())
         sessions = GaugeMetricFamily("turnpool_sessions", "Open sessions by kind",
                                      labels=["kind"])
-        kinds = Counter(s.kind for s in list(server.sessions.values()))
+        kinds = Counter(s.kind for s in service.sessions)
         for kind in ("ws", "http", "mcp", "once"):
             sessions.add_metric([kind], kinds.get(kind, 0))
         yield sessions
         yield GaugeMetricFamily("turnpool_slots_capacity", "Env slots", value=engine.capacity)
         yield GaugeMetricFamily("turnpool_slots_leased", "Env slots held by sessions",
                                 value=engine.leased)
-        owner = {i: w for w, ids in enumerate(engine.pool.backend.slices) for i in ids}
-        per_worker = Counter(owner.get(s.slot, -1) for s in list(server.sessions.values()))
+        per_worker = sessions_per_worker(service)
         workers = GaugeMetricFamily("turnpool_worker_sessions",
                                     "Sessions whose env slot a worker holds", labels=["worker"])
-        for w in range(len(engine.pool.backend.slices)):
+        for w in range(engine.num_workers):
             workers.add_metric([str(w)], per_worker.get(w, 0))
         yield workers
         load = GaugeMetricFamily("turnpool_worker_load",
                                  "Measured step cost (s) of the slots a worker's sessions hold",
                                  labels=["worker"])
-        for w, value in enumerate(list(engine.load)):
-            load.add_metric([str(w)], value)
+        for w, cost in enumerate(list(engine.load)):
+            load.add_metric([str(w)], cost)
         yield load

@@ -1,8 +1,9 @@
-"""The lean ``/ws`` path of ``turnpool serve`` (`turnpool.serve.fastws`): RFC 6455 framing
-as clients really send it (frames split across TCP writes, several in one write, fragmented
+"""The one ``/ws`` path of ``turnpool serve`` (`turnpool.serve.ws`): RFC 6455 framing as
+clients really send it (frames split across TCP writes, several in one write, fragmented
 messages, binary frames, pings), the HTTP routes on the same port, a keep-alive connection
-that upgrades after an HTTP request (uvicorn's path), protocol errors, a client that leaves
-with a step in flight, and a server stopped with sessions open."""
+that upgrades after an HTTP request (uvicorn parses it, the same ``/ws`` path serves it),
+protocol errors, a client that leaves with a step in flight, and a server stopped with
+sessions open."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from websockets.sync.client import connect
 
 import turnpool
 from turnpool.serve import ServeSettings, TurnpoolServer
-from turnpool.serve.fastws import accept_key
+from turnpool.serve.codec import accept_key
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -153,7 +154,8 @@ def test_http_routes_and_a_keep_alive_upgrade_share_the_port(server: TurnpoolSer
     with httpx.Client(base_url=server.url, timeout=30) as http:
         assert http.get("/health").json() == {"status": "healthy"}
         assert http.post("/reset", json={"seed": 2}).status_code == 200
-    # an HTTP request, then an upgrade on the same connection: uvicorn's own /ws route
+    # an HTTP request, then an upgrade on the same connection: uvicorn parses it and hands it
+    # to the same /ws path
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())

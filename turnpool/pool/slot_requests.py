@@ -1,0 +1,176 @@
+"""What `turnpool.pool.slots.SlotEngine`'s driver takes and talks to: typed request records
+(one per call, each with the future to resolve), the `SlotPool` it drives (an `EnvPool`, or a
+fake in unit tests) and the delivery of results to blocking and asyncio callers.
+
+Example:
+    >>> import concurrent.futures
+    >>> fut = concurrent.futures.Future()
+    >>> StepRequest(slot=3, actions=["up"], waiter=fut).slot
+    3
+    >>> deliver([(fut, "done", None)]); fut.result()
+    'done'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from turnpool.pool.api import EnvPool
+
+#: A future the driver resolves: `concurrent.futures.Future` (blocking face) or
+#: `asyncio.Future` (asyncio face).
+Waiter = concurrent.futures.Future[Any] | asyncio.Future[Any]
+Deliveries = list[tuple[Waiter, Any, BaseException | None]]
+
+
+class PoolFull(RuntimeError):
+    """Every slot is leased (a server answers "busy"; a trainer raises its capacity)."""
+
+
+class PoolTimeout(RuntimeError):
+    """The pool did not answer a call within the caller's timeout (the slot is retired)."""
+
+
+class SlotReset(NamedTuple):
+    """A slot's reset: its first observation and info, the seed it used, or the failure."""
+
+    obs: str
+    info: dict[str, Any]
+    seed: int | None
+    error: str | None
+    failure: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequest:
+    """Run ``actions`` in ``slot``; ``waiter`` gets its `TurnResult`."""
+
+    slot: int
+    actions: list[Any]
+    waiter: Waiter
+
+
+@dataclass(frozen=True, slots=True)
+class ResetRequest:
+    """Start an episode in ``slot`` from ``seed`` (None: the pool's schedule); ``waiter``
+    gets its `SlotReset`."""
+
+    slot: int
+    seed: int | None
+    waiter: Waiter
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRequest:
+    """``slot`` was released: its episode is over for the pool too (no answer)."""
+
+    slot: int
+
+
+SlotRequest = StepRequest | ResetRequest | ReleaseRequest
+
+
+class SlotPool(Protocol):
+    """What the driver uses of `EnvPool` (a fake one drives it in unit tests)."""
+
+    @property
+    def num_envs(self) -> int: ...
+
+    @property
+    def env_seeds(self) -> list[int | None]: ...
+
+    @property
+    def worker_slices(self) -> list[list[int]]: ...
+
+    @property
+    def backend_name(self) -> str: ...
+
+    def worker_nodes(self) -> list[str | None]: ...
+
+    def step_async(self, env_ids: list[int], action_lists: list[Any]) -> None: ...
+
+    def reset_async(self, seed: int | None, env_ids: list[int]) -> None: ...
+
+    def poll(self, timeout: float, min_ready: int) -> list[tuple[int, Any]]: ...
+
+    def forget(self, env_ids: list[int]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class EnvPoolSlots:
+    """`SlotPool` over an `EnvPool` (its worker slices read from its backend)."""
+
+    def __init__(self, pool: EnvPool) -> None:
+        self.pool = pool
+        self.num_envs = pool.num_envs
+
+    @property
+    def env_seeds(self) -> list[int | None]:
+        return self.pool.env_seeds
+
+    @property
+    def worker_slices(self) -> list[list[int]]:
+        return [list(ids) for ids in self.pool.backend.slices]
+
+    @property
+    def backend_name(self) -> str:
+        return self.pool.backend_name
+
+    def worker_nodes(self) -> list[str | None]:
+        return self.pool.backend.worker_nodes()
+
+    def step_async(self, env_ids: list[int], action_lists: list[Any]) -> None:
+        self.pool.step_async(env_ids, action_lists)
+
+    def reset_async(self, seed: int | None, env_ids: list[int]) -> None:
+        self.pool.reset_async(seed=seed, env_ids=env_ids)
+
+    def poll(self, timeout: float, min_ready: int) -> list[tuple[int, Any]]:
+        return self.pool.poll(timeout=timeout, min_ready=min_ready)
+
+    def forget(self, env_ids: list[int]) -> None:
+        self.pool.forget(env_ids)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def deliver(out: Deliveries) -> None:
+    """Resolve the waiters: concurrent futures directly, asyncio futures in one thread-safe
+    callback per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, Deliveries] = {}
+    for item in out:
+        waiter = item[0]
+        if isinstance(waiter, asyncio.Future):
+            by_loop.setdefault(waiter.get_loop(), []).append(item)
+        else:
+            resolve([item])
+    for loop, items in by_loop.items():
+        if loop.is_closed():
+            continue
+        try:
+            loop.call_soon_threadsafe(resolve, items)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+
+def resolve(out: Deliveries) -> None:
+    for waiter, value, exc in out:
+        if waiter.done():  # the caller went away (cancelled, timed out) while its call ran
+            continue
+        try:
+            if exc is not None:
+                waiter.set_exception(exc)
+            else:
+                waiter.set_result(value)
+        except (concurrent.futures.InvalidStateError, asyncio.InvalidStateError):
+            pass  # cancelled by its caller in another thread just now
+
+
+__all__ = ["Deliveries", "EnvPoolSlots", "PoolFull", "PoolTimeout", "ReleaseRequest",
+           "ResetRequest", "SlotPool", "SlotRequest", "SlotReset", "StepRequest", "Waiter",
+           "deliver", "resolve"]

@@ -1,0 +1,160 @@
+"""Running one ``turnpool serve`` process: the listening socket, uvicorn with the ``/ws``
+path in front of its HTTP protocol (`turnpool.serve.ws`), and `TurnpoolServer`, the server
+on a background thread (tests, benchmarks, notebooks).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import turnpool.serve.ws as ws
+from turnpool.extras import require
+from turnpool.serve.app import Peers, app_for
+from turnpool.serve.engine import PoolEngine, ServeSettings
+from turnpool.serve.service import Service
+
+log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None, allow_remote: bool) -> None:
+    """Refuse to listen beyond this machine unless asked to, and never without a token."""
+    if is_loopback(host):
+        return
+    if not allow_remote:
+        raise PermissionError(f"{host} listens beyond this machine; pass allow_remote "
+                              "(--allow-remote) and a token to mean it")
+    if not token:
+        raise PermissionError(f"listening on {host} needs a token")
+
+
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening TCP socket; ``port=0`` picks a free one."""
+    # IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on accepted connections; without it a
+    # keep-alive reply waits ~40 ms for a delayed ACK (Nagle).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def exit_on_sigterm(signum: int, frame: Any) -> None:
+    """A SIGTERM handler: uvicorn stops gracefully on SIGTERM and then re-raises it; as
+    `SystemExit`, the caller's ``finally`` still closes the pool."""
+    raise SystemExit(0)
+
+
+class FrontPeers(Peers, ws.Placement, Protocol):
+    """What one front of several adds to the single-process server
+    (`turnpool.serve.fronts.link.FrontLink`)."""
+
+    prefix: str
+
+    def publish_count(self) -> None: ...
+
+    def serve_passed_with(self, adopt: Callable[[bytes, int], Any]) -> None: ...
+
+
+def uvicorn_server(service: Service, peers: FrontPeers | None = None) -> Any:
+    """uvicorn over the app of ``service``, with `turnpool.serve.ws` as its ``http`` and
+    ``ws`` protocols: ``/ws`` upgrades are served there, every other request by uvicorn's
+    own HTTP protocol."""
+    uvicorn = require("uvicorn", feature="turnpool serve", extra="serve")
+    from uvicorn.config import HTTP_PROTOCOLS
+    from uvicorn.importer import import_from_string
+
+    entry, ws_class = ws.bind(service, import_from_string(HTTP_PROTOCOLS["auto"]), peers)
+    # asyncio's own loop: uvloop measured no less CPU per step on the /ws path
+    # (docs/performance.md); the protocols take either loop's transports
+    config = uvicorn.Config(app_for(service, peers), log_level="warning", access_log=False,
+                            lifespan="on", timeout_keep_alive=300, loop="asyncio", http=entry,
+                            ws=ws_class, timeout_graceful_shutdown=3, ws_ping_interval=None)
+    server = uvicorn.Server(config)
+    if peers is not None:
+        peers.serve_passed_with(
+            lambda data, hops: ws.adopt(ws_class, server.server_state, data, hops))
+    return server
+
+
+def run_app(service: Service, sockets: list[socket.socket],
+            peers: FrontPeers | None = None) -> None:
+    """Serve ``service`` on already bound ``sockets`` until uvicorn exits."""
+    uvicorn_server(service, peers).run(sockets=sockets)
+
+
+class UvicornThread:
+    """A uvicorn ``server`` run on a daemon thread over an already bound socket (which it
+    owns from here on); `stop` is idempotent and bounded."""
+
+    def __init__(self, server: Any, sock: socket.socket, name: str) -> None:
+        self._sock = sock
+        self.host, self.port = sock.getsockname()[:2]
+        self.url = f"http://{self.host}:{self.port}"
+        self._server = server
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                                        name=f"{name}-{self.port}", daemon=True)
+        self._thread.start()
+        self._stopped = False
+
+    def stop(self, timeout: float) -> bool:
+        """Ask the server to exit and wait up to ``timeout`` s; False if already stopped."""
+        if self._stopped:
+            return False
+        self._stopped = True
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("%s thread did not stop within %.1f s", self._thread.name, timeout)
+        self._sock.close()
+        return True
+
+
+class TurnpoolServer:
+    """``turnpool serve`` on ``host:port`` in a background thread; ``stop()`` is idempotent
+    and ends every worker of the pool (the server owns its engine)."""
+
+    def __init__(self, settings: ServeSettings, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None, allow_remote: bool = False) -> None:
+        check_bind(host, token, allow_remote)
+        self.engine = PoolEngine(settings)
+        try:
+            sock = bind_socket(host, port)
+            self._runner = UvicornThread(uvicorn_server(Service(self.engine, token)), sock,
+                                         "turnpool-serve")
+        except BaseException:
+            self.engine.close()
+            raise
+        self.host, self.port, self.url = self._runner.host, self._runner.port, self._runner.url
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._runner.stop(timeout):
+            self.engine.close()
+
+    def __enter__(self) -> TurnpoolServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["FrontPeers", "TurnpoolServer", "UvicornThread", "bind_socket", "check_bind",
+           "exit_on_sigterm", "is_loopback", "run_app", "uvicorn_server"]

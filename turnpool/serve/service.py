@@ -1,0 +1,221 @@
+"""OpenEnv's operations over the session table and the slot engine: what ``reset``, ``step``,
+``state`` and ``close`` do to a session, whichever way they arrive (``/ws``, HTTP, MCP).
+
+The message shapes are OpenEnv's (``openenv.core``), written here from its documented
+protocol so the server needs no OpenEnv install: the client sends ``{"type": "reset" |
+"step" | "state" | "close", "data": {...}}`` and gets ``{"type": "observation", "data":
+{"observation": {...}, "reward": r, "done": d, "metadata": {...}}}``, ``{"type": "state",
+"data": {...}}`` or ``{"type": "error", "data": {"message": ..., "code": ...}}``. A failed env
+step is an ``error`` reply whose ``data`` also names turnpool's failure class
+(``failure``, ``retryable``), never an observation with reward 0: a trainer must not learn
+from a turn that did not happen. Hot paths parse and write JSON by hand (no per-message model
+validation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import turnpool.serve.mcp as mcp
+from turnpool.pool.slots import PoolTimeout, SlotReset
+from turnpool.serve.engine import PoolEngine, retryable
+from turnpool.serve.errors import ProtocolError
+from turnpool.serve.jsonio import dumps
+from turnpool.serve.sessions import Session, SessionTable
+from turnpool.worker.protocol import Failure, TurnResult
+
+#: Largest client message (bytes of JSON) the server reads; longer ones are refused.
+MAX_MESSAGE_CHARS = 1_000_000
+
+
+class Service:
+    """The sessions (`SessionTable`) over one `PoolEngine`, and what each message does."""
+
+    def __init__(self, engine: PoolEngine, token: str | None = None, id_prefix: str = "",
+                 on_sessions: Callable[[], None] | None = None) -> None:
+        self.engine = engine
+        self.settings = engine.settings
+        self.token = token
+        self.sessions = SessionTable(engine, engine.settings, id_prefix, on_sessions)
+        self.tools = mcp.Tools(engine.settings.env, dict(engine.settings.env_kwargs))
+        #: observes each step's time in the server (`turnpool.serve.metrics`), if any
+        self.observe_step: Callable[[float], None] | None = None
+
+    def authorized(self, headers: Any, query: Any) -> bool:
+        if self.token is None:
+            return True
+        given = query.get("token") or ""
+        auth = headers.get("authorization") or ""
+        if auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        return secrets.compare_digest(given.encode(), self.token.encode())
+
+    # ------------------------------------------------------------------ operations
+    async def reset(self, session: Session, data: dict[str, Any]) -> dict[str, Any]:
+        seed = data.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                                 or seed < 0):
+            raise ProtocolError("VALIDATION_ERROR", "seed must be a non-negative integer")
+        episode_id = data.get("episode_id")
+        if episode_id is not None and (not isinstance(episode_id, str) or len(episode_id) > 255):
+            raise ProtocolError("VALIDATION_ERROR", "episode_id must be a string of <= 255 chars")
+        out: SlotReset = await self._call(session, lambda: self.engine.reset_future(
+            session.slot, seed))
+        session.step_count = 0
+        if out.error is not None:
+            session.started, session.done, session.seed = False, True, None
+            session.failures += 1
+            raise failed(out.failure, out.error, session)
+        session.started, session.done = True, False
+        session.seed = out.seed
+        session.episode_id = episode_id if episode_id is not None else uuid.uuid4().hex
+        return payload(session, out.obs, None, False, False, out.info)
+
+    async def step(self, session: Session, data: Any) -> dict[str, Any]:
+        actions = self.step_actions(session, data)
+        began = time.perf_counter()
+        res: TurnResult = await self._call(session, lambda: self.engine.step_future(
+            session.slot, actions))
+        return self.stepped(session, res, began)
+
+    def step_actions(self, session: Session, data: Any) -> list[Any]:
+        """The checked actions of a step message for ``session`` (`ProtocolError` if the
+        message or the session's episode refuses it)."""
+        actions = parse_actions(data, self.settings.max_action_chars,
+                                self.settings.max_actions_per_step)
+        if not session.started:
+            raise ProtocolError("VALIDATION_ERROR", "no episode: send reset first")
+        if session.done:
+            raise ProtocolError("VALIDATION_ERROR", "the episode is over: send reset")
+        return actions
+
+    def stepped(self, session: Session, res: TurnResult, began: float) -> dict[str, Any]:
+        """The observation payload of a finished step (begun at ``began``, perf_counter);
+        `ProtocolError` for a failed turn."""
+        if self.observe_step is not None:
+            self.observe_step(time.perf_counter() - began)
+        if res.error is not None:
+            session.done = True
+            session.failures += 1
+            session.step_count += 1
+            raise failed(res.failure, res.error, session)
+        session.step_count += res.n_executed
+        session.done = res.terminated or res.truncated
+        return payload(session, res.obs, res.reward_sum, res.terminated, res.truncated,
+                       res.info, res.n_executed)
+
+    def state(self, session: Session) -> dict[str, Any]:
+        return {"episode_id": session.episode_id, "step_count": session.step_count,
+                "seed": session.seed, "session_id": session.id, "env": self.settings.env,
+                "done": session.done}
+
+    async def _call(self, session: Session, start: Callable[[], asyncio.Future[Any]]
+                    ) -> Any:
+        """Run one engine call of ``session`` (one at a time) under the session table's
+        deadline (`SessionTable.sweep` fails it with `PoolTimeout`)."""
+        if session.busy:
+            raise ProtocolError("EXECUTION_ERROR", "this session is already running a "
+                                "request; send one at a time", status=409)
+        try:
+            fut = start()
+        except (RuntimeError, ValueError) as exc:  # shutting down / the pool is closed
+            raise ProtocolError("EXECUTION_ERROR", str(exc), status=503) from exc
+        self.sessions.begin_call(session, fut)
+        try:
+            return await fut
+        except PoolTimeout as exc:
+            raise self.timed_out(session, exc) from exc
+        except RuntimeError as exc:  # the server is shutting down / the pool is closed
+            raise ProtocolError("EXECUTION_ERROR", str(exc), status=503) from exc
+        finally:
+            self.sessions.end_call(session)
+
+    def timed_out(self, session: Session, exc: Exception) -> ProtocolError:
+        """The error of a call the pool did not answer in time (its episode is over)."""
+        session.done, session.started = True, False
+        return ProtocolError("EXECUTION_ERROR", str(exc), status=504, failure="timeout",
+                             retryable=True, session_id=session.id)
+
+    # ------------------------------------------------------------------ messages
+    async def answer(self, session: Session, raw: str) -> str | None:
+        """The reply frame to one WebSocket message (None: the client closed the session)."""
+        try:
+            if len(raw) > MAX_MESSAGE_CHARS:
+                raise ProtocolError("VALIDATION_ERROR", "message too large")
+            try:
+                msg = json.loads(raw)
+            except ValueError as exc:
+                raise ProtocolError("INVALID_JSON", f"Invalid JSON: {exc}") from exc
+            kind = msg.get("type") if isinstance(msg, dict) else None
+            if kind == "step":
+                out = await self.step(session, msg.get("data"))
+                return dumps({"type": "observation", "data": out})
+            if kind == "reset":
+                data = msg.get("data") or {}
+                if not isinstance(data, dict):
+                    raise ProtocolError("VALIDATION_ERROR", "reset data must be an object")
+                out = await self.reset(session, data)
+                return dumps({"type": "observation", "data": out})
+            if kind == "state":
+                return dumps({"type": "state", "data": self.state(session)})
+            if kind == "mcp":
+                return dumps({"type": "mcp", "data": await mcp.handle(
+                    self, self.tools, msg.get("data"), session)})
+            if kind == "close":
+                return None
+            raise ProtocolError("UNKNOWN_TYPE", f"Unknown message type: {kind}")
+        except ProtocolError as exc:
+            return dumps({"type": "error", "data": exc.data()})
+
+
+def payload(session: Session, obs: str, reward: float | None, terminated: bool,
+            truncated: bool, info: dict[str, Any], n_executed: int = 0) -> dict[str, Any]:
+    """An observation message's ``data``."""
+    meta = {"session_id": session.id, "episode_id": session.episode_id,
+            "seed": session.seed, "step_count": session.step_count,
+            "n_executed": n_executed}
+    done = terminated or truncated
+    return {"observation": {"text": obs, "terminated": terminated, "truncated": truncated,
+                            "info": info, "metadata": meta},
+            "reward": reward, "done": done, "metadata": meta}
+
+
+def failed(failure: str | None, error: str, session: Session) -> ProtocolError:
+    """The error of a failed env turn, naming its failure class."""
+    cls = Failure.of(failure).value
+    return ProtocolError("EXECUTION_ERROR", f"env step failed ({cls}): {error}", status=500,
+                         failure=cls, retryable=retryable(failure), error=error,
+                         episode_id=session.episode_id, session_id=session.id)
+
+
+def parse_actions(data: Any, max_chars: int, max_actions: int) -> list[Any]:
+    """The actions of a step message, checked: hostile input is refused, never evaluated."""
+    if not isinstance(data, dict):
+        raise ProtocolError("VALIDATION_ERROR", "step data must be an object")
+    unknown = set(data) - {"action", "actions", "metadata"}
+    if unknown:
+        raise ProtocolError("VALIDATION_ERROR", f"unknown action fields: {sorted(unknown)[:5]}")
+    if "actions" in data and data["actions"] is not None:
+        actions = data["actions"]
+        if not isinstance(actions, list) or not 0 < len(actions) <= max_actions:
+            raise ProtocolError("VALIDATION_ERROR",
+                                f"actions must be a list of 1..{max_actions} actions")
+    elif "action" in data and data["action"] is not None:
+        actions = [data["action"]]
+    else:
+        raise ProtocolError("VALIDATION_ERROR", "step data needs 'action' (or 'actions')")
+    for a in actions:
+        if isinstance(a, bool) or not isinstance(a, (str, int)):
+            raise ProtocolError("VALIDATION_ERROR", "an action is a string or an integer")
+        if isinstance(a, str) and len(a) > max_chars:
+            raise ProtocolError("VALIDATION_ERROR", f"an action is at most {max_chars} chars")
+    return list(actions)
+
+
+__all__ = ["MAX_MESSAGE_CHARS", "Service", "failed", "parse_actions", "payload"]

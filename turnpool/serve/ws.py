@@ -1,0 +1,416 @@
+"""The one ``/ws`` path of ``turnpool serve``: WebSocket sessions served straight from the
+socket, beside the ASGI app on the same host and port.
+
+Each accepted connection starts as an `Entry` protocol (uvicorn's ``http`` class), which
+reads the request head: a ``GET /ws`` WebSocket upgrade becomes a `WsConnection`, and any
+other request is handed, with the bytes read so far, to uvicorn's own HTTP protocol, so every
+HTTP route behaves exactly as without it. An upgrade that uvicorn parses itself (one on a
+kept-alive connection, after an HTTP request) reaches the same `WsConnection`: it is also
+uvicorn's ``ws`` class. The ASGI app has no ``/ws`` route.
+
+Why: under load, most of the server's CPU per step went to layers around the step, not to it:
+the WebSocket protocol object, the ASGI message dicts, the coroutine and timeout machinery of
+each receive/send, epoll registrations for flow control. Here a step frame costs one
+``data_received`` call: the frame is unmasked (`turnpool.serve.codec`), parsed (orjson),
+checked, and submitted to the slot engine; the engine's driver thread batches every
+session's steps that arrived meanwhile into one pool call, and its result resolves the
+session's future, whose callback writes the reply frame. No task or timer per step: the
+session table's sweep fails a step the pool has not answered within ``call_timeout``
+(`turnpool.serve.sessions`).
+
+Every other message (``reset``, ``state``, ``mcp``, ``close``, invalid or oversize ones) goes
+through `turnpool.serve.service.Service.answer`, as HTTP and MCP calls do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import Any, Protocol, cast
+
+import turnpool.serve.codec as codec
+from turnpool.pool.slots import PoolTimeout, StepRequest
+from turnpool.serve.errors import ProtocolError
+from turnpool.serve.jsonio import dumps, dumps_bytes, loads
+from turnpool.serve.service import MAX_MESSAGE_CHARS, Service
+from turnpool.serve.sessions import Session
+
+log = logging.getLogger(__name__)
+
+#: Largest request head read before the connection goes to uvicorn.
+MAX_HEAD_BYTES = 65_536
+#: Largest WebSocket message read (uvicorn's ``ws_max_size`` default); a longer one closes
+#: the connection with 1009. Messages over `MAX_MESSAGE_CHARS` get the usual error reply.
+MAX_FRAME_BYTES = 16 * 2**20
+#: Messages a client may send ahead of its replies before the server stops reading.
+MAX_PENDING = 64
+_FORBIDDEN = b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+class Placement(Protocol):
+    """Where a new ``/ws`` connection goes when the server runs several fronts
+    (`turnpool.serve.fronts.link.FrontLink`); absent on a single front."""
+
+    def place(self, session_id: str | None, hops: int) -> int | None: ...
+
+    def pass_connection(self, transport: asyncio.Transport, data: bytes, to: int, hops: int,
+                        here: Any) -> bool: ...
+
+
+class StepBatcher:
+    """The steps that sessions submit within one event-loop pass, handed to the slot engine
+    as one inbox item at the end of it (one hand-off per pass, not per step)."""
+
+    def __init__(self, service: Service) -> None:
+        self.engine = service.engine
+        self.items: list[StepRequest] = []
+
+    def add(self, slot: int, actions: list[Any]) -> asyncio.Future[Any]:
+        self.engine.check(slot)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.items.append(StepRequest(slot, actions, fut))
+        if len(self.items) == 1:
+            fut.get_loop().call_soon(self.flush)
+        return fut
+
+    def flush(self) -> None:
+        items, self.items = self.items, []
+        if items:
+            self.engine.post(list(items))
+
+
+class Entry(asyncio.Protocol):
+    """A new connection: a ``/ws`` upgrade becomes a `WsConnection`, anything else goes to
+    uvicorn. uvicorn builds it as its ``http`` class (`bind` makes one per server)."""
+
+    ws_class: type[WsConnection]
+    inner_class: Any
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.config = config
+        self.server_state = server_state
+        self.app_state = app_state
+        self.loop = _loop or asyncio.get_event_loop()
+        self.transport: asyncio.Transport | None = None
+        self.head = b""
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.timer = self.loop.call_later(self.config.timeout_keep_alive, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        self.head += data
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.head) > MAX_HEAD_BYTES:
+                self._hand_over(self.inner_class)
+            return
+        request = codec.parse_upgrade(self.head[:end])
+        self._hand_over(self.ws_class if request is not None and request[0] == "/ws"
+                        else self.inner_class)
+
+    def _hand_over(self, protocol_class: Any) -> None:
+        """Give the connection, and what it sent so far, to ``protocol_class``."""
+        if self.timer is not None:
+            self.timer.cancel()
+        assert self.transport is not None
+        inner = protocol_class(config=self.config, server_state=self.server_state,
+                               app_state=self.app_state, _loop=self.loop)
+        self.transport.set_protocol(inner)
+        inner.connection_made(self.transport)
+        head, self.head = self.head, b""
+        inner.data_received(head)
+
+    def eof_received(self) -> bool | None:
+        return None  # close: a request that never ended
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+
+class WsConnection(asyncio.Protocol):
+    """One WebSocket connection = one session, served from ``data_received``: first the
+    upgrade request's head, then frames."""
+
+    service: Service
+    batcher: StepBatcher
+    placement: Placement | None = None
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.server_state = server_state
+        self.loop = _loop or asyncio.get_event_loop()
+        self.transport: asyncio.Transport | None = None
+        self.head: bytes | None = b""  # None once the handshake is read
+        #: how many times another front passed this connection on (`Placement`), and what
+        #: the last one read of it
+        self.hops = 0
+        self.passed = b""
+        self.frames = codec.FrameDecoder(MAX_FRAME_BYTES)
+        self.messages = codec.MessageAssembler(MAX_FRAME_BYTES)
+        self.pending: deque[str] = deque()
+        self.running = False  # a message of this session is being answered
+        self.open = False  # the handshake is done and no close was sent
+        self.lost = False
+        self.paused = False
+        self.session: Session | None = None
+        self.attached = False  # a session someone else opened (theirs to close)
+        self.began = 0.0
+
+    # ------------------------------------------------------------------ handshake
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        if self.passed:  # before the transport reads anything more
+            self.data_received(self.passed)
+
+    def _handshake(self, data: bytes) -> None:
+        assert self.head is not None and self.transport is not None
+        self.head += data
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.head) > MAX_HEAD_BYTES:
+                self.transport.close()
+            return
+        request = codec.parse_upgrade(self.head[:end])
+        if request is None or request[0] != "/ws":
+            self.head = None
+            self.transport.write(_FORBIDDEN)
+            self.transport.close()
+            return
+        if self.placement is not None:
+            to = self.placement.place(request[3].get("session_id"), self.hops)
+            if to is not None and self.placement.pass_connection(
+                    self.transport, self.head, to, self.hops + 1,
+                    lambda: self._start(request, end)):
+                return
+        self._start(request, end)
+
+    def _start(self, request: codec.UpgradeRequest, end: int) -> None:
+        """Answer the handshake and open (or attach) the session."""
+        assert self.head is not None and self.transport is not None
+        rest, self.head = self.head[end + 4:], None
+        if self.transport.is_closing():
+            return
+        _, key, headers, query = request
+        service = self.service
+        if not service.authorized(headers, query):
+            self.transport.write(_FORBIDDEN)
+            self.transport.close()
+            return
+        self.transport.write(codec.accept_response(key))
+        self.open = True
+        self.server_state.connections.add(self)
+        wanted = query.get("session_id")
+        try:
+            session = service.sessions.attach(wanted, self) if wanted else \
+                service.sessions.open("ws", self)
+        except ProtocolError as exc:
+            self.send(dumps({"type": "error", "data": exc.data()}))
+            self.end(1013 if exc.code == "CAPACITY_REACHED" else 1008)
+            return
+        self.attached = bool(wanted)
+        self.session = session
+        if rest:
+            self.data_received(rest)
+
+    # ------------------------------------------------------------------ frames in
+    def data_received(self, data: bytes) -> None:
+        if self.head is not None:
+            self._handshake(data)
+            return
+        if not self.open:
+            return
+        try:
+            for fin, opcode, payload in self.frames.feed(data):
+                message = self.messages.add(fin, opcode, payload)
+                if message is not None:
+                    self._message(*message)
+                if not self.open:
+                    return
+        except codec.FrameError as exc:
+            self.end(exc.code)
+
+    def _message(self, opcode: int, payload: bytes) -> None:
+        if opcode == codec.OP_CLOSE:
+            self.end(1000)
+            return
+        if opcode == codec.OP_PING:
+            self._write(codec.encode_frame(codec.OP_PONG, payload))
+            return
+        if opcode == codec.OP_PONG:
+            return
+        self.pending.append(codec.message_text(opcode, payload))
+        if len(self.pending) > MAX_PENDING and not self.paused:
+            self.paused = True
+            self._transport().pause_reading()
+        if not self.running:
+            self._next()
+
+    # ------------------------------------------------------------------ messages
+    def _next(self) -> None:
+        """Start answering the next message waiting, if any (one at a time, in order)."""
+        session = self.session
+        while self.pending and self.open and session is not None and not session.closed:
+            raw = self.pending.popleft()
+            if self.paused and len(self.pending) <= MAX_PENDING // 2:
+                self.paused = False
+                self._transport().resume_reading()
+            self.running = True
+            if self._step(session, raw):
+                return
+            task = self.loop.create_task(self.service.answer(session, raw))
+            task.add_done_callback(self._answered)
+            return
+        self.running = False
+
+    def _step(self, session: Session, raw: str) -> bool:
+        """Submit ``raw`` to the slot engine if it is a well-formed step message (True);
+        False for anything else, which `Service.answer` handles."""
+        if len(raw) > MAX_MESSAGE_CHARS or loads is None:
+            return False
+        try:
+            msg = loads(raw)
+        except ValueError:
+            return False
+        if not isinstance(msg, dict) or msg.get("type") != "step" or session.busy:
+            return False
+        service = self.service
+        try:
+            actions = service.step_actions(session, msg.get("data"))
+            fut = self.batcher.add(session.slot, actions)
+        except ProtocolError as exc:
+            self._reply(dumps({"type": "error", "data": exc.data()}))
+            return True
+        except (RuntimeError, ValueError):  # the pool is closing: the general path says so
+            return False
+        service.sessions.begin_call(session, fut)
+        self.began = time.perf_counter()
+        fut.add_done_callback(self._stepped)
+        return True
+
+    def _stepped(self, fut: asyncio.Future[Any]) -> None:
+        session = self.session
+        assert session is not None
+        service = self.service
+        service.sessions.end_call(session)
+        try:
+            exc = None if fut.cancelled() else fut.exception()
+            if isinstance(exc, PoolTimeout):  # the session table's sweep: too late
+                raise service.timed_out(session, exc)
+            if fut.cancelled() or exc is not None:
+                raise ProtocolError("EXECUTION_ERROR", str(exc or "cancelled"), status=503)
+            payload = service.stepped(session, fut.result(), self.began)
+        except ProtocolError as err:
+            self._reply(dumps({"type": "error", "data": err.data()}))
+            return
+        if self.open:
+            self._write(codec.encode_frame(codec.OP_TEXT, dumps_bytes(
+                {"type": "observation", "data": payload})))
+        self._done()
+
+    def _answered(self, task: asyncio.Task[str | None]) -> None:
+        exc = None if task.cancelled() else task.exception()
+        if task.cancelled() or exc is not None:
+            if exc is not None:
+                log.error("a WebSocket message failed", exc_info=exc)
+            self.running = False
+            self.end(1011)
+            return
+        reply = task.result()
+        if reply is None:  # the client closed the session
+            self.running = False
+            self.end(1000)
+            return
+        self._reply(reply)
+
+    def _reply(self, text: str) -> None:
+        self.send(text)
+        self._done()
+
+    def _done(self) -> None:
+        """A message answered: end the connection if its session closed meanwhile (or the
+        client left), else go on with the next message."""
+        self.running = False
+        session = self.session
+        if self.lost or not self.open or (session is not None and session.closed):
+            self.end(1000)
+            return
+        self._next()
+
+    # ------------------------------------------------------------------ frames out
+    def _transport(self) -> asyncio.Transport:
+        assert self.transport is not None
+        return self.transport
+
+    def _write(self, data: bytes) -> None:
+        self._transport().write(data)
+
+    def send(self, text: str) -> None:  # `turnpool.serve.sessions.Peer`
+        if self.open:
+            self._write(codec.encode_frame(codec.OP_TEXT, text.encode()))
+
+    def end(self, code: int = 1000) -> None:  # `turnpool.serve.sessions.Peer`
+        """Send a close frame (once) and end the connection."""
+        if self.open:
+            self.open = False
+            self._write(codec.close_frame(code))
+        if not self.running:
+            self._release()
+        self._transport().close()
+
+    def _release(self) -> None:
+        session = self.session
+        if session is None:
+            return
+        table = self.service.sessions
+        table.detach(session, self)
+        if not self.attached:
+            table.close(session)
+
+    def shutdown(self) -> None:  # uvicorn's graceful shutdown
+        self.end(1012)
+
+    # ------------------------------------------------------------------ flow control
+    def pause_writing(self) -> None:
+        self._transport().pause_reading()
+
+    def resume_writing(self) -> None:
+        if not self.paused:
+            self._transport().resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.open = False
+        self.server_state.connections.discard(self)
+        if not self.running:
+            self._release()
+
+
+def bind(service: Service, inner_class: Any, placement: Placement | None = None
+         ) -> tuple[type[Entry], type[WsConnection]]:
+    """The `Entry` and `WsConnection` classes of one server, to give uvicorn as ``http``
+    and ``ws``; ``inner_class`` is uvicorn's HTTP protocol class that serves every other
+    request; ``placement`` places new sessions among several fronts."""
+    ws = type("TurnpoolWs", (WsConnection,), {"service": service,
+                                              "batcher": StepBatcher(service),
+                                              "placement": placement})
+    entry = type("TurnpoolEntry", (Entry,), {"ws_class": ws, "inner_class": inner_class})
+    return entry, ws
+
+
+def adopt(ws_class: type[WsConnection], server_state: Any, data: bytes, hops: int
+          ) -> WsConnection:
+    """A `WsConnection` for a connection another front passed here: ``data`` (what that
+    front read of it) is read once the transport is made."""
+    conn = ws_class(config=None, server_state=server_state, app_state={})
+    conn.hops, conn.passed = hops, data
+    return conn
+
+
+__all__ = ["Entry", "MAX_FRAME_BYTES", "Placement", "StepBatcher", "WsConnection", "adopt",
+           "bind"]
