@@ -50,7 +50,8 @@ ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"
 #: modules imported once in B so a warm run starts with them loaded
 PREIMPORT = ("collections", "itertools", "functools", "heapq", "bisect", "math", "re",
              "string", "json", "typing", "fractions", "decimal", "copy", "operator", "array",
-             "runpy", "traceback", "atexit", "dataclasses", "statistics", "contextlib")
+             "runpy", "traceback", "atexit", "dataclasses", "statistics", "contextlib",
+             "resource")
 
 # syscall numbers: pivot_root, capset, and those that kill the program (seccomp)
 _ARCH = {
@@ -245,8 +246,11 @@ def run_python(args: list[str]) -> int:
             runpy.run_path(args[0], run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc.code)
-    except BaseException:  # what python does with an uncaught exception
-        traceback.print_exc()
+    except BaseException as exc:  # what python does with an uncaught exception
+        tb = exc.__traceback__  # from the program's own frames, as `python FILE` shows it
+        while tb is not None and tb.tb_frame.f_code.co_filename not in (args[0], "<string>"):
+            tb = tb.tb_next
+        traceback.print_exception(type(exc), exc, tb)
         code = 1
     try:
         atexit._run_exitfuncs()
@@ -277,7 +281,12 @@ def program(req: dict, stdin_path: str, out_w: int, err_w: int, root_host: bool)
         os.dup2(fd, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        os.closerange(3, 1 << 16)
+        for name in os.listdir("/proc/self/fd"):  # faster than closing every possible fd
+            if int(name) > 2:
+                try:
+                    os.close(int(name))
+                except OSError:
+                    pass  # the directory's own fd, already closed
         os.chdir("/tmp")
         os.environ.clear()
         os.environ.update(ENV)
