@@ -163,8 +163,8 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("turnpool.extras", ()),
     ("turnpool.sandbox", ("turnpool.sandbox.*",)),
     ("turnpool.webshop", ("turnpool.webshop.*",)),
-    ("turnpool.envs", ("turnpool.envs.*", "turnpool.webshop.*", "turnpool.sandbox")),
-    ("turnpool.worker", ("turnpool.envs.*", "turnpool.worker.*")),
+    ("turnpool.envs", ("turnpool.envs.*", "turnpool.webshop.*", "turnpool.sandbox.*")),
+    ("turnpool.worker", ("turnpool.envs.*", "turnpool.worker.*", "turnpool.sandbox.*")),
     ("turnpool.backends", ("turnpool.envs.*", "turnpool.worker.*", "turnpool.backends.*")),
     # the pool reaches backends only through the registry and the protocol
     ("turnpool.pool", ("turnpool.envs.*", "turnpool.worker.*", "turnpool.backends",

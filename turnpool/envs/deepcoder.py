@@ -38,7 +38,15 @@ from typing import Any
 
 from turnpool.envs import datasets
 from turnpool.envs.base import TextEnv
-from turnpool.sandbox import Limits, Outcome, Sandbox
+from turnpool.sandbox import (
+    Limits,
+    Outcome,
+    Sandbox,
+    SandboxError,
+    SandboxUnavailable,
+    available,
+)
+from turnpool.sandbox.core import UNAVAILABLE
 
 BUNDLED = "deepcoder.jsonl"
 PATH_KEYS = ("data_path", "dataset_path")
@@ -214,6 +222,8 @@ def run_reply(box: Sandbox, code: str, problem: dict[str, Any], timeout_s: float
     result = box.run(["python", "harness.py"],
                      files={"harness.py": HARNESS, "case.json": json.dumps(case)},
                      limits=Limits(wall=timeout_s, cpu=timeout_s))
+    if result.outcome is Outcome.SANDBOX_ERROR:  # the sandbox failed, not the reply
+        raise SandboxError(f"sandbox failed: {result.error or result.stderr}")
     records, other = _records(result.stdout, mark)
     total = len(tests)
     if result.outcome is Outcome.TIMEOUT:
@@ -275,6 +285,10 @@ class DeepCoderEnv(TextEnv):
         self.timeout_s = float(timeout_s)
         self.unsafe = bool(unsafe_no_sandbox)
         load_problems(self.config)  # a missing file fails here, in one line
+        if not self.unsafe:  # refuse at construction, in one line, where nothing isolates
+            ok, why = available()
+            if not ok:
+                raise SandboxUnavailable(UNAVAILABLE.format(why=why))
         self.index = 0
         self.step_num = 0
         self.done = False
@@ -297,7 +311,8 @@ class DeepCoderEnv(TextEnv):
         prompt = self.problem["prompt"]
         code = action if isinstance(action, str) else ""
         if self.done or not code.strip() or len(code) > MAX_CODE_CHARS:
-            error = "Empty action" if not code.strip() else "Code too long"
+            error = ("Episode is done" if self.done else "Empty action" if not code.strip()
+                     else "Code too long")
             self._text = f"{prompt}\n\nFeedback: {error}"
             return (self._text, 0.0, self.done, False,
                     {"action_is_valid": False, "action_is_effective": False, "error": error})

@@ -471,6 +471,8 @@ def main() -> None:
         serve(root_host)
     os.close(0)
     os.close(1)
+    # the host's close(): B (PID 1: its namespace goes with it) is killed and reaped first
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
     _, status = os.waitpid(pid, 0)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 

@@ -45,12 +45,12 @@ class Outcome(str, enum.Enum):
     SANDBOX_ERROR = "sandbox_error"    # the sandbox itself failed; the program is not to blame
 
 
-class SandboxUnavailable(RuntimeError):
-    """Isolation cannot be set up here (no user namespaces, not Linux, ...)."""
-
-
 class SandboxError(RuntimeError):
     """The sandbox server failed (died, did not answer); the run's program is not to blame."""
+
+
+class SandboxUnavailable(SandboxError):
+    """Isolation cannot be set up here (no user namespaces, not Linux, ...)."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,11 @@ class Sandbox:
         if proc is None:
             return
         if proc.poll() is None:
-            proc.kill()  # B and every run die with A (PR_SET_PDEATHSIG, PID namespace)
+            proc.terminate()  # A kills and reaps B, whose PID namespace dies with it
+            try:
+                proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # B dies with A all the same (PR_SET_PDEATHSIG), a moment later
         proc.wait(timeout=START_TIMEOUT_S)
         for pipe in (proc.stdin, proc.stdout):
             if pipe is not None:
@@ -239,6 +243,9 @@ class Sandbox:
                 self._stop()  # the next run starts a fresh server
                 return RunResult(Outcome.SANDBOX_ERROR, error=f"{type(exc).__name__}: {exc}",
                                  wall_s=time.monotonic() - started)
+            except BaseException:  # interrupted (a step deadline): the run dies with the server
+                self._stop()
+                raise
         return RunResult(classify(reply, limits, expected_stdout),
                          exit_code=int(reply.get("code", -1)), signal=int(reply.get("signal", 0)),
                          stdout=str(reply.get("stdout", "")), stderr=str(reply.get("stderr", "")),
@@ -257,8 +264,11 @@ class Sandbox:
         data = bytearray()
         while len(data) < n:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0:
                 raise SandboxError(f"the sandbox server did not answer in {timeout:.0f} s")
+            # short waits: an exception raised in this thread (a step deadline) lands between
+            if not select.select([fd], [], [], min(left, 0.05))[0]:
+                continue
             chunk = os.read(fd, n - len(data))
             if not chunk:
                 raise SandboxError("the sandbox server died")

@@ -131,7 +131,16 @@ FAILURE_CLASSES: dict[str, bool] = {
     "unpicklable": False,      # an action or result could not cross a process boundary
     "policy_error": True,      # the policy could not produce a reply for the env
     "construct_error": False,  # the env could not be built
+    "sandbox_error": True,     # the sandbox running the env's untrusted code failed
 }
+
+
+def failure_of_exception(exc: BaseException) -> str:
+    """The class of an exception raised by env code: ``sandbox_error`` when the sandbox that
+    runs the env's untrusted code failed (`turnpool.sandbox.SandboxError`), else
+    ``env_error``."""
+    from turnpool.sandbox import SandboxError
+    return "sandbox_error" if isinstance(exc, SandboxError) else "env_error"
 
 
 class BackendUnavailable(RuntimeError):
