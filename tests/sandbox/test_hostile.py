@@ -218,7 +218,9 @@ def test_a_daemonized_grandchild_dies_with_the_run(run) -> None:
 
 def test_becoming_root_fails(run) -> None:
     r = run("import os\nos.setuid(0)\n")
-    assert r.outcome is Outcome.RUNTIME_ERROR and "Operation not permitted" in r.stderr
+    assert r.outcome is Outcome.RUNTIME_ERROR
+    # EPERM under a root host; EINVAL under a normal user (uid 0 is not even mapped)
+    assert "Operation not permitted" in r.stderr or "Invalid argument" in r.stderr
 
 
 # ------------------------------------------------------------------------------- syscalls

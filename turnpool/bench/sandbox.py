@@ -9,9 +9,11 @@ the machine's load hits both alike:
 
 ``sandbox``: `turnpool.sandbox.Sandbox` (namespaces, rlimits, seccomp; warm: forked from the
 server's interpreter), one sandbox per client thread. ``subprocess``: RAGEN's way, a temporary
-file and ``subprocess.run([python, file], timeout=3)``, no isolation. ``--clients`` threads
-drive runs at once (default 2: the 2 cores this is aimed at); runs/s is all runs over the
-wall time, latency is per run (p50 / p99).
+file and ``subprocess.run([python, file], timeout=3)``, no isolation, with the running
+interpreter (a training venv's, which scans its site-packages at start); ``bare-subprocess``:
+the same with ``python -I -S`` (no site-packages), the fastest any fresh interpreter can be.
+``--clients`` threads drive runs at once (default 2: the 2 cores this is aimed at); runs/s
+is all runs over the wall time, latency is per run (p50 / p99).
 """
 
 from __future__ import annotations
@@ -42,21 +44,23 @@ def _problem10() -> dict[str, Any]:
     return problem
 
 
-def _plain_run(files: dict[str, str], main: str) -> None:
-    """RAGEN's way: files in a temporary directory, ``subprocess.run`` of the interpreter."""
+def _plain_run(files: dict[str, str], main: str, bare: bool = False) -> None:
+    """RAGEN's way: files in a temporary directory, ``subprocess.run`` of the interpreter
+    (``bare``: with ``-I -S``, no site-packages to scan: the fastest fresh interpreter)."""
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in files.items():
             with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
                 f.write(text)
-        subprocess.run([sys.executable, main], cwd=tmp, input="", text=True,
+        flags = ["-I", "-S"] if bare else []
+        subprocess.run([sys.executable, *flags, main], cwd=tmp, input="", text=True,
                        capture_output=True, timeout=3, check=False)
 
 
-def _plain_deepcoder(problem: dict[str, Any]) -> Callable[[], None]:
+def _plain_deepcoder(problem: dict[str, Any], bare: bool = False) -> Callable[[], None]:
     case = {"code": SUM, "func_name": None, "mark": "@m@",
             "tests": [{"kind": "stdin", "input": t["input"]} for t in problem["tests"]]}
     files = {"harness.py": HARNESS, "case.json": json.dumps(case)}
-    return lambda: _plain_run(files, "harness.py")
+    return lambda: _plain_run(files, "harness.py", bare)
 
 
 def _measure(make_run: Callable[[], Callable[[], None]], runs: int, clients: int
@@ -107,8 +111,11 @@ def run_bench(runs: int, clients: int, rounds: int, echo: Callable[[str], None]
         ("trivial", "sandbox"): lambda: sandboxed("trivial"),
         ("trivial", "subprocess"): lambda: (lambda: _plain_run({"main.py": "pass\n"},
                                                               "main.py")),
+        ("trivial", "bare-subprocess"): lambda: (lambda: _plain_run({"main.py": "pass\n"},
+                                                                   "main.py", True)),
         ("deepcoder10", "sandbox"): lambda: sandboxed("deepcoder10"),
         ("deepcoder10", "subprocess"): lambda: _plain_deepcoder(problem),
+        ("deepcoder10", "bare-subprocess"): lambda: _plain_deepcoder(problem, True),
     }
     assert run_reply(Sandbox(), SUM, problem)[0], "the reference reply must pass"
     results: dict[str, dict[str, list[float]]] = {}
@@ -122,7 +129,7 @@ def run_bench(runs: int, clients: int, rounds: int, echo: Callable[[str], None]
                 entry = results.setdefault(f"{work}/{way}", {"rate": [], "lat": []})
                 entry["rate"].append(rate)
                 entry["lat"].extend(lat)
-                echo(f"round {r + 1}/{rounds} {work:12s} {way:10s} {rate:7.1f} runs/s")
+                echo(f"round {r + 1}/{rounds} {work:12s} {way:15s} {rate:7.1f} runs/s")
     finally:
         for box in boxes:
             box.close()
@@ -133,6 +140,8 @@ def run_bench(runs: int, clients: int, rounds: int, echo: Callable[[str], None]
     for work in ("trivial", "deepcoder10"):
         summary[f"{work}/speedup"] = (summary[f"{work}/sandbox"]["runs_per_s"]
                                       / summary[f"{work}/subprocess"]["runs_per_s"])
+        summary[f"{work}/speedup_bare"] = (summary[f"{work}/sandbox"]["runs_per_s"]
+                                           / summary[f"{work}/bare-subprocess"]["runs_per_s"])
     return summary
 
 
@@ -144,13 +153,14 @@ def run_bench(runs: int, clients: int, rounds: int, echo: Callable[[str], None]
 def command(runs: int, clients: int, rounds: int, json_out: str | None) -> None:
     """Sandboxed runs vs RAGEN's subprocess.run: runs/s, p50/p99 latency."""
     summary = run_bench(runs, clients, rounds, lambda s: click.echo(s, err=True))
-    click.echo(f"{'workload':14s} {'way':11s} {'runs/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s}")
+    click.echo(f"{'workload':14s} {'way':16s} {'runs/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s}")
     for work in ("trivial", "deepcoder10"):
-        for way in ("sandbox", "subprocess"):
+        for way in ("sandbox", "subprocess", "bare-subprocess"):
             s = summary[f"{work}/{way}"]
-            click.echo(f"{work:14s} {way:11s} {s['runs_per_s']:8.1f} {s['p50_ms']:8.1f} "
+            click.echo(f"{work:14s} {way:16s} {s['runs_per_s']:8.1f} {s['p50_ms']:8.1f} "
                        f"{s['p99_ms']:8.1f}")
-        click.echo(f"{work:14s} sandbox/subprocess runs/s: {summary[f'{work}/speedup']:.2f}x")
+        click.echo(f"{work:14s} sandbox/subprocess runs/s: {summary[f'{work}/speedup']:.2f}x, "
+                   f"sandbox/bare-subprocess: {summary[f'{work}/speedup_bare']:.2f}x")
     if json_out:
         with open(json_out, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1)
