@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -137,3 +138,13 @@ def test_without_isolation_it_refuses_in_one_line(monkeypatch: pytest.MonkeyPatc
     unsafe = Sandbox(unsafe=True).run(["python", "main.py"], files={"main.py": "print(2)"},
                                       limits=FAST, expected_stdout="2")
     assert unsafe.outcome is Outcome.PASSED
+
+
+def test_a_sandbox_started_on_a_thread_that_ended_still_serves() -> None:
+    with Sandbox() as box:
+        thread = threading.Thread(target=box.start)
+        thread.start()
+        thread.join(timeout=60)
+        pid = box.server_pid
+        r = box.run(["python", "-c", "print(3)"], limits=FAST)
+        assert r.stdout == "3\n" and box.server_pid == pid  # the same server, alive

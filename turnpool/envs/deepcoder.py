@@ -77,7 +77,7 @@ for i, test in enumerate(CASE["tests"]):
         with io.StringIO() as o, io.StringIO() as e, redirect_stdout(o), redirect_stderr(e):
             exec(CODE, scope, scope)
         if "Solution" in scope and FUNC:
-            target = getattr(scope["Solution"](), FUNC)
+            target = getattr(scope["Solution"](), FUNC)  # the dataset names the method
         elif FUNC and FUNC in scope:
             target = scope[FUNC]
         else:

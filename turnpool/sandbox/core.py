@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import queue
 import select
 import signal
 import struct
@@ -142,6 +143,7 @@ class Sandbox:
         self.python = str(Path(python or sys.executable).resolve())
         self.unsafe = unsafe
         self._proc: subprocess.Popen[bytes] | None = None
+        self._owner = os.getpid()
         self._lock = threading.Lock()
         self._closed = False
         self._probing = False  # set by the availability probe, which must not probe itself
@@ -162,6 +164,8 @@ class Sandbox:
             self._start()
 
     def _start(self) -> None:
+        if self._owner != os.getpid():  # a forked copy: the server is the parent's to close
+            self._proc = None
         if self._proc is not None and self._proc.poll() is None:
             return
         self._stop()
@@ -170,13 +174,10 @@ class Sandbox:
             if self.unsafe:
                 return
             raise SandboxUnavailable(UNAVAILABLE.format(why=why))
-        proc = subprocess.Popen(
+        proc = _SPAWNER.popen(
             [self.python, "-I", "-S", "-B", str(INNER), str(os.getpid()),
-             "1" if os.geteuid() == 0 else "0", json.dumps(default_binds(self.python))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, close_fds=True,
-            start_new_session=True)
-        self._proc = proc
+             "1" if os.geteuid() == 0 else "0", json.dumps(default_binds(self.python))])
+        self._proc, self._owner = proc, os.getpid()
         try:
             if self._read(1, START_TIMEOUT_S) != b"U":
                 raise SandboxError("the sandbox server did not start")
@@ -285,6 +286,46 @@ class Sandbox:
         if not isinstance(reply, dict):
             raise SandboxError("malformed reply from the sandbox server")
         return reply
+
+
+class _Spawner:
+    """Starts servers from one long-lived thread: a server dies with the *thread* that
+    started it (``PR_SET_PDEATHSIG``), and envs may step on short-lived threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[tuple[list[str], queue.Queue[Any]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def popen(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                self._thread = threading.Thread(target=self._serve, name="sandbox-spawner",
+                                                daemon=True)
+                self._thread.start()
+                self._pid = os.getpid()
+        answer: queue.Queue[Any] = queue.Queue()
+        self._jobs.put((argv, answer))
+        result = answer.get(timeout=START_TIMEOUT_S)
+        if isinstance(result, BaseException):
+            raise result
+        proc: subprocess.Popen[bytes] = result
+        return proc
+
+    def _serve(self) -> None:
+        while True:
+            argv, answer = self._jobs.get()
+            try:
+                answer.put(subprocess.Popen(
+                    argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                    close_fds=True, start_new_session=True))
+            except BaseException as exc:  # handed to the caller
+                answer.put(exc)
+
+
+_SPAWNER = _Spawner()
 
 
 def _write_maps(pid: int) -> None:
