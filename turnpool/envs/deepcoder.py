@@ -275,6 +275,9 @@ class DeepCoderEnv(TextEnv):
     """RAGEN v2's DeepCoder env over `turnpool.sandbox`."""
 
     ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
+    #: RAGEN v2's env_instruction for its DeepCoder tag
+    instruction = ("You are solving a coding task. Provide a complete Python function solution "
+                   "only. Format: <answer>...</answer>")
 
     def __init__(self, data_path: str | Path | None = None, max_steps: int = 1,
                  timeout_s: float = 3.0, unsafe_no_sandbox: bool = False,
