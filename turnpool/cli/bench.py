@@ -1,4 +1,4 @@
-"""``turnpool bench envs|pool|rollout|webshop|serve|serve-soak|soak|hol|tokens``: each
+"""``turnpool bench envs|pool|rollout|webshop|serve|serve-soak|soak|hol|tokens|sandbox``: each
 benchmark is imported only when run."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ _BENCHES: dict[str, str] = {
     "soak": "turnpool.bench.soak:command",
     "hol": "turnpool.bench.hol:command",
     "tokens": "turnpool.bench.tokens:command",
+    "sandbox": "turnpool.bench.sandbox:command",
 }
 
 

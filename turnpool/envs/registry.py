@@ -173,6 +173,7 @@ for _name, _entry in {
     "frozen_lake": "turnpool.envs.frozen_lake:FrozenLakeEnv",
     "bandit": "turnpool.envs.bandit:BanditEnv",
     "countdown": "turnpool.envs.countdown:CountdownEnv",
+    "deepcoder": "turnpool.envs.deepcoder:DeepCoderEnv",
     "metamathqa": "turnpool.envs.metamathqa:MetaMathQAEnv",
     "webshop": "turnpool.envs.webshop_ragen:RagenWebShopEnv",
     "webshop_lite": "turnpool.envs.webshop:WebShopEnv",

@@ -33,6 +33,7 @@ from turnpool.worker.protocol import (
     error_reset,
     error_step,
     failed_reply,
+    failure_of_exception,
     short_error,
 )
 
@@ -137,7 +138,7 @@ class EnvHost:
                 if envs.get(env_id) is env:
                     broken.add(env_id)
                 failed.append(k)
-                results[k] = error_step(short_error(exc), n)
+                results[k] = error_step(short_error(exc), n, failure=failure_of_exception(exc))
                 continue
             except StepInterrupted:  # ran past its deadline in this process
                 if envs.get(env_id) is env:

@@ -261,6 +261,7 @@ class Failure(str, enum.Enum):
     UNPICKLABLE = "unpicklable"          # an action or result could not cross a process boundary
     POLICY_ERROR = "policy_error"        # the policy could not produce a reply for the env
     CONSTRUCT_ERROR = "construct_error"  # the env could not be built
+    SANDBOX_ERROR = "sandbox_error"      # the sandbox running the env's untrusted code failed
 
     # print as the plain string (as `enum.StrEnum` does, which Python 3.10 lacks)
     __str__ = str.__str__
@@ -282,12 +283,21 @@ class Failure(str, enum.Enum):
             return Failure.ENV_ERROR
 
 
-_RETRYABLE = frozenset({Failure.TIMEOUT, Failure.WORKER_LOST, Failure.POLICY_ERROR})
+_RETRYABLE = frozenset({Failure.TIMEOUT, Failure.WORKER_LOST, Failure.POLICY_ERROR,
+                        Failure.SANDBOX_ERROR})
 _BY_NAME: dict[str, Failure] = {f.value: f for f in Failure}
 
 #: Failure class name -> retryable, for readers that want plain strings (`Failure` is the
 #: source).
 FAILURE_CLASSES: dict[str, bool] = {f.value: f.retryable for f in Failure}
+
+
+def failure_of_exception(exc: BaseException) -> Failure:
+    """The class of an exception raised by env code: `Failure.SANDBOX_ERROR` when the sandbox
+    that runs the env's untrusted code failed (`turnpool.sandbox.SandboxError`), else
+    `Failure.ENV_ERROR`."""
+    from turnpool.sandbox import SandboxError
+    return Failure.SANDBOX_ERROR if isinstance(exc, SandboxError) else Failure.ENV_ERROR
 
 
 class BackendUnavailable(RuntimeError):

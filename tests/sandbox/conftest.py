@@ -1,0 +1,55 @@
+"""One sandbox shared by the hostile battery (each run is a fresh namespace of its own), and a
+check that nothing a run started is still alive."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from turnpool.sandbox import Limits, RunResult, Sandbox
+
+FAST = Limits(wall=2.0, cpu=1.0, memory=256 << 20, output=1 << 20, file_size=1 << 20,
+              disk=4 << 20, procs=16, files=32)
+
+
+def sandbox_processes(box: Sandbox) -> set[int]:
+    """Host pids of every process in the sandbox's user namespace, its server included."""
+    pid = box.server_pid
+    assert pid is not None
+    ns = os.readlink(f"/proc/{pid}/ns/user")
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "ns" / "user") == ns:
+                    found.add(int(entry.name))
+            except OSError:
+                continue  # exited meanwhile, or not ours to read
+    return found
+
+
+@pytest.fixture(scope="session")
+def box() -> Iterator[Sandbox]:
+    sandbox = Sandbox()
+    sandbox.start()
+    yield sandbox
+    sandbox.close()
+
+
+@pytest.fixture
+def run(box: Sandbox):  # type: ignore[no-untyped-def]
+    """``run(code, **kw)``: the code as ``main.py``; afterwards only the server remains (its
+    outer process and PID 1) and the sandbox still answers."""
+
+    def _run(code: str, *, limits: Limits = FAST, **kw: object) -> RunResult:
+        result = box.run(["python", "main.py"], files={"main.py": code}, limits=limits,
+                         **kw)  # type: ignore[arg-type]
+        assert len(sandbox_processes(box)) == 2, "a process outlived its run"
+        return result
+
+    yield _run
+    after = box.run(["python", "-c", "print('alive')"], limits=FAST)
+    assert after.stdout == "alive\n", after

@@ -1,0 +1,150 @@
+"""The sandbox never outlives its owner: close(), a SIGKILLed parent, a step deadline of the
+pool; where isolation is unavailable it refuses in one line unless told otherwise."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.sandbox.conftest import FAST
+from turnpool import EnvPool
+from turnpool.sandbox import Outcome, Sandbox, SandboxError, SandboxUnavailable, core
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _userns_members(ns: str) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "ns" / "user") == ns:
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _wait_for(predicate, timeout: float = 15.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)  # polling a condition under a deadline, not synchronising
+    return predicate()
+
+
+def test_close_leaves_no_process_and_is_idempotent() -> None:
+    box = Sandbox()
+    box.start()
+    pid = box.server_pid
+    assert pid is not None
+    ns = os.readlink(f"/proc/{pid}/ns/user")
+    assert len(_userns_members(ns)) == 2
+    box.close()
+    box.close()
+    assert not _userns_members(ns)
+    with pytest.raises(SandboxError):
+        box.run(["python", "-c", "pass"])
+
+
+CHILD = """
+import sys, threading
+from turnpool.sandbox import Limits, Sandbox
+box = Sandbox()
+box.start()
+threading.Thread(target=box.run, args=(["python", "-c", "import time; time.sleep(60)"],),
+                 kwargs={"limits": Limits(wall=60, cpu=60)}, daemon=True).start()
+print(box.server_pid, flush=True)
+threading.Event().wait(60)
+"""
+
+
+def test_a_sigkilled_parent_leaves_no_sandbox_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert child.stdout is not None
+        server = int(child.stdout.readline())
+        ns = os.readlink(f"/proc/{server}/ns/user")
+        assert _wait_for(lambda: len(_userns_members(ns)) >= 4)  # A, B, the run's R and P
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        assert _wait_for(lambda: not _userns_members(ns)), _userns_members(ns)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
+def test_a_run_past_the_step_timeout_fails_as_a_timeout_and_leaves_nothing() -> None:
+    before = {_ns_of(p) for p in _children(os.getpid())}  # other tests' sandboxes
+    with EnvPool("deepcoder", env_num=2, seed=0, backend="process", num_workers=2,
+                 step_timeout=2.5) as pool:  # the env's own run limit is 3 s
+        pool.reset()
+        pool.step(["print(1)", "print(1)"])  # each worker's sandbox server is up
+        pool.reset()
+        hang = "class Solution:\n    pass\nwhile True:\n    pass\n"  # whatever the problem
+        _, _, dones, infos = pool.step([hang, "print(1)"])
+        assert infos[0].get("failure") == "timeout" and dones[0], infos[0]
+        assert infos[1]["action_is_valid"] and "failure" not in infos[1]
+        ours = os.readlink("/proc/self/ns/user")
+        sandboxes = {_ns_of(p) for p in _children(os.getpid())} - {ours, None} - before
+        assert sandboxes  # the workers' sandbox servers, in namespaces of their own
+    assert _wait_for(lambda: not any(_userns_members(ns) for ns in sandboxes))
+
+
+def _ns_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/user")
+    except OSError:
+        return None  # exited meanwhile
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+                out.extend(_children(int(entry.name)))
+    return out
+
+
+def test_a_sandbox_failure_is_its_own_failure_class() -> None:
+    from turnpool.worker.protocol import FAILURE_CLASSES, failure_of_exception
+    assert failure_of_exception(SandboxError("server died")) == "sandbox_error"
+    assert failure_of_exception(ValueError("bug")) == "env_error"
+    assert FAILURE_CLASSES["sandbox_error"] is True
+
+
+def test_without_isolation_it_refuses_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a fake probe result: this machine isolates, the decision is what is tested
+    monkeypatch.setattr(core, "_PROBE", core._Probe(ok=False, why="no user namespaces"))
+    with pytest.raises(SandboxUnavailable) as err:
+        Sandbox().run(["python", "-c", "print(1)"])
+    assert "\n" not in str(err.value) and "no user namespaces" in str(err.value)
+    assert "unsafe" in str(err.value)
+    unsafe = Sandbox(unsafe=True).run(["python", "main.py"], files={"main.py": "print(2)"},
+                                      limits=FAST, expected_stdout="2")
+    assert unsafe.outcome is Outcome.PASSED
+
+
+def test_a_sandbox_started_on_a_thread_that_ended_still_serves() -> None:
+    with Sandbox() as box:
+        thread = threading.Thread(target=box.start)
+        thread.start()
+        thread.join(timeout=60)
+        pid = box.server_pid
+        r = box.run(["python", "-c", "print(3)"], limits=FAST)
+        assert r.stdout == "3\n" and box.server_pid == pid  # the same server, alive

@@ -1,0 +1,353 @@
+"""DeepCoder: write a Python program (or a method of ``class Solution``) that passes the tests.
+
+RAGEN v2's ``deepcoder`` env (taken from rLLM), with its semantics kept: the observation is
+the problem text; the reward of a reply is ``passed / total`` tests; the episode ends when all
+pass or after ``max_steps`` attempts (default 1), and a failed attempt shows the problem again
+with ``Feedback: <detail>`` (``Passed 2/5 tests. Wrong answer on test 2: got 3 expected 4``).
+The reply is assembled with the ``starter_code`` as RAGEN does (a reply that defines
+``class Solution`` replaces it; a bare ``def`` under a starter class is indented into it).
+Tests are stdin/stdout (stripped outputs compared) or function calls (``str(result) ==
+str(expected)``, ``metadata.func_name``); all tests of a reply run in one process, with one
+wall clock (3 s) for the whole reply: on timeout the reward is 0, as in RAGEN.
+
+What differs: the reply runs in `turnpool.sandbox` (no network, no host files, limits) instead
+of a bare ``subprocess.run(["python", ...])``, and expected outputs never enter the sandbox
+(the host compares), so a reply cannot read the answers. A missing dataset is an error, never
+RAGEN's toy ``add(a, b)`` problem. Rows in the DeepCoder-Preview format (``problem``,
+``tests``, ``metadata``, ``starter_code``; or RAGEN's ``question`` / ``ground_truth``) are
+read from ``data_path`` (JSONL / JSON / Parquet); tests given as ``{"inputs", "outputs"}``
+(TACO) become stdin/stdout tests, as in RAGEN's preprocessing. Without ``data_path``, a
+bundled set of 240 generated problems is used (``scripts/gen_deepcoder.py``).
+
+    >>> env = DeepCoderEnv()
+    >>> obs, _ = env.reset(seed=0)
+    >>> obs[:40]
+    'Given a list of integers nums, return ho'
+    >>> env.step("   ")[4]["action_is_valid"]  # RAGEN: an empty reply is invalid, no run
+    False
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import threading
+from pathlib import Path
+from typing import Any
+
+from turnpool.envs import datasets
+from turnpool.envs.base import TextEnv
+from turnpool.sandbox import (
+    Limits,
+    Outcome,
+    Sandbox,
+    SandboxError,
+    SandboxUnavailable,
+    available,
+)
+from turnpool.sandbox.core import UNAVAILABLE
+
+BUNDLED = "deepcoder.jsonl"
+PATH_KEYS = ("data_path", "dataset_path")
+MAX_CODE_CHARS = 64_000
+MAX_RECORD_CHARS = 4_000
+
+#: Runs inside the sandbox: every test of one reply, outputs (never verdicts) on stdout. Its
+#: ``eval`` reads a dataset's test input (RAGEN's parsing), inside the sandbox, never on the host.
+HARNESS = r'''
+import io, json, os, sys
+from contextlib import redirect_stderr, redirect_stdout
+CASE = json.load(open("case.json"))
+CODE, FUNC, MARK = CASE["code"], CASE["func_name"], CASE["mark"]
+real = os.fdopen(os.dup(1), "w")
+def emit(rec):
+    real.write(MARK + json.dumps(rec) + "\n")
+    real.flush()
+def args_of(raw):
+    if isinstance(raw, str):
+        try:
+            return [eval(p) for p in raw.strip().splitlines() if p.strip()]
+        except Exception:
+            return [raw]
+    return list(raw) if isinstance(raw, (list, tuple)) else [raw]
+for i, test in enumerate(CASE["tests"]):
+    if test["kind"] == "functional":
+        scope = {}
+        with io.StringIO() as o, io.StringIO() as e, redirect_stdout(o), redirect_stderr(e):
+            exec(CODE, scope, scope)
+        if "Solution" in scope and FUNC:
+            target = getattr(scope["Solution"](), FUNC)  # the dataset names the method
+        elif FUNC and FUNC in scope:
+            target = scope[FUNC]
+        else:
+            emit({"i": i, "ok": False, "err": "Function not found"})
+            continue
+        try:
+            result = target(*args_of(test["input"]))
+        except Exception as exc:
+            emit({"i": i, "ok": False, "err": repr(exc)})
+            continue
+        emit({"i": i, "ok": True, "out": str(result)[:1048576]})
+    else:
+        scope = {"__name__": "__main__"}
+        out, err = io.StringIO(), io.StringIO()
+        old, sys.stdin = sys.stdin, io.StringIO(str(test["input"]))
+        try:
+            with redirect_stdout(out), redirect_stderr(err):
+                exec(CODE, scope, scope)
+            emit({"i": i, "ok": True, "out": out.getvalue()[:1048576]})
+        except Exception as exc:
+            emit({"i": i, "ok": False, "out": out.getvalue()[:1048576], "err": repr(exc)})
+        finally:
+            sys.stdin = old
+'''
+
+
+# ------------------------------------------------------------------------------- data
+def _tests_of(row: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = row.get("ground_truth", row.get("tests", "[]"))
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return []
+    if isinstance(raw, dict) and "inputs" in raw and "outputs" in raw:
+        raw = [{"input": i, "output": o, "testtype": "stdin_stdout"}
+               for i, o in zip(raw["inputs"], raw["outputs"])]
+    return [t for t in raw if isinstance(t, dict)] if isinstance(raw, list) else []
+
+
+def _metadata_of(row: dict[str, Any]) -> dict[str, Any]:
+    meta = row.get("metadata", {})
+    if isinstance(meta, str):
+        try:
+            meta = json.loads(meta)
+        except ValueError:
+            return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _build(rows: list[dict[str, Any]], options: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    problems = []
+    for row in rows:
+        prompt = row.get("question", row.get("prompt", row.get("problem")))
+        if prompt is None:
+            continue
+        problems.append({"prompt": str(prompt), "tests": _tests_of(row),
+                         "func_name": _metadata_of(row).get("func_name"),
+                         "starter_code": str(row.get("starter_code") or "")})
+    if not problems:
+        raise ValueError("no DeepCoder problems in the data file")
+    return tuple(problems)
+
+
+def load_problems(config: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    path = datasets.resolve_path(config, PATH_KEYS, BUNDLED)
+    key = datasets.table_key("deepcoder", path)
+    table: tuple[dict[str, Any], ...] = datasets.get_table(key, _build)
+    return table
+
+
+# ------------------------------------------------------------------------------- scoring
+def assemble(code: str, starter_code: str) -> str:
+    """RAGEN's rule for joining a reply to the starter code."""
+    header, body = (starter_code or "").strip("\n"), (code or "").strip("\n")
+    if "class Solution" in body:
+        header = ""
+    elif "class Solution" in header and body.startswith("def "):
+        body = "\n".join(("    " + line) if line.strip() else "" for line in body.splitlines())
+    return f"{header}\n\n{body}" if header and body else header or body
+
+
+def _records(stdout: str, mark: str) -> tuple[dict[int, dict[str, Any]], str]:
+    """The harness's records by test index, and what else the reply printed."""
+    records: dict[int, dict[str, Any]] = {}
+    other = []
+    for line in stdout.splitlines(keepends=True):
+        if line.startswith(mark):
+            try:
+                rec = json.loads(line[len(mark):])
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("i"), int):
+                records.setdefault(rec["i"], rec)
+        else:
+            other.append(line)
+    return records, "".join(other)
+
+
+def judge(tests: list[dict[str, Any]], func_name: str | None, records: dict[int, dict[str, Any]]
+          ) -> tuple[bool, str, int, int, bool]:
+    """``(is_correct, detail, passed, total, runnable)`` from per-test outputs, worded as
+    RAGEN words them."""
+    passed, runnable, first = 0, True, None
+    for idx, test in enumerate(tests):
+        rec = records[idx]
+        expected = test.get("output")
+        functional = test.get("testtype") == "functional" and bool(func_name)
+        if not rec.get("ok"):
+            runnable = False
+            what = "Exception" if functional else "Runtime error"
+            first = first or f"{what} on test {idx}: {rec.get('err')}"
+            continue
+        got = str(rec.get("out", ""))
+        if not functional:
+            got, expected = got.strip(), str(expected).strip()
+        if got != str(expected):
+            first = first or f"Wrong answer on test {idx}: got {got} expected {expected}"
+            continue
+        passed += 1
+    total = len(tests)
+    if passed == total and total > 0:
+        return True, "All tests passed.", passed, total, runnable
+    summary = f"Passed {passed}/{total} tests."
+    return False, summary if first is None else f"{summary} {first}", passed, total, runnable
+
+
+def run_reply(box: Sandbox, code: str, problem: dict[str, Any], timeout_s: float = 3.0
+              ) -> tuple[bool, str, int, int, bool, Outcome]:
+    """Run every test of ``problem`` on ``code`` in one sandboxed process; RAGEN's result
+    tuple and the sandbox's `Outcome` of the process."""
+    tests = problem["tests"]
+    if not tests:
+        return False, "No tests available.", 0, 0, False, Outcome.PASSED
+    func_name = problem["func_name"]
+    mark = f"@{secrets.token_hex(8)}@"
+    case = {"code": assemble(code, problem["starter_code"]), "func_name": func_name,
+            "mark": mark, "tests": [
+                {"kind": "functional" if t.get("testtype") == "functional" and func_name
+                 else "stdin", "input": t.get("input", [] if func_name else "")}
+                for t in tests]}
+    result = box.run(["python", "harness.py"],
+                     files={"harness.py": HARNESS, "case.json": json.dumps(case)},
+                     limits=Limits(wall=timeout_s, cpu=timeout_s))
+    if result.outcome is Outcome.SANDBOX_ERROR:  # the sandbox failed, not the reply
+        raise SandboxError(f"sandbox failed: {result.error or result.stderr}")
+    records, other = _records(result.stdout, mark)
+    total = len(tests)
+    if result.outcome is Outcome.TIMEOUT:
+        return False, "Sandbox runtime error: Timeout", 0, total, False, result.outcome
+    if result.outcome is not Outcome.PASSED or len(records) < total:
+        if result.outcome is Outcome.PASSED:  # exited 0 before the end (sys.exit in the reply)
+            return (False, f"Sandbox malformed output: {other.strip()}", 0, total, False,
+                    result.outcome)
+        why = result.stderr or other or result.error
+        return False, f"Sandbox runtime error: {why}", 0, total, False, result.outcome
+    if other and not other.endswith("\n"):  # RAGEN's last stdout line would not parse
+        return False, f"Sandbox malformed output: {other.strip()}", 0, total, False, result.outcome
+    return (*judge(tests, func_name, records), result.outcome)
+
+
+# ------------------------------------------------------------------------------- sandbox
+class _Shared:
+    """One sandbox per process, shared by its DeepCoder envs; closed with the last of them."""
+
+    lock = threading.Lock()
+    box: Sandbox | None = None
+    users = 0
+
+    @classmethod
+    def acquire(cls, unsafe: bool) -> Sandbox:
+        with cls.lock:
+            if cls.box is None:
+                cls.box = Sandbox(unsafe=unsafe)
+            cls.users += 1
+            return cls.box
+
+    @classmethod
+    def current(cls) -> Sandbox:
+        with cls.lock:
+            assert cls.box is not None
+            return cls.box
+
+    @classmethod
+    def release(cls) -> None:
+        with cls.lock:
+            cls.users -= 1
+            if cls.users <= 0 and cls.box is not None:
+                cls.box.close()
+                cls.box, cls.users = None, 0
+
+
+# ------------------------------------------------------------------------------- env
+class DeepCoderEnv(TextEnv):
+    """RAGEN v2's DeepCoder env over `turnpool.sandbox`."""
+
+    ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
+    #: RAGEN v2's env_instruction for its DeepCoder tag
+    instruction = ("You are solving a coding task. Provide a complete Python function solution "
+                   "only. Format: <answer>...</answer>")
+
+    def __init__(self, data_path: str | Path | None = None, max_steps: int = 1,
+                 timeout_s: float = 3.0, unsafe_no_sandbox: bool = False,
+                 **config: Any) -> None:
+        super().__init__(data_path=data_path, max_steps=max_steps, timeout_s=timeout_s,
+                         unsafe_no_sandbox=unsafe_no_sandbox, **config)
+        self.max_steps = int(max_steps)
+        self.timeout_s = float(timeout_s)
+        self.unsafe = bool(unsafe_no_sandbox)
+        load_problems(self.config)  # a missing file fails here, in one line
+        if not self.unsafe:  # refuse at construction, in one line, where nothing isolates
+            ok, why = available()
+            if not ok:
+                raise SandboxUnavailable(UNAVAILABLE.format(why=why))
+        self.index = 0
+        self.step_num = 0
+        self.done = False
+        self._text = ""
+        self._holds = False  # a share of the process's sandbox (taken at the first reply)
+
+    @property
+    def problem(self) -> dict[str, Any]:
+        return load_problems(self.config)[self.index]
+
+    def _reset(self, seed: int, options: dict[str, Any]) -> str:
+        # RAGEN: random.seed(seed) then randint over the split; an own generator here
+        self.index = random.Random(seed).randint(0, len(load_problems(self.config)) - 1)
+        self.step_num = 0
+        self.done = False
+        self._text = self.problem["prompt"]
+        return self._text
+
+    def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        prompt = self.problem["prompt"]
+        code = action if isinstance(action, str) else ""
+        if self.done or not code.strip() or len(code) > MAX_CODE_CHARS:
+            error = ("Episode is done" if self.done else "Empty action" if not code.strip()
+                     else "Code too long")
+            self._text = f"{prompt}\n\nFeedback: {error}"
+            return (self._text, 0.0, self.done, False,
+                    {"action_is_valid": False, "action_is_effective": False, "error": error})
+        if not self._holds:
+            _Shared.acquire(self.unsafe)
+            self._holds = True
+        correct, detail, passed, total, runnable, outcome = run_reply(
+            _Shared.current(), code, self.problem, self.timeout_s)
+        reward = passed / total if total > 0 else 0.0
+        self.step_num += 1
+        self.done = correct or self.step_num >= self.max_steps
+        self._text = (f"{prompt}\n\nFeedback: {detail}" if not self.done
+                      else "Correct!" if correct else "Incorrect.")
+        return self._text, reward, self.done, False, {
+            "action_is_valid": True, "action_is_effective": correct, "success": correct,
+            "detail": detail, "passed_tests": passed, "total_tests": total,
+            "runnable": runnable, "pass_reward": reward, "sandbox_outcome": outcome.value}
+
+    def _render_text(self) -> str:
+        return self._text
+
+    def get_state(self) -> Any:
+        state = super().get_state()
+        state.pop("_holds", None)  # a share of the sandbox is this env's, not the episode's
+        return state
+
+    def set_state(self, state: Any) -> None:
+        holds = self._holds
+        super().set_state(state)
+        self._holds = holds
+
+    def close(self) -> None:
+        if self._holds:
+            self._holds = False
+            _Shared.release()
