@@ -47,6 +47,22 @@ class LazyGroup(click.Group):
         assert isinstance(cmd, click.Command)
         return cmd
 
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        words = [name or ""]
+        if isinstance(cmd, click.Group) and rest and not rest[0].startswith("-"):
+            words.append(rest[0])  # `webshop serve`
+        ctx.meta["turnpool.command"] = " ".join(words)
+        return name, cmd, rest
+
+    def invoke(self, ctx: click.Context) -> object:
+        """Run the sub-command; an error a user can fix is one line and its exit code."""
+        from turnpool.cli.errors import user_errors
+
+        with user_errors(lambda: str(ctx.meta.get("turnpool.command", ""))):
+            return super().invoke(ctx)
+
 
 _EPILOG = """\b
 Examples:
