@@ -28,8 +28,8 @@ from turnpool.cli.errors import EXIT_USAGE, UserError, did_you_mean, unknown_env
 from turnpool.worker.protocol import DEFAULT_STEP_TIMEOUT
 
 TOKEN_ENV = "TURNPOOL_SERVE_TOKEN"
-#: Not 8000: that is where vLLM, SGLang's router and ``transformers serve`` listen by default,
-#: and so where the openai policy looks first.
+#: Not 8000: that is where vLLM and ``transformers serve`` listen by default, and so where
+#: the openai policy's examples point.
 DEFAULT_PORT = 8100
 
 
