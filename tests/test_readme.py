@@ -40,7 +40,7 @@ def _blocks(lang: str, text: str = README) -> list[str]:
 
 def _commands(prefix: str) -> list[tuple[str, str]]:
     """(page, command) for every line of a bash block that starts with ``prefix`` (comment
-    and line continuation removed) and every such command in a table cell."""
+    and line continuation removed) and every table cell that is such a command alone."""
     out = []
     for page, text in PAGES.items():
         for block in _blocks("bash", text):
@@ -49,7 +49,9 @@ def _commands(prefix: str) -> list[tuple[str, str]]:
                 if command.startswith(prefix):
                     out.append((page, command))
         for row in (line for line in text.splitlines() if line.startswith("|")):
-            out += [(page, c) for c in re.findall(r"`([^`]+)`", row) if c.startswith(prefix)]
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            out += [(page, c.strip("`")) for c in cells
+                    if re.fullmatch(r"`[^`]+`", c) and c.strip("`").startswith(prefix)]
     return out
 
 
