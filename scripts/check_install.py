@@ -88,10 +88,13 @@ def build_wheel(work: Path) -> Path:
 def make_venv(work: Path, extra: str, wheel: Path, torch: bool) -> Path:
     """A fresh venv with the wheel and ``extra`` (torch's CPU build first if it needs it)."""
     venv = work / f"venv-{extra}"
-    proc = run([sys.executable, "-m", "venv", "--clear", str(venv)])
+    # no pip inside: this interpreter's pip installs into it (--python), which saves
+    # bootstrapping pip once per venv
+    proc = run([sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv)])
     if proc.returncode:
         sys.exit(f"python -m venv failed:\n{proc.stderr}")
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+           "-q"]
     steps = [[*pip, TORCH]] if torch else []
     steps.append([*pip, f"{wheel}" + ("" if extra == "core" else f"[{extra}]")])
     for step in steps:
@@ -220,7 +223,8 @@ def check_openai(trl: Path, openai: Path, check: Check, work: Path) -> None:
                   if server.stderr else "")
             return
         proc = run([str(openai / "bin" / "turnpool"), "rollout", "--policy", "openai",
-                    f"turnpool.policy.openai.base_url={url}", *SMALL], cwd=work)
+                    f"turnpool.policy.openai.base_url={url}",
+                    "turnpool.policy.openai.max_tokens=24", *SMALL], cwd=work)
         check(proc.returncode == 0 and "env-steps/s" in proc.stdout,
               "openai: turnpool rollout --policy openai against the local token server",
               proc.stdout + proc.stderr)

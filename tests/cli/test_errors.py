@@ -92,6 +92,20 @@ def test_a_module_missing_in_a_worker_is_named_by_its_extra() -> None:
     assert missing_extra(RuntimeError("No module named 'my_own_pkg'"), "rollout") is None
 
 
+def test_a_backend_that_cannot_start_is_a_usage_error_not_a_traceback() -> None:
+    from turnpool.cli.errors import translate
+    from turnpool.worker.protocol import BackendUnavailable
+
+    plain = translate(BackendUnavailable("ray_address='x:1' cannot be reached"), "rollout")
+    assert plain is not None and plain.exit_code == EXIT_USAGE
+    assert plain.message == "ray_address='x:1' cannot be reached"
+    missing = translate(BackendUnavailable("ray is not installed: No module named 'ray'"),
+                        "rollout")
+    assert missing is not None and missing.message == (
+        "turnpool rollout needs ray: pip install 'turnpool[ray]'")
+    assert translate(RuntimeError("a bug"), "rollout") is None  # bugs keep their traceback
+
+
 def test_a_misspelt_env_has_the_same_code_and_hint_in_every_command(tmp_path: Path) -> None:
     runner = CliRunner()
     serve = runner.invoke(main, ["serve", "--env", "sokobann", "--port", "0"])

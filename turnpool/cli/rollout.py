@@ -43,6 +43,7 @@ from turnpool.cli.errors import (
     EXIT_TOO_MANY_FAILURES,
     EXIT_USAGE,
     UserError,
+    missing_extra,
     unknown_env,
 )
 from turnpool.cli.layout import fit, make_table
@@ -127,7 +128,9 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
     try:
         collector = TrajectoryCollector.from_plan(plan)
     except EnvConstructionError as exc:  # the config is fine; its envs cannot be built
-        raise RolloutFailed(str(exc)) from exc
+        missing = missing_extra(exc, "rollout")  # ... for want of an extra, in a worker
+        raise (RolloutFailed(str(missing), EXIT_USAGE) if missing
+               else RolloutFailed(str(exc))) from exc
     except (ValueError, TypeError, FileNotFoundError) as exc:  # a value refused, a missing
         raise RolloutFailed(str(exc), EXIT_USAGE) from exc           # model folder
     parquet = bool(out_path) and Path(str(out_path)).suffix.lower() == ".parquet"
