@@ -102,8 +102,8 @@ def serve(env: str | None, config_path: Path | None, backend: str | None,
     try:
         check_bind(host, token, allow_remote)
     except PermissionError:
-        need = "--allow-remote and --token (or $" + TOKEN_ENV + ")" if not allow_remote \
-            else "--token (or $" + TOKEN_ENV + ")"
+        token_hint = f"a token (--token or ${TOKEN_ENV})"
+        need = f"--allow-remote and {token_hint}" if not allow_remote else token_hint
         raise UserError(f"--host {host} listens beyond this machine: it needs {need}",
                         EXIT_USAGE) from None
     settings = load_settings(config_path, {
