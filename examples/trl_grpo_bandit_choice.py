@@ -8,7 +8,7 @@ pays is the one it was taught to avoid: sampled at temperature 1 it starts at 10
 GRPO (TRL's GRPOTrainer, rollouts through `turnpool.integrations.trl.TurnpoolRollout`) then
 trains it; the same run with learning rate 0 (same model, same seeds) is the control.
 
-    python examples/trl_grpo_bandit_choice.py            # 50 steps x 32 episodes, 10-15 min on 2 cores
+    python examples/trl_grpo_bandit_choice.py   # 50 steps x 32 episodes, 10-15 min on 2 cores
 
 Writes ``runs/trl_grpo_bandit_choice.png`` (success per step, both runs) and
 ``runs/trl_grpo_bandit_choice.json`` (or the ``--out`` stem; the committed copies
