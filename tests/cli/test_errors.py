@@ -54,7 +54,8 @@ def _without(modules: list[str], args: list[str], cwd: Path) -> subprocess.Compl
 @pytest.mark.parametrize(("modules", "args", "extra"), [
     (["fastapi"], ["serve", "--env", "sokoban", "--port", "0"], "serve"),
     (["fastapi"], ["webshop", "serve", "--port", "0"], "webshop"),
-    (["httpx"], ["rollout", "--policy", "openai", *SMALL], "openai"),
+    (["httpx"], ["rollout", "--policy", "openai",
+                 "turnpool.policy.openai.base_url=http://127.0.0.1:9/v1", *SMALL], "openai"),
     (["rapidfuzz"], ["rollout", "--config", str(ROOT / "configs" / "webshop.yaml"),
                      "--no-progress"], "webshop"),
     (["torch"], ["rollout", "--policy", "hf", "turnpool.policy.hf.model_path=.", *SMALL],
@@ -119,6 +120,13 @@ def test_a_misspelt_env_has_the_same_code_and_hint_in_every_command(tmp_path: Pa
         assert "unknown env 'sokobann' (did you mean 'sokoban'?)" in line
         assert '"' not in line and "cpu" not in line.split("registered:")[1].split("(")[0]
     assert "custom_envs.SimpleSokoban.env_type" in _one_error(rollout.output)
+
+
+@pytest.mark.parametrize(("policy", "key"), [("openai", "base_url"), ("hf", "model_path")])
+def test_a_policy_without_its_required_option_says_which_to_set(policy: str, key: str) -> None:
+    res = CliRunner().invoke(main, ["rollout", "--policy", policy, *SMALL])
+    assert res.exit_code == EXIT_USAGE
+    assert f"needs turnpool.policy.{policy}.{key} (e.g." in _one_error(res.output)
 
 
 def test_a_serve_config_that_is_not_there_is_one_line(tmp_path: Path) -> None:

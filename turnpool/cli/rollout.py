@@ -120,6 +120,7 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
         cfg = load_config(config_path, overrides)
         _check_env_types(cfg, mode)
         plan = rollout_plan(cfg, mode)
+        _check_policy(plan.policy)
     except ConfigError as exc:
         raise UserError(str(exc), EXIT_USAGE) from exc
     console = Console()
@@ -300,6 +301,23 @@ def _check_env_types(cfg: Any, mode: str) -> None:
         problem = unknown_env(str(env_type))
         if problem:
             raise UserError(f"custom_envs.{tag}.env_type: {problem}", EXIT_USAGE)
+
+
+#: policy -> (the option it cannot do without, an example value)
+REQUIRED_POLICY_OPTIONS = {"openai": ("base_url", "http://127.0.0.1:8000/v1"),
+                           "hf": ("model_path", "path/to/model")}
+
+
+def _check_policy(policy: dict[str, Any]) -> None:
+    """A policy missing the option it cannot run without is one line saying which to set."""
+    name = str(policy.get("name"))
+    if name not in REQUIRED_POLICY_OPTIONS:
+        return
+    key, example = REQUIRED_POLICY_OPTIONS[name]
+    section = policy.get(name) or {}
+    if not policy.get(key) and not section.get(key):
+        raise UserError(f"the {name} policy needs turnpool.policy.{name}.{key} (e.g. "
+                        f"turnpool.policy.{name}.{key}={example})", EXIT_USAGE)
 
 
 def sugar_overrides(backend: str | None, workers: int | None, policy: str | None
