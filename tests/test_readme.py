@@ -1,6 +1,7 @@
-"""The README works as written: its Python snippets run as plain scripts, its first command
-runs in a fresh clone, every ``turnpool`` command in it (and in docs/trl.md, docs/verl.md)
-parses, the cheap ones run, every file it names exists and every extra it names is defined.
+"""The README works as written: its Python snippets run as plain scripts, the quick start's
+first command runs in a fresh clone, every ``turnpool`` command in it (and in docs/trl.md,
+docs/verl.md) parses, the cheap ones run, every file it names exists and every extra it names
+is defined.
 
 The snippets are pasted into files and run without an ``if __name__ == "__main__":`` guard,
 as a new user would; they must exit cleanly without a traceback (worker processes would re-run
@@ -135,7 +136,8 @@ def test_the_default_backend_is_the_same_in_code_readme_and_config() -> None:
 
 @pytest.mark.timeout(900)
 def test_first_command_runs_in_a_fresh_clone(tmp_path: Path) -> None:
-    first = _blocks("bash")[0].splitlines()[0].split("#")[0].strip()
+    quick = README.split("## Quick start", 1)[1]
+    first = _blocks("bash", quick)[0].splitlines()[0].split("#")[0].strip()
     assert first == "make run"
     clone = tmp_path / "turnpool"
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)],

