@@ -4,11 +4,15 @@ One module per command in this package, each imported only when used, so ``turnp
 does not pay for ray or transformers:
 
     turnpool rollout [--config F] [key=value ...] [--json F] [--out trajectories.jsonl]
-    turnpool envs
+    turnpool envs [--all]
     turnpool bench envs|pool|rollout|webshop [--json F]
     turnpool webshop serve
     turnpool serve --env sokoban [--config F] [--backend B] [--host H --port P]
     turnpool verl-config --env sokoban --out DIR [--train-groups N] [--val-groups M]
+
+Every command runs under `turnpool.cli.errors.user_errors`: a mistake the user can fix (a
+missing extra, an unknown env, a config file that is not there) is one ``Error:`` line with the
+exit code of docs/reliability.md, the same in every command.
 """
 
 from __future__ import annotations

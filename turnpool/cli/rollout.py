@@ -13,7 +13,8 @@ penalty rate, mean actions, errors) and the time split: env-steps/s, env time vs
 env time per turn. The progress bar goes to stderr.
 
 Exit codes (each failure is one readable line on stderr): 0 success; 1 the run failed (envs
-that cannot be built, dynamic sampling out of budget); 2 invalid config or arguments; 3 the
+that cannot be built, dynamic sampling out of budget); 2 invalid config or arguments (an
+unknown env, a missing optional dependency: the line names its pip extra); 3 the
 policy endpoint cannot be reached; 4 more than ``--max-failed-fraction`` of the episodes
 failed for good (after retries; the summary is still printed and written); 130 interrupted
 (Ctrl-C: the pool is closed at once and the JSONL holds the batches finished so far, one
