@@ -14,8 +14,9 @@ model's choice of arm is what GRPO changes.
 
     python examples/trl_grpo_bandit.py --steps 30
 
-Writes ``trl_grpo_bandit.png`` (reward per step) and ``trl_grpo_bandit.json`` next to this
-file, and prints the mean reward of the first and the last 10 steps.
+Writes ``runs/trl_grpo_bandit.png`` (reward per step) and ``runs/trl_grpo_bandit.json`` (or
+the ``--out`` stem; the committed copies next to this file are a recorded run), and prints the
+mean reward of the first and the last 10 steps.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-HERE = Path(__file__).resolve().parent
 ENV_KWARGS = {"lo_arm_name": "Down", "lo_arm_score": 0.1, "hi_arm_name": "Up",
               "hi_arm_hiscore": 1.0, "hi_arm_hiscore_prob": 1.0, "hi_arm_loscore": 1.0}
 
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4, help="GRPO groups per step")
     parser.add_argument("--group-size", type=int, default=4, help="num_generations")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--out", type=Path, default=HERE / "trl_grpo_bandit")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "trl_grpo_bandit")
     args = parser.parse_args()
 
     import torch
@@ -85,6 +85,7 @@ def main() -> None:
     summary = {"steps": len(rewards), "seconds": round(seconds, 1),
                "first10_mean_reward": round(first, 3), "last10_mean_reward": round(last, 3),
                "rewards": [round(r, 4) for r in rewards]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     _plot(rewards, args.out.with_suffix(".png"))
     print(f"{len(rewards)} steps in {seconds:.0f} s; mean reward first 10 steps {first:.3f}, "

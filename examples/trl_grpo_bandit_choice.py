@@ -8,10 +8,11 @@ pays is the one it was taught to avoid: sampled at temperature 1 it starts at 10
 GRPO (TRL's GRPOTrainer, rollouts through `turnpool.integrations.trl.TurnpoolRollout`) then
 trains it; the same run with learning rate 0 (same model, same seeds) is the control.
 
-    python examples/trl_grpo_bandit_choice.py            # 50 steps x 32 episodes, ~2 min
+    python examples/trl_grpo_bandit_choice.py   # 50 steps x 32 episodes, 10-15 min on 2 cores
 
-Writes ``trl_grpo_bandit_choice.png`` (success per step, both runs) and
-``trl_grpo_bandit_choice.json`` next to this file. Success = share of the step's episodes that
+Writes ``runs/trl_grpo_bandit_choice.png`` (success per step, both runs) and
+``runs/trl_grpo_bandit_choice.json`` (or the ``--out`` stem; the committed copies
+next to this file are a recorded run). Success = share of the step's episodes that
 pulled the paying arm. Randomness: the SFT draws from local generators
 (`turnpool.policies.tiny_llm.fine_tune_replies`); GRPOTrainer seeds torch from ``--seed``
 (its own ``set_seed``) and turnpool seeds every generate call and env reset.
@@ -31,7 +32,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-HERE = Path(__file__).resolve().parent
 TAUGHT, PAYING = "Up", "Down"
 ENV_KWARGS: dict[str, Any] = {"lo_arm_name": TAUGHT, "lo_arm_score": 0.1, "hi_arm_name": PAYING,
                               "hi_arm_hiscore": 1.0, "hi_arm_hiscore_prob": 1.0,
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--window", type=int, default=10, help="steps averaged at each end")
-    parser.add_argument("--out", type=Path, default=HERE / "trl_grpo_bandit_choice",
+    parser.add_argument("--out", type=Path, default=Path("runs") / "trl_grpo_bandit_choice",
                         help="path stem of the .json and .png (no plot when --steps < 2)")
     args = parser.parse_args(argv)
 
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"first{w}_success": _mean(r["success"][:w]),
                   f"last{w}_success": _mean(r["success"][-w:]),
                   "mean_success": _mean(r["success"])} for r in runs]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     if args.steps >= 2:
         _plot(summary, args.out.with_suffix(".png"))

@@ -4,11 +4,15 @@ One module per command in this package, each imported only when used, so ``turnp
 does not pay for ray or transformers:
 
     turnpool rollout [--config F] [key=value ...] [--json F] [--out trajectories.jsonl]
-    turnpool envs
+    turnpool envs [--all]
     turnpool bench envs|pool|rollout|webshop [--json F]
     turnpool webshop serve
     turnpool serve --env sokoban [--config F] [--backend B] [--host H --port P]
     turnpool verl-config --env sokoban --out DIR [--train-groups N] [--val-groups M]
+
+Every command runs under `turnpool.cli.errors.user_errors`: a mistake the user can fix (a
+missing extra, an unknown env, a config file that is not there) is one ``Error:`` line with the
+exit code of docs/reliability.md, the same in every command.
 """
 
 from __future__ import annotations
@@ -46,6 +50,22 @@ class LazyGroup(click.Group):
         cmd = getattr(importlib.import_module(module), attr)
         assert isinstance(cmd, click.Command)
         return cmd
+
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        words = [name or ""]
+        if isinstance(cmd, click.Group) and rest and not rest[0].startswith("-"):
+            words.append(rest[0])  # `webshop serve`
+        ctx.meta["turnpool.command"] = " ".join(words)
+        return name, cmd, rest
+
+    def invoke(self, ctx: click.Context) -> object:
+        """Run the sub-command; an error a user can fix is one line and its exit code."""
+        from turnpool.cli.errors import user_errors
+
+        with user_errors(lambda: str(ctx.meta.get("turnpool.command", ""))):
+            return super().invoke(ctx)
 
 
 _EPILOG = """\b

@@ -2,6 +2,7 @@
 RAGEN task tags, as tables or JSON.
 
     turnpool envs --json envs.json
+    turnpool envs --all          # also the envs turnpool's own tests and benchmarks use
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import click
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from turnpool.cli.errors import is_test_env
 from turnpool.cli.layout import fit, make_table, vertical
 from turnpool.envs.registry import registered, resolve
 from turnpool.ragen.config import PACKAGED_DIR
@@ -24,10 +26,13 @@ from turnpool.rollout.prompts import describe_env
 log = logging.getLogger(__name__)
 
 
-def env_rows() -> list[dict[str, Any]]:
-    """One row per registered env: entry point, actions, default keyword arguments."""
+def env_rows(include_test_envs: bool = False) -> list[dict[str, Any]]:
+    """One row per registered env: entry point, actions, default keyword arguments; the
+    synthetic envs of turnpool's tests and benchmarks only with ``include_test_envs``."""
     rows = []
     for name, spec in sorted(registered().items()):
+        if is_test_env(spec.entry_point) and not include_test_envs:
+            continue
         row: dict[str, Any] = {"name": name, "entry_point": spec.entry_point}
         try:
             cls, defaults = resolve(name)
@@ -74,9 +79,12 @@ def _plain(v: Any) -> Any:
 @click.command()
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the tables as JSON.")
-def envs(json_path: str | None) -> None:
+@click.option("--all", "show_all", is_flag=True, default=False,
+              help="Also list the synthetic envs of turnpool's tests and benchmarks "
+                   "(cpu, faulty, sleep, trivial).")
+def envs(json_path: str | None, show_all: bool) -> None:
     """Registered envs (with their defaults) and the packaged RAGEN task tags."""
-    rows, tags = env_rows(), tag_rows()
+    rows, tags = env_rows(show_all), tag_rows()
     console = Console()
     listed = []
     for r in rows:

@@ -13,7 +13,8 @@ penalty rate, mean actions, errors) and the time split: env-steps/s, env time vs
 env time per turn. The progress bar goes to stderr.
 
 Exit codes (each failure is one readable line on stderr): 0 success; 1 the run failed (envs
-that cannot be built, dynamic sampling out of budget); 2 invalid config or arguments; 3 the
+that cannot be built, dynamic sampling out of budget); 2 invalid config or arguments (an
+unknown env, a missing optional dependency: the line names its pip extra); 3 the
 policy endpoint cannot be reached; 4 more than ``--max-failed-fraction`` of the episodes
 failed for good (after retries; the summary is still printed and written); 130 interrupted
 (Ctrl-C: the pool is closed at once and the JSONL holds the batches finished so far, one
@@ -24,9 +25,11 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import click
 from rich.console import Console
@@ -34,6 +37,16 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from turnpool.backends import BACKENDS
+from turnpool.cli.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_POLICY_UNREACHABLE,
+    EXIT_TOO_MANY_FAILURES,
+    EXIT_USAGE,
+    UserError,
+    missing_extra,
+    unknown_env,
+)
 from turnpool.cli.layout import fit, make_table
 from turnpool.policies import policy_names
 from turnpool.policies.base import PolicyUnreachable
@@ -45,19 +58,17 @@ from turnpool.worker.protocol import FAILURE_CLASSES
 
 log = logging.getLogger(__name__)
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2  # click's code for usage errors: invalid config or arguments
-EXIT_POLICY_UNREACHABLE = 3
-EXIT_TOO_MANY_FAILURES = 4
-EXIT_INTERRUPTED = 130
+#: without a terminal (a log, CI), progress is one line per this many seconds
+PROGRESS_EVERY_S = 30.0
+#: the --out formats: extension -> what writes it
+OUT_FORMATS = (".jsonl", ".parquet")
 
 
-class RolloutFailed(click.ClickException):
-    """One line on stderr and a specific exit code."""
+class RolloutFailed(UserError):
+    """One line on stderr and a specific exit code (`turnpool.cli.errors`)."""
 
     def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
-        super().__init__(" ".join(message.split()))
-        setattr(self, "exit_code", exit_code)  # noqa: B010  (a class variable in click)
+        super().__init__(message, exit_code)
 
 
 _EPILOG = """\b
@@ -82,11 +93,14 @@ Examples:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the summary (metrics, backend, config) as JSON.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
-              help="Write the trajectories as JSONL.")
+              help="Write the trajectories: .jsonl (one per line), or .parquet (needs "
+                   "pyarrow: pip install 'turnpool[data]').")
 @click.option("--mode", type=click.Choice(["train", "val"]), default="train", show_default=True,
               help="Which es_manager section to run.")
 @click.option("--seed", type=int, default=None, help="Reset seed (default: seed.<mode>).")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="A progress bar on a terminal; without one, a line every "
+                   f"{PROGRESS_EVERY_S:g} s.")
 @click.option("--batches", type=click.IntRange(min=1), default=1, show_default=True,
               help="Collect this many batches; each is appended to --out as it completes.")
 @click.option("--max-failed-fraction", type=click.FloatRange(0.0, 1.0), default=0.1,
@@ -102,21 +116,28 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
     turnpool.policy.name=random turnpool.backend=process.
     """
     overrides = overrides + sugar_overrides(backend, workers, policy)
+    check_out_path(out_path)
     try:
         cfg = load_config(config_path, overrides)
+        _check_env_types(cfg, mode)
         plan = rollout_plan(cfg, mode)
+        _check_policy(plan.policy)
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise UserError(str(exc), EXIT_USAGE) from exc
     console = Console()
     err_console = Console(stderr=True)
     t0 = time.perf_counter()
     try:
         collector = TrajectoryCollector.from_plan(plan)
     except EnvConstructionError as exc:  # the config is fine; its envs cannot be built
-        raise RolloutFailed(str(exc)) from exc
-    except (ValueError, TypeError) as exc:  # a value the pool or collector refuses
-        raise RolloutFailed(str(exc), EXIT_USAGE) from exc
-    out_file = open(out_path, "w", encoding="utf-8") if out_path else None  # noqa: SIM115
+        missing = missing_extra(exc, "rollout")  # ... for want of an extra, in a worker
+        raise (RolloutFailed(str(missing), EXIT_USAGE) if missing
+               else RolloutFailed(str(exc))) from exc
+    except (ValueError, TypeError, FileNotFoundError) as exc:  # a value refused, a missing
+        raise RolloutFailed(str(exc), EXIT_USAGE) from exc           # model folder
+    parquet = bool(out_path) and Path(str(out_path)).suffix.lower() == ".parquet"
+    out_file = (open(out_path, "w", encoding="utf-8")  # noqa: SIM115
+                if out_path and not parquet else None)
     results: list[RolloutBatch] = []
     try:
         with collector:
@@ -133,6 +154,8 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
     finally:
         if out_file is not None:
             out_file.close()
+    if parquet and out_path:
+        write_parquet([t for b in results for t in b.trajectories], Path(out_path))
     wall = time.perf_counter() - t0
     summary = {
         "mode": mode, "backend": backend, "num_workers": workers,
@@ -169,6 +192,7 @@ def _collect(collector: TrajectoryCollector, max_turn: int, seed: int | None, ba
                    TextColumn("{task.completed}/{task.total} turns"),
                    TextColumn("{task.fields[active]} envs running"), TimeElapsedColumn(),
                    console=err_console, disable=not progress, transient=True)
+    ticker = _Ticker(batches, max_turn) if progress and not err_console.is_terminal else None
     with bar:
         task = bar.add_task("rollout", total=max_turn, active=collector.pool.num_envs)
 
@@ -177,23 +201,124 @@ def _collect(collector: TrajectoryCollector, max_turn: int, seed: int | None, ba
                 bar.reset(task, total=max_turn)
             bar.update(task, completed=turn + 1, active=active,
                        description=f"batch {gen_batch + 1}")
+            if ticker is not None:
+                ticker.state = (gen_batch, turn, active)
 
         collector.on_turn = on_turn
-        for b in range(batches):
-            try:
-                batch = collector.collect(seed if b == 0 else None)
-            except BudgetExhausted as exc:
-                raise RolloutFailed(str(exc)) from exc
-            if out_file is not None:
-                write_jsonl(batch.trajectories, out_file)
-                out_file.flush()
-            results.append(batch)
+        if ticker is not None:
+            ticker.start()
+        try:
+            _collect_batches(collector, seed, batches, results, out_file)
+        finally:
+            if ticker is not None:
+                ticker.stop()
+    batch = results[-1]
     if len(results) > 1:  # failure counts add up over batches
         for key in [k for k in batch.metrics if k.startswith("failures/")]:
             batch.metrics[key] = sum(r.metrics.get(key, 0.0) for r in results)
         batch.metrics["failures/unrecovered_fraction"] = (
             batch.metrics["failures/unrecovered"] / max(1.0, batch.metrics["failures/started"]))
     return batch
+
+
+def _collect_batches(collector: TrajectoryCollector, seed: int | None, batches: int,
+                     results: list[RolloutBatch], out_file: IO[str] | None) -> None:
+    for b in range(batches):
+        try:
+            batch = collector.collect(seed if b == 0 else None)
+        except BudgetExhausted as exc:
+            raise RolloutFailed(str(exc)) from exc
+        if out_file is not None:
+            write_jsonl(batch.trajectories, out_file)
+            out_file.flush()
+        results.append(batch)
+
+
+class _Ticker:
+    """Without a terminal, one progress line on stderr every `PROGRESS_EVERY_S` seconds, so
+    a long rollout in a log or CI shows it is alive."""
+
+    def __init__(self, batches: int, max_turn: int) -> None:
+        self.batches, self.max_turn = batches, max_turn
+        self.state = (0, -1, 0)  # batch, last finished turn, envs running
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="turnpool-progress",
+                                        daemon=True)
+        self._started = time.monotonic()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(PROGRESS_EVERY_S):
+            b, turn, active = self.state
+            print(f"rollout: batch {b + 1}/{self.batches}, {turn + 1}/{self.max_turn} turns "
+                  f"done, {active} envs running, {time.monotonic() - self._started:.0f} s",
+                  file=sys.stderr, flush=True)
+
+
+def check_out_path(out_path: str | None) -> None:
+    """Refuse an ``--out`` whose extension names a format turnpool does not write, and a
+    ``.parquet`` without pyarrow, before any env starts."""
+    if not out_path:
+        return
+    suffix = Path(out_path).suffix.lower()
+    if suffix not in OUT_FORMATS:
+        raise UserError(f"--out {out_path}: write .jsonl or .parquet (got "
+                        f"{suffix or 'no extension'})", EXIT_USAGE)
+    if suffix == ".parquet":
+        from turnpool.extras import require
+
+        require("pyarrow", feature="turnpool rollout --out *.parquet", extra="data")
+
+
+def write_parquet(trajectories: list[Any], path: Path) -> None:
+    """The trajectories as a parquet table: one row per trajectory, the JSONL line's fields
+    as columns (nested values as JSON text, so every row has one schema)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from turnpool.rollout.trajectory import dumps
+
+    rows = [{k: v if isinstance(v, (str, int, float, bool)) or v is None
+             else json.dumps(v, sort_keys=True)
+             for k, v in json.loads(dumps(t)).items()} for t in trajectories]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def _check_env_types(cfg: Any, mode: str) -> None:
+    """An unknown ``env_type`` of a tag the run uses is a usage error naming the tag."""
+    custom = cfg.get("custom_envs") or {}
+    section = (cfg.get("es_manager") or {}).get(mode) or {}
+    tags = (section.get("env_configs") or {}).get("tags") or []
+    for tag in dict.fromkeys(str(t) for t in tags):
+        env_type = (custom.get(tag) or {}).get("env_type")
+        if env_type is None:
+            continue
+        problem = unknown_env(str(env_type))
+        if problem:
+            raise UserError(f"custom_envs.{tag}.env_type: {problem}", EXIT_USAGE)
+
+
+#: policy -> (the option it cannot do without, an example value)
+REQUIRED_POLICY_OPTIONS = {"openai": ("base_url", "http://127.0.0.1:8000/v1"),
+                           "hf": ("model_path", "path/to/model")}
+
+
+def _check_policy(policy: dict[str, Any]) -> None:
+    """A policy missing the option it cannot run without is one line saying which to set."""
+    name = str(policy.get("name"))
+    if name not in REQUIRED_POLICY_OPTIONS:
+        return
+    key, example = REQUIRED_POLICY_OPTIONS[name]
+    section = policy.get(name) or {}
+    if not policy.get(key) and not section.get(key):
+        raise UserError(f"the {name} policy needs turnpool.policy.{name}.{key} (e.g. "
+                        f"turnpool.policy.{name}.{key}={example})", EXIT_USAGE)
 
 
 def sugar_overrides(backend: str | None, workers: int | None, policy: str | None

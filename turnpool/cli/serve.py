@@ -1,6 +1,6 @@
 """``turnpool serve``: an OpenEnv-compatible server over an env pool, in the foreground.
 
-    turnpool serve --env sokoban                        # 127.0.0.1:8000, process backend
+    turnpool serve --env sokoban                        # 127.0.0.1:8100, process backend
     turnpool serve --config serve.yaml --port 0         # settings from YAML, a free port
     turnpool serve --env sokoban --frontends 2          # two front processes on one port
     turnpool serve --env sokoban --host 0.0.0.0 --allow-remote --token "$TOKEN"  # opt-in only
@@ -24,9 +24,13 @@ from typing import Any
 import click
 import yaml
 
+from turnpool.cli.errors import EXIT_USAGE, UserError, did_you_mean, unknown_env
 from turnpool.worker.protocol import DEFAULT_STEP_TIMEOUT
 
 TOKEN_ENV = "TURNPOOL_SERVE_TOKEN"
+#: Not 8000: that is where vLLM and ``transformers serve`` listen by default, and so where
+#: the openai policy's examples point.
+DEFAULT_PORT = 8100
 
 
 def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
@@ -36,19 +40,30 @@ def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
     known = {f.name for f in dataclasses.fields(ServeSettings)}
     values: dict[str, Any] = {}
     if config_path is not None:
-        loaded = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+        if not config_path.is_file():
+            raise UserError(f"config file {config_path} does not exist (configs/serve.yaml "
+                            "in the repository is an example)", EXIT_USAGE)
+        try:
+            loaded = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise UserError(f"{config_path}: not YAML: {exc}", EXIT_USAGE) from exc
         if not isinstance(loaded, dict):
-            raise click.UsageError(f"{config_path}: expected a mapping of settings")
+            raise UserError(f"{config_path}: expected a mapping of settings", EXIT_USAGE)
         unknown = sorted(set(loaded) - known)
         if unknown:
-            raise click.UsageError(f"{config_path}: unknown settings {unknown}; "
-                                   f"known: {sorted(known)}")
+            hints = ", ".join(f"{k!r}{did_you_mean(str(k), known)}" for k in unknown)
+            raise UserError(f"{config_path}: unknown settings {hints}; known: "
+                            f"{', '.join(sorted(known))}", EXIT_USAGE)
         values.update(loaded)
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return ServeSettings(**values)
-    except TypeError as exc:
-        raise click.UsageError(str(exc)) from exc
+        settings = ServeSettings(**values)
+    except (TypeError, ValueError) as exc:
+        raise UserError(str(exc), EXIT_USAGE) from exc
+    problem = unknown_env(str(settings.env))
+    if problem:
+        raise UserError(problem, EXIT_USAGE)
+    return settings
 
 
 @click.command()
@@ -69,7 +84,7 @@ def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
                    "sessions over its share of the workers  [default: 1]")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind; anything but loopback needs --allow-remote and a token.")
-@click.option("--port", default=8000, show_default=True, type=int,
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int,
               help="TCP port; 0 picks a free one (printed at start).")
 @click.option("--allow-remote", is_flag=True, default=False,
               help="Allow binding a non-loopback interface.")
@@ -86,9 +101,11 @@ def serve(env: str | None, config_path: Path | None, backend: str | None,
     token = token or os.environ.get(TOKEN_ENV) or None
     try:
         check_bind(host, token, allow_remote)
-    except PermissionError as exc:
-        raise click.UsageError(f"{exc} (--host {host}: --allow-remote, --token or "
-                               f"${TOKEN_ENV})") from exc
+    except PermissionError:
+        token_hint = f"a token (--token or ${TOKEN_ENV})"
+        need = f"--allow-remote and {token_hint}" if not allow_remote else token_hint
+        raise UserError(f"--host {host} listens beyond this machine: it needs {need}",
+                        EXIT_USAGE) from None
     settings = load_settings(config_path, {
         "env": env, "backend": backend, "num_workers": num_workers,
         "max_sessions": max_sessions, "step_timeout": step_timeout,
@@ -105,6 +122,6 @@ def serve(env: str | None, config_path: Path | None, backend: str | None,
     except KeyboardInterrupt:  # Ctrl-C: the pool is already closed
         click.echo("turnpool serve: stopped")
     except OSError as exc:
-        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
-    except (ValueError, LookupError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise UserError(f"cannot serve on {host}:{port}: {exc}") from exc
+    except (ValueError, LookupError) as exc:  # a value the pool refuses
+        raise UserError(str(exc.args[0] if exc.args else exc), EXIT_USAGE) from exc

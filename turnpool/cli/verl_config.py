@@ -28,6 +28,8 @@ from typing import Any
 
 import click
 
+from turnpool.cli.errors import EXIT_USAGE, UserError, unknown_env
+from turnpool.extras import require
 from turnpool.worker.protocol import DEFAULT_STEP_TIMEOUT
 
 AGENT_LOOP_YAML = """\
@@ -118,26 +120,19 @@ def verl_config(env_type: str, env_kwargs: str, out_dir: Path, train_groups: int
                 val_groups: int, seed: int, max_turn: int, backend: str, workers: int,
                 step_timeout: float, retries: int) -> None:
     """Write verl's agent-loop YAML, group-seeded data rows and the overrides for turnpool."""
-    from turnpool.envs.registry import resolve
-
     try:
         kwargs = json.loads(env_kwargs)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON: {e}", param_hint="--env-kwargs") from e
     if not isinstance(kwargs, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--env-kwargs")
-    try:
-        resolve(env_type)
-    except (KeyError, ValueError, ImportError, AttributeError) as e:
-        raise click.BadParameter(str(e), param_hint="--env") from e
+    problem = unknown_env(env_type)
+    if problem:
+        raise UserError(f"--env: {problem}", EXIT_USAGE)
     if train_groups < 1 or val_groups < 0:
         raise click.BadParameter("need at least one training group")
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as e:  # pragma: no cover - pyarrow comes with the data/trl extras
-        raise click.ClickException("writing parquet needs pyarrow: "
-                                   "pip install 'turnpool[data]'") from e
+    pa = require("pyarrow", feature="turnpool verl-config", extra="data")
+    pq = require("pyarrow.parquet", feature="turnpool verl-config", extra="data")
     out = out_dir.resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "agent_loop.yaml").write_text(AGENT_LOOP_YAML)
