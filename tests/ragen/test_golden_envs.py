@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.ragen.golden import load, tagged, untag
+from tests.ragen.golden import FIXTURES, load, tagged, untag
 from turnpool.envs import sokoban_gen
 from turnpool.envs.registry import make
 from turnpool.envs.sokoban import SokobanEnv
@@ -70,6 +70,53 @@ def test_env_matches_ragen_seed_by_seed(name: str, tmp_path: Path) -> None:
             assert (terminated or truncated) == want["done"], where
             ragen_info = untag(want["info"])
             assert {k: info[k] for k in ragen_info} == ragen_info, where
+
+
+# ----------------------------------------------------------------------- RAGEN v2
+V2_FIXTURES = FIXTURES.parent / "ragen_v2" / "envs"
+#: RAGEN v2 fixtures that store every text (the others store sha256 digests per step)
+V2_PLAIN = ("SimpleSokoban", "CoordSokoban", "CoordOnlySokoban", "FrozenLake",
+            "CoordFrozenLake", "FrozenLakeCoordNotSlippery", "Bandit", "BanditTest")
+
+
+def load_v2(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((V2_FIXTURES / f"{name}.json").read_text("utf-8"))
+    return data
+
+
+def make_v2(env_type: str, env_config: dict[str, Any]) -> Any:
+    """An env as a RAGEN v2 config builds it: v2's defaults under the tag's env_config."""
+    from turnpool.envs.registry import resolve
+
+    cls, _ = resolve(env_type)
+    return make(env_type, **{**cls.ragen_v2_defaults, **env_config})
+
+
+@pytest.mark.parametrize("name", V2_PLAIN)
+def test_env_matches_ragen_v2_seed_by_seed(name: str) -> None:
+    fx = load_v2(name)
+    assert len(fx["episodes"]) >= 100
+    env = None
+    for ep in fx["episodes"]:
+        if env is None or "env_config" in ep:
+            env = make_v2(fx["env_type"], {**untag(fx["env_config"]), **ep.get("env_config", {})})
+        obs, _ = env.reset(seed=ep["seed"])
+        assert obs == ep["obs"], ep["seed"]
+        for action, want in zip(ep["actions"], ep["steps"], strict=True):
+            obs, reward, terminated, truncated, info = env.step(action)
+            where = (ep["seed"], action)
+            assert obs == want["obs"], where
+            assert reward == untag(want["reward"]), where
+            assert (terminated or truncated) == want["done"], where
+            ragen_info = untag(want["info"])
+            assert {k: info[k] for k in ragen_info} == ragen_info, where
+
+
+def test_unknown_env_kwargs_warn_naming_the_env_and_the_key() -> None:
+    with pytest.warns(UserWarning, match=r"FrozenLakeEnv: unknown env kwarg 'slipery'"):
+        make("frozen_lake", slipery=False)
+    with pytest.warns(UserWarning, match=r"BanditEnv: unknown env kwarg 'arms'"):
+        make("bandit", arms=3)
 
 
 # ------------------------------------------------------------------------- live refs
