@@ -4,6 +4,7 @@ gym_sokoban's generator stages and tiles, gymnasium's FrozenLake, CPython's ``ha
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -110,6 +111,52 @@ def test_env_matches_ragen_v2_seed_by_seed(name: str) -> None:
             assert (terminated or truncated) == want["done"], where
             ragen_info = untag(want["info"])
             assert {k: info[k] for k in ragen_info} == ragen_info, where
+
+
+#: RAGEN v2 fixtures of 1,000 seeds x 20 random steps (fewer for the variants), one digest
+#: per step; each also keeps three whole episodes
+V2_HASHED = ("SimpleSudoku", "MediumSudoku", "SmallSudokuDetailed", "game_2048",
+             "game_2048_raw", "rubikscube", "rubikscube_shallow")
+#: how the Sudoku fixtures' action codes ``KRCV`` read as text
+SUDOKU_TEMPLATES = ("place {v} at row {r} col {c}", "{r},{c},{v}",
+                    "place {v} at ({r}, {c}) please", "I think {r} and {c}")
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def _actions(env_type: str, encoded: str) -> list[Any]:
+    if env_type == "sudoku":
+        return [SUDOKU_TEMPLATES[int(code[0])].format(r=code[1], c=code[2], v=code[3])
+                for code in encoded.split()]
+    return [int(ch, 16) for ch in encoded]
+
+
+def _record(env: Any, step: tuple[Any, ...]) -> dict[str, Any]:
+    obs, reward, terminated, truncated, info = step
+    keys = set(type(env).ragen_info_keys)
+    return {"obs": obs, "reward": tagged(reward), "done": terminated or truncated,
+            "info": tagged({k: v for k, v in info.items() if k in keys})}
+
+
+@pytest.mark.parametrize("name", V2_HASHED)
+def test_env_matches_ragen_v2_on_many_seeds(name: str) -> None:
+    fx = load_v2(f"{name}_sha256")
+    env = make_v2(fx["env_type"], untag(fx["env_config"]))
+    for ep in fx["examples"]:  # whole texts: a failure here shows what differs
+        obs, _ = env.reset(seed=ep["seed"])
+        assert obs == ep["obs"], ep["seed"]
+        for action, want in zip(ep["actions"], ep["steps"], strict=True):
+            assert _record(env, env.step(action)) == want, (ep["seed"], action)
+    if name in ("SimpleSudoku", "game_2048", "rubikscube"):
+        assert len(fx["episodes"]) >= 1000
+    for ep in fx["episodes"]:
+        obs, _ = env.reset(seed=ep["seed"])
+        assert _digest(obs) == ep["obs"], ep["seed"]
+        got = [_digest(_record(env, env.step(a))) for a in _actions(fx["env_type"], ep["actions"])]
+        assert len(got) == 20 and " ".join(got) == ep["steps"], ep["seed"]
 
 
 def test_unknown_env_kwargs_warn_naming_the_env_and_the_key() -> None:

@@ -1,0 +1,154 @@
+"""RAGEN v2's envs as turnpool runs them: the rules RAGEN leaves open (invalid text), the
+RAGEN adapter's v2 fixes (gymnasium-style resets, adapter-only env types, envs that seed the
+process-global RNG kept off threads). Seed-by-seed agreement with RAGEN's own classes is in
+``tests/ragen/test_golden_envs.py``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from turnpool import EnvPool
+from turnpool.envs import ragen_adapter
+from turnpool.envs.base import TextEnv
+from turnpool.envs.registry import draws_from_global_rng, make
+from turnpool.extras import MissingExtra
+
+GYMNASIUM_STYLE = '''
+class TileEnv:
+    """Resets like RAGEN v2's 2048: a gymnasium (obs, info) pair."""
+
+    def reset(self, seed=None, mode=None):
+        return f"tiles {seed}", {"grid": [seed]}
+
+    def step(self, action):
+        return "moved", 0.5, False, {"success": False}
+'''
+
+GLOBAL_SEEDING = '''
+import random
+
+
+class DiceEnv:
+    """Seeds the process-global RNG per reset, as RAGEN's Sudoku does."""
+
+    def reset(self, seed=None, mode=None):
+        random.seed(seed)
+        return f"dice {random.randint(1, 6)}"
+
+    def step(self, action):
+        roll = random.randint(1, 6)
+        return f"rolled {roll}", float(roll), False, {"success": roll == 6}
+'''
+
+
+@pytest.fixture
+def pkgs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for folder, name, source in (("a", "tile_env", GYMNASIUM_STYLE),
+                                 ("b", "dice_env", GLOBAL_SEEDING)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{name}.py").write_text(source, encoding="utf-8")
+        monkeypatch.syspath_prepend(str(tmp_path / folder))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "b"))
+    for name in ("tile_env", "dice_env"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return tmp_path
+
+
+def test_a_gymnasium_style_reset_pair_reads_as_its_observation(pkgs: Path) -> None:
+    env = make("tile_env:TileEnv")
+    obs, info = env.reset(seed=7)
+    assert obs == "tiles 7" and "grid" not in info
+
+
+def test_envs_that_seed_the_global_rng_are_found_by_the_probe(pkgs: Path) -> None:
+    assert draws_from_global_rng("dice_env:DiceEnv", {}) == "dice_env:DiceEnv"
+    assert draws_from_global_rng("tile_env:TileEnv", {}) is None
+    assert draws_from_global_rng("sudoku", {}) is None  # native: its own random.Random
+
+    class GlobalDraws(TextEnv):
+        uses_global_rng = True
+
+    GlobalDraws.__module__ = __name__
+    globals()["GlobalDraws"] = GlobalDraws
+    assert draws_from_global_rng(f"{__name__}:GlobalDraws", {}) == "GlobalDraws"
+
+
+def _rolls(backend: str, num_workers: int) -> tuple[str, list[str]]:
+    with EnvPool("dice_env:DiceEnv", env_num=8, seed=11, backend=backend,
+                 num_workers=num_workers) as pool:
+        out, _ = pool.reset()
+        for _ in range(3):
+            obs, *_ = pool.step(["roll"] * 8)
+            out += obs
+        return pool.backend_name, out
+
+
+def test_threads_refuse_global_rng_envs_and_the_pool_runs_them_in_turn(pkgs: Path) -> None:
+    name, texts = _rolls("thread", 2)
+    assert name == "sequential"
+    assert texts == _rolls("sequential", 1)[1]
+
+
+@pytest.mark.parametrize("env_type, needs", [("lean", "kimina_client"),
+                                             ("alfworld", "alfworld"),
+                                             ("spatial", "submodule"),
+                                             ("static", "datasets")])
+def test_adapter_only_env_types_name_what_is_missing(env_type: str, needs: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ragen", "ragen.env"):  # RAGEN's code is not importable
+        monkeypatch.setitem(sys.modules, name, None)
+    assert ragen_adapter.ragen_registry() is None
+    with pytest.raises(MissingExtra) as caught:
+        make(env_type)
+    text = str(caught.value)
+    assert "\n" not in text and needs in text and "RAGEN" in text and env_type in text
+
+
+# ----------------------------------------------------------------- where RAGEN is silent
+def test_sudoku_reads_every_action_format_and_bounds_hostile_text() -> None:
+    env = make("sudoku", grid_size=4, difficulty="hard")
+    env.reset(seed=3)
+    r, c = next((r, c) for r in range(4) for c in range(4) if not env.initial[r][c])
+    right = env.solution[r][c]
+    *_, info = env.step(f"I place {right} at row {r + 1} col {c + 1}")
+    assert info["action_is_valid"] and info["correct_placement"]
+    *_, info = env.step(f"({r + 1},{c + 1},{right})")  # same number again: it clashes
+    assert not info["action_is_valid"] and "conflicts" in info["error"]
+    obs, reward, terminated, truncated, info = env.step("1," * 100_000)
+    assert reward == -0.1 and not info["action_is_valid"] and len(obs) < 10_000
+    assert not (terminated or truncated)
+
+
+def test_game_2048_and_rubikscube_treat_unknown_actions_as_no_ops() -> None:
+    for env_type in ("game_2048", "rubikscube"):
+        env = make(env_type)
+        obs, _ = env.reset(seed=5)
+        after, reward, terminated, truncated, info = env.step("sideways")
+        assert (after, reward, terminated, truncated) == (obs, 0.0, False, False)
+        assert not info["action_is_valid"]
+
+
+def test_game_2048_invalid_moves_pay_the_penalty_raw_and_nothing_logged() -> None:
+    env = make("game_2048")
+    env.reset(seed=0)
+    for _ in range(50):
+        blocked = [a for a in range(4) if a not in env.valid_actions()]
+        if blocked:
+            break
+        env.step(env.valid_actions()[0])
+    assert blocked
+    _, reward, _, _, info = env.step(blocked[0])
+    assert reward == 0.0 and info["raw_reward"] == -0.1 and not info["action_is_valid"]
+
+
+def test_rubikscube_inverse_turns_undo_each_other() -> None:
+    env = make("rubikscube", scramble_depth=0)
+    start, _ = env.reset(seed=0)
+    for a in range(1, 13, 2):
+        env.step(a)
+        obs, reward, terminated, *_ = env.step(a + 1)
+        assert reward == 1.0 and terminated and "Cube Solved!" in obs
+    assert start.startswith("=== Rubik's Cube 2x2 State ===")
