@@ -152,3 +152,43 @@ def test_rubikscube_inverse_turns_undo_each_other() -> None:
         obs, reward, terminated, *_ = env.step(a + 1)
         assert reward == 1.0 and terminated and "Cube Solved!" in obs
     assert start.startswith("=== Rubik's Cube 2x2 State ===")
+
+
+# ------------------------------------------------------------------------------ WebShop
+def test_webshop_seed_to_goal_fails_exactly_where_ragen_does() -> None:
+    from turnpool.webshop.data import goal_for_seed
+
+    assert sorted(goal_for_seed(s, "test", 500) for s in range(500)) == list(range(500))
+    assert goal_for_seed(129, "test", 600) < 600
+    with pytest.raises(ValueError, match="past the 499 goals"):
+        goal_for_seed(499, "test", 499)
+    assert goal_for_seed(498, "test", 499) < 499
+    assert goal_for_seed(2_099, "val", 1_100) < 1_100  # 99 + 500 < 1,100
+    with pytest.raises(ValueError, match="goal 1100"):
+        goal_for_seed(600, "val", 1_100)
+    with pytest.raises(ValueError, match="more than 1500"):
+        goal_for_seed(0, "train", 1_500)
+    assert goal_for_seed(7, "train", 1_501) == goal_for_seed(8, "train", 1_501)
+
+
+def test_webshop_v2_binarizes_the_reward_and_keeps_the_raw_one() -> None:
+    plain = make("webshop", split="test")
+    binary = make("webshop", split="test", binarize_reward=True)
+    for seed in range(40):
+        rewards = []
+        for env in (plain, binary):
+            env.reset(seed=seed)
+            env.step("search[shirt]")
+            listed = env.shop.actions(env.state)
+            item = next((a for a in listed if a.startswith("click[b0")), None)
+            if item is None:
+                break
+            env.step(item)
+            rewards.append(env.step("click[buy now]")[1:])
+        if len(rewards) < 2:
+            continue
+        (raw, *_), (reward, _, _, info) = rewards
+        assert info["raw_reward"] == raw and reward == (1.0 if raw >= 1.0 else 0.0)
+        if 0 < raw < 1:
+            return
+    pytest.fail("no partial-credit purchase in 40 seeds")
