@@ -18,6 +18,7 @@ _BENCHES: dict[str, str] = {
     "soak": "turnpool.bench.soak:command",
     "hol": "turnpool.bench.hol:command",
     "tokens": "turnpool.bench.tokens:command",
+    "ragen-threads": "turnpool.bench.ragen_threads:command",
 }
 
 
