@@ -5,8 +5,14 @@ process-global RNG kept off threads). Seed-by-seed agreement with RAGEN's own cl
 
 from __future__ import annotations
 
+import http.server
+import json
+import socket
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -192,3 +198,71 @@ def test_webshop_v2_binarizes_the_reward_and_keeps_the_raw_one() -> None:
         if 0 < raw < 1:
             return
     pytest.fail("no partial-credit purchase in 40 seeds")
+
+
+# ------------------------------------------------------------------------------ SearchQA
+class _Retrieval(http.server.BaseHTTPRequestHandler):
+    """A retrieval server: echoes the query into its documents; "boom" answers 500."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body["query"] == "boom":
+            status, reply = 500, {"error": "index not loaded"}
+        else:
+            status, reply = 200, {"results": [
+                {"id": f"d{i}", "content": f"{body['query']} " + "x" * 900 * (i == 0),
+                 "score": 1 / (i + 1)} for i in range(body["top_k"] + 3)]}
+        data = json.dumps(reply).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def retrieval_url() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Retrieval)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_search_qa_asks_the_retrieval_server_and_formats_its_documents(
+        retrieval_url: str) -> None:
+    env = make("search", retrieval_server_url=retrieval_url, max_search_results=2,
+               retrieval_timeout=10)
+    env.reset(seed=4)
+    obs, reward, terminated, _, info = env.step("search[tallest peak]")
+    first = "tallest peak " + "x" * (800 - len("tallest peak ")) + "..."  # cut at 800
+    assert obs == ("Search results for 'tallest peak':\n[Document 1] (ID: d0, Score: 1.000)\n"
+                   f"{first}\n\n[Document 2] (ID: d1, Score: 0.500)\ntallest peak \n\n"
+                   "Available actions: search[<query>], finish[<answer>]")
+    assert (reward, terminated, info["action_type"]) == (0.0, False, "search")
+    obs, *_ = env.step("search[boom]")
+    assert "Retrieval server error (status 500): index not loaded" in obs
+    short = make("search", retrieval_server_url=retrieval_url, max_total_chars=300)
+    short.reset(seed=0)
+    results = short.step("search[q]")[0].split(":\n", 1)[1].rsplit("\n\n", 1)[0]
+    assert len(results) == 303 and results.endswith("...")
+
+
+def test_search_qa_names_an_unreachable_server_and_scores_answers() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens there once closed
+    env = make("search", retrieval_server_url=f"http://127.0.0.1:{port}", max_steps=2)
+    obs, _ = env.reset(seed=1)
+    assert obs.startswith("Question: What is the capital city of Australia?")
+    obs, _, done, _, _ = env.step("search[capital]")
+    assert "Could not connect to retrieval server" in obs and not done
+    obs, reward, done, _, info = env.step("The answer is **Canberra**, clearly.")
+    assert reward == 1.0 and done and not info["action_is_valid"] and info["success"]
+    assert info["extracted_answer"] == "Canberra"

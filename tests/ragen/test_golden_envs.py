@@ -77,7 +77,8 @@ def test_env_matches_ragen_seed_by_seed(name: str, tmp_path: Path) -> None:
 V2_FIXTURES = FIXTURES.parent / "ragen_v2" / "envs"
 #: RAGEN v2 fixtures that store every text (the others store sha256 digests per step)
 V2_PLAIN = ("SimpleSokoban", "CoordSokoban", "CoordOnlySokoban", "FrozenLake",
-            "CoordFrozenLake", "FrozenLakeCoordNotSlippery", "Bandit", "BanditTest")
+            "CoordFrozenLake", "FrozenLakeCoordNotSlippery", "Bandit", "BanditTest",
+            "SearchQAMock")
 
 
 def load_v2(name: str) -> dict[str, Any]:

@@ -197,6 +197,7 @@ for _name, _entry in {
     "sudoku": "turnpool.envs.sudoku:SudokuEnv",
     "game_2048": "turnpool.envs.game_2048:Game2048Env",
     "rubikscube": "turnpool.envs.rubikscube:RubiksCube2x2Env",
+    "search": "turnpool.envs.search_qa:SearchQAEnv",
 }.items():
     register(_name, _entry)
 
