@@ -12,6 +12,7 @@ rebuild from.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from collections.abc import Callable
@@ -102,12 +103,19 @@ def draws_from_global_rng(name_or_entry_point: str, kwargs: dict[str, Any]) -> s
     """The env's class name when it draws from the process-global RNG (its class says so, or
     for a RAGEN class the adapter's probe finds it seeding that RNG), else None. Threads of one
     process must not run such envs side by side."""
+    return _global_rng_user(name_or_entry_point, str(kwargs.get("ragen_env") or ""))
+
+
+@functools.lru_cache(maxsize=256)
+def _global_rng_user(name_or_entry_point: str, ragen_env: str) -> str | None:
+    """`draws_from_global_rng` for one (entry point, wrapped RAGEN env), cached: a pool asks
+    once per env."""
     from turnpool.envs import ragen_adapter
 
     try:
         cls, defaults = resolve(name_or_entry_point)
         if cls is ragen_adapter.RagenEnvAdapter:
-            inner = str({**defaults, **kwargs}.get("ragen_env", ""))
+            inner = ragen_env or str(defaults.get("ragen_env", ""))
             return inner if ragen_adapter.uses_global_rng(inner) else None
     except (KeyError, ImportError, AttributeError):  # not buildable: the build will say why
         return None
