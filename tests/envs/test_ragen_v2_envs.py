@@ -266,3 +266,43 @@ def test_search_qa_names_an_unreachable_server_and_scores_answers() -> None:
     obs, reward, done, _, info = env.step("The answer is **Canberra**, clearly.")
     assert reward == 1.0 and done and not info["action_is_valid"] and info["success"]
     assert info["extracted_answer"] == "Canberra"
+
+
+#: RAGEN v2's ``config/envs.yaml``: env_type and env_config of each tag turnpool runs natively
+V2_TAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "SimpleSokoban": ("sokoban", {"dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 100}),
+    "CoordSokoban": ("sokoban", {"dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 100,
+                                 "observation_format": "grid_coord"}),
+    "VisualSimpleSokoban": ("sokoban", {"dim_x": 6, "dim_y": 6, "num_boxes": 1,
+                                        "max_steps": 100, "render_mode": "rgb_array"}),
+    "Countdown": ("countdown", {}),
+    "Bandit": ("bandit", {"split": "train"}),
+    "BanditTest": ("bandit", {"split": "test"}),
+    "FrozenLake": ("frozen_lake", {"success_rate": 0.8}),
+    "CoordFrozenLake": ("frozen_lake", {"observation_format": "grid_coord",
+                                        "success_rate": 0.8}),
+    "MetamathQA": ("metamathqa", {}),
+    "WebShop": ("webshop", {"dataset": "small"}),
+    "SimpleSudoku": ("sudoku", {"grid_size": 9, "difficulty": "easy",
+                                "render_format": "with_feedback", "show_conflicts": True,
+                                "show_valid_numbers": True, "max_steps": 81}),
+    "SearchQA": ("search", {"max_steps": 10, "max_search_results": 5}),
+    "SearchQAMock": ("search", {"max_steps": 10, "max_search_results": 5, "mock_mode": True}),
+    "game_2048": ("game_2048", {}),
+    "rubikscube": ("rubikscube", {"scramble_depth": 1, "max_steps": 20, "render_mode": "text"}),
+}
+
+
+@pytest.mark.parametrize("tag", sorted(V2_TAGS))
+def test_every_native_ragen_v2_tag_builds_without_a_warning(tag: str) -> None:
+    import warnings
+
+    from turnpool.envs.registry import resolve
+
+    env_type, env_config = V2_TAGS[tag]
+    cls, _ = resolve(env_type)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env = make(env_type, **{**cls.ragen_v2_defaults, **env_config})
+        obs, _ = env.reset(seed=1)
+    assert isinstance(obs, str) and obs
