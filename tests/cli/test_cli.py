@@ -113,7 +113,7 @@ def test_envs_fits_80_columns_without_broken_words() -> None:
     assert max(len(line) for line in lines) <= 80 and "…" not in res.stdout
     words = " ".join(lines).split()
     for token in ("search_depth=300,", "hi_arm_hiscore_prob=0.25,", "max_search_chars=500,",
-                  "is_slippery=True"):
+                  "is_slippery=True,"):
         assert token in words, token  # a whole word on one line, never split
 
 

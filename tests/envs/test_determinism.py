@@ -29,11 +29,16 @@ CASES: dict[str, tuple[dict[str, Any], list[Any]]] = {
     "bandit": ({}, ["dragon"]),
     "countdown": ({}, ["1 + 2 * 3"]),
     "metamathqa": ({}, ["42"]),
+    "sudoku": ({"render_format": "with_feedback"}, ["place 5 at row 1 col 1", "2,3,4", "1,1,1"]),
+    "game_2048": ({}, [0, 1, "Down", "left", 0, 1]),
+    "rubikscube": ({}, [1, 4, "R'", "f"]),
+    "bandit_v2": ({"split": "test", "internal_seed": 3}, [1]),
 }
 #: At least this many of the 200 per-seed records must differ, so a constant env cannot pass
 #: (bandit: two arm orders x the high arm paying or not).
 MIN_DISTINCT = {"sokoban": 150, "frozen_lake": 150, "bandit": 4, "countdown": 150,
-                "metamathqa": 100}
+                "metamathqa": 100, "sudoku": 150, "game_2048": 150, "rubikscube": 150,
+                "bandit_v2": 8}
 CHILD_TIMEOUT_S = 120
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,13 +54,14 @@ def episode_records(env_name: str, fresh_env_per_seed: bool = False) -> list[str
     import turnpool
 
     kwargs, actions = CASES[env_name]
-    env = turnpool.make(env_name, **kwargs)
+    env_type = env_name.removesuffix("_v2")
+    env = turnpool.make(env_type, **kwargs)
     records = []
     try:
         for seed in range(N_SEEDS):
             if fresh_env_per_seed:
                 env.close()
-                env = turnpool.make(env_name, **kwargs)
+                env = turnpool.make(env_type, **kwargs)
             obs, info = env.reset(seed=seed)
             parts: list[Any] = [obs, info]
             for action in actions:

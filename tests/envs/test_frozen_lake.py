@@ -48,7 +48,9 @@ def test_generation_parameters() -> None:
     with pytest.raises(ValueError):
         generate_map(rng, size=4, p=0.0)
     with pytest.raises(ValueError):
-        FrozenLakeEnv(observation_format="coord")
+        FrozenLakeEnv(observation_format="pixels")
+    with pytest.raises(ValueError):
+        FrozenLakeEnv(success_rate=1.5)
 
 
 def _trajectory(env: TextEnv, seed: int, actions: list[int]) -> list[object]:

@@ -4,6 +4,7 @@ gym_sokoban's generator stages and tiles, gymnasium's FrozenLake, CPython's ``ha
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.ragen.golden import load, tagged, untag
+from tests.ragen.golden import FIXTURES, load, tagged, untag
 from turnpool.envs import sokoban_gen
 from turnpool.envs.registry import make
 from turnpool.envs.sokoban import SokobanEnv
@@ -70,6 +71,100 @@ def test_env_matches_ragen_seed_by_seed(name: str, tmp_path: Path) -> None:
             assert (terminated or truncated) == want["done"], where
             ragen_info = untag(want["info"])
             assert {k: info[k] for k in ragen_info} == ragen_info, where
+
+
+# ----------------------------------------------------------------------- RAGEN v2
+V2_FIXTURES = FIXTURES.parent / "ragen_v2" / "envs"
+#: RAGEN v2 fixtures that store every text (the others store sha256 digests per step)
+V2_PLAIN = ("SimpleSokoban", "CoordSokoban", "CoordOnlySokoban", "FrozenLake",
+            "CoordFrozenLake", "FrozenLakeCoordNotSlippery", "Bandit", "BanditTest",
+            "SearchQAMock")
+
+
+def load_v2(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((V2_FIXTURES / f"{name}.json").read_text("utf-8"))
+    return data
+
+
+def make_v2(env_type: str, env_config: dict[str, Any]) -> Any:
+    """An env as a RAGEN v2 config builds it: v2's defaults under the tag's env_config."""
+    from turnpool.envs.registry import resolve
+
+    cls, _ = resolve(env_type)
+    return make(env_type, **{**cls.ragen_v2_defaults, **env_config})
+
+
+@pytest.mark.parametrize("name", V2_PLAIN)
+def test_env_matches_ragen_v2_seed_by_seed(name: str) -> None:
+    fx = load_v2(name)
+    assert len(fx["episodes"]) >= 100
+    env = None
+    for ep in fx["episodes"]:
+        if env is None or "env_config" in ep:
+            env = make_v2(fx["env_type"], {**untag(fx["env_config"]), **ep.get("env_config", {})})
+        obs, _ = env.reset(seed=ep["seed"])
+        assert obs == ep["obs"], ep["seed"]
+        for action, want in zip(ep["actions"], ep["steps"], strict=True):
+            obs, reward, terminated, truncated, info = env.step(action)
+            where = (ep["seed"], action)
+            assert obs == want["obs"], where
+            assert reward == untag(want["reward"]), where
+            assert (terminated or truncated) == want["done"], where
+            ragen_info = untag(want["info"])
+            assert {k: info[k] for k in ragen_info} == ragen_info, where
+
+
+#: RAGEN v2 fixtures of 1,000 seeds x 20 random steps (fewer for the variants), one digest
+#: per step; each also keeps three whole episodes
+V2_HASHED = ("SimpleSudoku", "MediumSudoku", "SmallSudokuDetailed", "game_2048",
+             "game_2048_raw", "rubikscube", "rubikscube_shallow")
+#: how the Sudoku fixtures' action codes ``KRCV`` read as text
+SUDOKU_TEMPLATES = ("place {v} at row {r} col {c}", "{r},{c},{v}",
+                    "place {v} at ({r}, {c}) please", "I think {r} and {c}")
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def _actions(env_type: str, encoded: str) -> list[Any]:
+    if env_type == "sudoku":
+        return [SUDOKU_TEMPLATES[int(code[0])].format(r=code[1], c=code[2], v=code[3])
+                for code in encoded.split()]
+    return [int(ch, 16) for ch in encoded]
+
+
+def _record(env: Any, step: tuple[Any, ...]) -> dict[str, Any]:
+    obs, reward, terminated, truncated, info = step
+    keys = set(type(env).ragen_info_keys)
+    return {"obs": obs, "reward": tagged(reward), "done": terminated or truncated,
+            "info": tagged({k: v for k, v in info.items() if k in keys})}
+
+
+@pytest.mark.parametrize("name", V2_HASHED)
+def test_env_matches_ragen_v2_on_many_seeds(name: str) -> None:
+    fx = load_v2(f"{name}_sha256")
+    env = make_v2(fx["env_type"], untag(fx["env_config"]))
+    for ep in fx["examples"]:  # whole texts: a failure here shows what differs
+        obs, _ = env.reset(seed=ep["seed"])
+        assert obs == ep["obs"], ep["seed"]
+        for action, want in zip(ep["actions"], ep["steps"], strict=True):
+            assert _record(env, env.step(action)) == want, (ep["seed"], action)
+    if name in ("SimpleSudoku", "game_2048", "rubikscube"):
+        assert len(fx["episodes"]) >= 1000
+    for ep in fx["episodes"]:
+        obs, _ = env.reset(seed=ep["seed"])
+        assert _digest(obs) == ep["obs"], ep["seed"]
+        got = [_digest(_record(env, env.step(a))) for a in _actions(fx["env_type"], ep["actions"])]
+        assert len(got) == 20 and " ".join(got) == ep["steps"], ep["seed"]
+
+
+def test_unknown_env_kwargs_warn_naming_the_env_and_the_key() -> None:
+    with pytest.warns(UserWarning, match=r"FrozenLakeEnv: unknown env kwarg 'slipery'"):
+        make("frozen_lake", slipery=False)
+    with pytest.warns(UserWarning, match=r"BanditEnv: unknown env kwarg 'arms'"):
+        make("bandit", arms=3)
 
 
 # ------------------------------------------------------------------------- live refs

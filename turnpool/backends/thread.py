@@ -21,7 +21,8 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
-from turnpool.backends.base import Backend, WorkerLost, raise_build_errors
+from turnpool.backends.base import Backend, BackendUnavailable, WorkerLost, raise_build_errors
+from turnpool.envs.registry import draws_from_global_rng
 from turnpool.worker.deadline import StepInterrupted, raise_in_thread
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error
@@ -92,6 +93,9 @@ class ThreadBackend(Backend):
     def start(self, timeout: float, hosts: Sequence[EnvHost] | None = None) -> None:
         """Start one thread per slice; ``hosts`` (one per slice) are taken over with their
         envs as they are instead of building new ones."""
+        shared = {n for b in self.builds if (n := draws_from_global_rng(b.entry_point, b.kwargs))}
+        if self.num_workers > 1 and shared:  # their draws would interleave across threads
+            raise BackendUnavailable(f"{sorted(shared)} draw from the process-global RNG")
         for k in range(self.num_workers):
             worker = _ThreadWorker(self, k, self.builds_of(k), 0,
                                    hosts[k] if hosts is not None else None)

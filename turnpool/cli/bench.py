@@ -19,6 +19,7 @@ _BENCHES: dict[str, str] = {
     "hol": "turnpool.bench.hol:command",
     "tokens": "turnpool.bench.tokens:command",
     "sandbox": "turnpool.bench.sandbox:command",
+    "ragen-threads": "turnpool.bench.ragen_threads:command",
 }
 
 

@@ -8,6 +8,11 @@ which arm; :meth:`BanditEnv.action_lookup_for_episode` gives the episode's id ->
 arm names are matched case-insensitively. One pull ends the episode; ``success`` means the high
 arm was chosen.
 
+RAGEN v2 (``split="train"`` or ``"test"``): the two names come from `ARM_NAMES` (low arm
+first), and the episode's generator is seeded with ``seed + internal_seed``, where RAGEN's
+``internal_seed`` is how many Bandit envs its process built before this one (so members of
+one group draw different payouts); its draws: the name pair, then the id order.
+
 Example:
     >>> env = BanditEnv()
     >>> obs, _ = env.reset(seed=0)
@@ -19,6 +24,8 @@ Example:
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from turnpool.envs.base import TextEnv
 
@@ -37,6 +44,20 @@ PROMPT = (
     "</answer> or <answer> {b} </answer>.\n")
 
 
+#: RAGEN v2's (low arm, high arm) name pairs per split.
+ARM_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "train": (("Teacher", "Trader"), ("Nurse", "StartupFounder"), ("Librarian", "Investor"),
+              ("Accountant", "StockBroker"), ("Engineer", "RealEstateAgent"),
+              ("Pharmacist", "Musician"), ("Clerk", "Freelancer"), ("Technician", "Youtuber"),
+              ("Planner", "Artist"), ("Postman", "Pilot"), ("Banker", "VentureCapitalist"),
+              ("Gardener", "Cryptominer")),
+    "test": (("Receptionist", "Explorer"), ("Archivist", "Filmmaker"),
+             ("Bookkeeper", "Consultant"), ("SocialWorker", "Photographer"),
+             ("Mechanic", "GameDesigner"), ("Secretary", "Entrepreneur"),
+             ("Cashier", "DataScientist"), ("CivilServant", "StartupAccelerator")),
+}
+
+
 def _number(value: Any) -> float | int:
     """A payout as the config gives it: ints stay ints, so ``"1 points"`` reads as in RAGEN."""
     return value if isinstance(value, int) and not isinstance(value, bool) else float(value)
@@ -48,20 +69,28 @@ class BanditEnv(TextEnv):
     action_kind = "names"  # arm names; their ids change per episode
     #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
     ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
+    ragen_v2_defaults = {"split": "train"}  # noqa: RUF012
+    #: RAGEN's action_lookup (filled in by its env) is accepted and unused
+    extra_kwargs = frozenset({"action_lookup"})
 
     def __init__(
         self, lo_arm_name: str = "phoenix", lo_arm_score: float = 0.1,
         hi_arm_name: str = "dragon", hi_arm_loscore: float = 0.0,
         hi_arm_hiscore: float = 1.0, hi_arm_hiscore_prob: float = 0.25,
-        action_space_start: int = 1, **config: Any,
+        action_space_start: int = 1, split: str | None = None, internal_seed: int = 0,
+        **config: Any,
     ) -> None:
         super().__init__(
             lo_arm_name=lo_arm_name, lo_arm_score=lo_arm_score, hi_arm_name=hi_arm_name,
             hi_arm_loscore=hi_arm_loscore, hi_arm_hiscore=hi_arm_hiscore,
             hi_arm_hiscore_prob=hi_arm_hiscore_prob, action_space_start=action_space_start,
-            **config)
+            split=split, internal_seed=internal_seed, **config)
         if lo_arm_name.lower() == hi_arm_name.lower():
             raise ValueError("bandit arms need different names")
+        if split is not None and split not in ARM_NAMES:
+            raise ValueError(f"bandit split must be one of {sorted(ARM_NAMES)}, got {split!r}")
+        self.split = split
+        self.internal_seed = int(internal_seed)
         self.lo_arm_name = str(lo_arm_name)
         self.hi_arm_name = str(hi_arm_name)
         self.lo_arm_score = _number(lo_arm_score)
@@ -78,6 +107,10 @@ class BanditEnv(TextEnv):
         return dict(self.lookup)
 
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
+        if self.split is not None:  # RAGEN v2: names drawn per episode, offset seed
+            self.np_random = np.random.default_rng(seed + self.internal_seed)
+            pairs = ARM_NAMES[self.split]
+            self.lo_arm_name, self.hi_arm_name = pairs[int(self.np_random.random() * len(pairs))]
         names = [self.lo_arm_name, self.hi_arm_name]
         if self.np_random.random() >= 0.5:
             names.reverse()
@@ -108,12 +141,35 @@ class BanditEnv(TextEnv):
         return self._text
 
 
+def _pairs(env_config: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The (low, high) name pairs an env with this config may show."""
+    split = env_config.get("split")
+    if split is not None:
+        return ARM_NAMES.get(str(split), ())
+    return ((str(env_config.get("lo_arm_name", "phoenix")),
+             str(env_config.get("hi_arm_name", "dragon"))),)
+
+
+def _shown(obs: str, env_config: dict[str, Any]) -> tuple[str, str, str] | None:
+    """``(first shown, second shown, high arm)`` read back from an episode's prompt."""
+    if not isinstance(obs, str):
+        return None
+    for lo, hi in _pairs(env_config):
+        for a, b in ((lo, hi), (hi, lo)):
+            if f"named {a} and {b}\n" in obs:
+                return a, b, hi
+    return None
+
+
 def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
     """The arm with the higher expected reward (the high arm with the default payouts)."""
     arms = BanditEnv(**env_config)
     hi_mean = (arms.hi_arm_hiscore_prob * arms.hi_arm_hiscore
                + (1 - arms.hi_arm_hiscore_prob) * arms.hi_arm_loscore)
-    return [arms.hi_arm_name if hi_mean >= arms.lo_arm_score else arms.lo_arm_name]
+    shown = _shown(obs, env_config)
+    hi = shown[2] if shown else arms.hi_arm_name
+    lo = next((n for n in shown[:2] if n != hi), arms.lo_arm_name) if shown else arms.lo_arm_name
+    return [hi if hi_mean >= arms.lo_arm_score else lo]
 
 
 BanditEnv.oracle = staticmethod(oracle)
@@ -123,12 +179,8 @@ def episode_lookup(obs: str, env_config: dict[str, Any]) -> dict[int, str] | Non
     """The episode's id -> arm map read back from its first observation (the prompt names
     the arms in id order), for code that sees only the text (RAGEN's manager maps names)."""
     start = int(env_config.get("action_space_start", 1))
-    for a in (env_config.get("lo_arm_name", "phoenix"), env_config.get("hi_arm_name", "dragon")):
-        b = env_config.get("hi_arm_name", "dragon") if a == env_config.get(
-            "lo_arm_name", "phoenix") else env_config.get("lo_arm_name", "phoenix")
-        if isinstance(obs, str) and f"named {a} and {b}\n" in obs:
-            return {start: str(a), start + 1: str(b)}
-    return None
+    shown = _shown(obs, env_config)
+    return {start: shown[0], start + 1: shown[1]} if shown else None
 
 
 BanditEnv.episode_lookup = staticmethod(episode_lookup)  # type: ignore[attr-defined]

@@ -28,6 +28,8 @@ Example:
 from __future__ import annotations
 
 import copy
+import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -106,6 +108,17 @@ class TextEnv(gymnasium.Env[str, Any]):
     grid_vocab: ClassVar[dict[str, str] | None] = None
     #: Free text shown to the model before the first observation.
     instruction: ClassVar[str] = ""
+    #: Config keys accepted beyond ``__init__``'s named parameters (read from ``self.config``,
+    #: or RAGEN config keys accepted and unused); any other key warns, naming the env and
+    #: the key. ``None``: the class takes any keys (it passes them on, as adapters do).
+    extra_kwargs: ClassVar[frozenset[str] | None] = None
+    #: RAGEN v2's config-dataclass defaults where they differ from this class's own (a RAGEN
+    #: v2 config builds the env with these under its ``env_config``).
+    ragen_v2_defaults: ClassVar[dict[str, Any]] = {}
+    #: Whether the class draws from the process-global ``random`` / ``numpy.random`` state
+    #: (RAGEN classes that seed it): two such envs on threads of one process interleave
+    #: their draws, so the thread backend refuses them.
+    uses_global_rng: ClassVar[bool] = False
     metadata: dict[str, Any] = {"render_modes": ["text"], "render_fps": 1}  # noqa: RUF012
 
     def __init__(self, **config: Any) -> None:
@@ -115,6 +128,11 @@ class TextEnv(gymnasium.Env[str, Any]):
                              f"{self.metadata['render_modes']}")
         self.render_mode = render_mode
         self.config: dict[str, Any] = dict(config)
+        if self.extra_kwargs is not None:
+            known = _named_parameters(type(self)) | self.extra_kwargs | {"render_mode"}
+            for key in sorted(set(config) - known):
+                warnings.warn(f"{type(self).__name__}: unknown env kwarg {key!r} ignored",
+                              UserWarning, stacklevel=3)
         self.np_random = np.random.default_rng(0)
         self.seed: int | None = None
         self.observation_space = OBSERVATION_SPACE
@@ -221,3 +239,17 @@ class TextEnv(gymnasium.Env[str, Any]):
         out["action_is_effective"] = bool(out["action_is_effective"])
         out["anchor_obs"] = self.anchor_obs()
         return out
+
+
+_NAMED: dict[type[Any], frozenset[str]] = {}
+
+
+def _named_parameters(cls: type[Any]) -> frozenset[str]:
+    """The keyword parameters ``cls.__init__`` names (not its ``**config``), cached."""
+    named = _NAMED.get(cls)
+    if named is None:
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        named = frozenset(name for name, p in inspect.signature(cls.__init__).parameters.items()
+                          if p.kind in kinds and name != "self")
+        _NAMED[cls] = named
+    return named

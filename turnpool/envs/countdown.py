@@ -243,6 +243,9 @@ class CountdownEnv(TextEnv):
         "target 4 with nums [3, 5, 2]: <think>2 + 5 = 7 and 7 - 3 = 4.</think>"
         "<answer>2 + 5 - 3</answer>")
 
+    #: RAGEN's invalid_act / invalid_act_score are accepted and unused (see __init__)
+    extra_kwargs = frozenset({"invalid_act", "invalid_act_score"})
+
     def __init__(
         self, data_path: str | Path | None = None, train_path: str | Path | None = None,
         max_instances: int = 20000, require_solution: bool | str = "ragen",

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from turnpool.envs.base import TextEnv
+from turnpool.envs.coords import cells, check_format, formatted
 
 ACTIONS: dict[int, str] = {1: "Left", 2: "Down", 3: "Right", 4: "Up"}
 _MOVES: dict[int, tuple[int, int]] = {1: (0, -1), 2: (1, 0), 3: (0, 1), 4: (-1, 0)}
@@ -80,11 +81,16 @@ def generate_map(rng: np.random.Generator, size: int = 4, p: float = 0.8) -> Des
 
 
 # --------------------------------------------------------------------------- dynamics
-#: Cumulative probabilities of (left of intended, intended, right of intended) on slippery
-#: ice, summed as gymnasium sums them, so one uniform draw picks the same move.
-_SUCCESS = 1.0 / 3.0
-_SLIP_CDF = tuple(float(c) for c in np.cumsum([(1.0 - _SUCCESS) / 2.0, _SUCCESS,
-                                              (1.0 - _SUCCESS) / 2.0]))
+#: gymnasium's default chance of moving where intended on slippery ice (RAGEN v1's too).
+SUCCESS_RATE = 1.0 / 3.0
+
+
+@lru_cache(maxsize=64)
+def slip_cdf(success_rate: float) -> tuple[float, ...]:
+    """Cumulative probabilities of (left of intended, intended, right of intended) on
+    slippery ice, summed as gymnasium sums them, so one uniform draw picks the same move."""
+    fail = (1.0 - success_rate) / 2.0
+    return tuple(float(c) for c in np.cumsum([fail, success_rate, fail]))
 
 
 def _sample(cdf: tuple[float, ...], u: float) -> int:
@@ -190,18 +196,25 @@ class FrozenLakeEnv(TextEnv):
         "answer format: <think>The goal is below me and the hole is to my left, so I go down."
         "</think><answer>Down || Down</answer>")
 
+    #: RAGEN v2's ``FrozenLakeEnvConfig`` defaults where they differ from the ones here
+    ragen_v2_defaults = {"p": 0.9, "success_rate": 0.8}  # noqa: RUF012
+    #: RAGEN config keys accepted and unused: the map always follows the reset seed (RAGEN
+    #: overwrote map_seed with it); its lookups only shape the prompt
+    extra_kwargs = frozenset({"map_seed", "action_map", "map_lookup", "grid_lookup",
+                                "grid_vocab", "action_lookup"})
+
     def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = True,
+                 success_rate: float = SUCCESS_RATE, observation_format: str = "grid",
                  **config: Any) -> None:
-        # RAGEN's map_seed and render_mode are accepted and unused: the map always follows
-        # the reset seed (RAGEN overwrote map_seed with it) and rendering is text.
-        if config.get("observation_format", "grid") != "grid":
-            raise ValueError("frozen_lake supports observation_format='grid' only")
-        super().__init__(size=size, p=p, is_slippery=is_slippery, **config)
+        super().__init__(size=size, p=p, is_slippery=is_slippery, success_rate=success_rate,
+                         observation_format=observation_format, **config)
         self.size = int(size)
         self.p = float(p)
         self.is_slippery = bool(is_slippery)
-        if self.size < 2 or not 0.0 < self.p <= 1.0:
-            raise ValueError("frozen_lake needs size >= 2 and 0 < p <= 1")
+        self.success_rate = float(success_rate)
+        self.observation_format = check_format(observation_format)
+        if self.size < 2 or not 0.0 < self.p <= 1.0 or not 0.0 <= self.success_rate <= 1.0:
+            raise ValueError("frozen_lake needs size >= 2, 0 < p <= 1, 0 <= success_rate <= 1")
         self.desc: Desc = ()
         self.pos: Cell = (0, 0)
 
@@ -212,7 +225,7 @@ class FrozenLakeEnv(TextEnv):
         self.pos = next((r, c) for r, row in enumerate(self.desc) for c, ch in enumerate(row)
                         if ch == "S")
         self.np_random.random()
-        return self._render_text()
+        return self._text()
 
     @property
     def cell(self) -> str:
@@ -221,20 +234,31 @@ class FrozenLakeEnv(TextEnv):
 
     def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if action is None:
-            return self._render_text(), 0.0, self.cell in "HG", False, {
+            return self._text(), 0.0, self.cell in "HG", False, {
                 "action_is_valid": False, "success": self.cell == "G"}
         # Every step draws once, as gymnasium does, even on a finished episode (which stays
         # where it is: RAGEN steps finished envs too).
         u = float(self.np_random.random())
         if self.cell in "HG":
-            return self._render_text(), 0.0, True, False, {"success": self.cell == "G"}
+            return self._text(), 0.0, True, False, {"success": self.cell == "G"}
         moves = _outcomes(int(action), self.is_slippery)
-        move = moves[_sample(_SLIP_CDF, u)] if len(moves) > 1 else moves[0]
+        move = moves[_sample(slip_cdf(self.success_rate), u)] if len(moves) > 1 else moves[0]
         before = self.pos
         self.pos = _moved(self.pos, move, self.size)
         on_goal = self.cell == "G"
-        return self._render_text(), float(on_goal), self.cell in "HG", False, {
+        return self._text(), float(on_goal), self.cell in "HG", False, {
             "action_is_effective": self.pos != before, "success": on_goal}
+
+    def _text(self) -> str:
+        """The observation in ``observation_format`` (the grid, or RAGEN v2's coordinates)."""
+        grid = self._render_text()
+        if self.observation_format == "grid":
+            return grid
+        board = np.array([list(row) for row in self.desc])
+        under = {"G": "Player on goal", "H": "Player in hole"}.get(self.cell, "Player")
+        entities = [("Start", cells(board == "S")), ("Goal", cells(board == "G")),
+                    (under, [self.pos]), ("Holes", cells(board == "H"))]
+        return formatted(self.observation_format, grid, (self.size, self.size), entities)
 
     def _render_text(self) -> str:
         symbols = {"F": "_", "S": "_", "H": "O", "G": "G"}

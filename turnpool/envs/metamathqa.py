@@ -115,6 +115,9 @@ class MetaMathQAEnv(TextEnv):
     ragen_info_keys = ("action_is_valid", "success")
     instruction = "Solve the math problem and give only the final answer. "
 
+    #: RAGEN's cache_dir and split are accepted and unused (see __init__)
+    extra_kwargs = frozenset({"cache_dir", "split"})
+
     def __init__(
         self, data_path: str | Path | None = None, dataset_path: str | Path | None = None,
         max_attempts: int | None = 3, max_answer_chars: int = 1000, **config: Any,

@@ -20,7 +20,12 @@ Image observations (``rgb_array`` envs) reach the driver through shared memory
 
 The wrapped env keeps its own rules, including its random streams: RAGEN's envs seed the
 process-global RNGs, so they are deterministic per seed in any process but must not share a
-process with other threads (prefer the sequential or a process backend for them).
+process with other threads. `uses_global_rng` probes for that (the class's package source
+calls ``random.seed`` / ``np.random.seed`` / ``all_seed``), and the thread backend refuses such
+envs (the pool then runs them sequentially). RAGEN v2's gymnasium-style ``reset`` (2048
+returns ``(obs, info)``) is read as its observation. RAGEN v2's env types that turnpool runs
+only through this adapter (`ADAPTER_ONLY`: lean, alfworld, spatial, static) fail with a
+one-line `MissingRagenEnv` naming what they need when RAGEN's code is not importable.
 ``get_state`` is not offered, so each member of a group is reset with the group seed (what
 RAGEN does) rather than copied.
 
@@ -36,77 +41,179 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
-from typing import Any
+import re
+import sys
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from turnpool.envs.base import TextEnv
 from turnpool.envs.frames import INFO_KEY, FrameDesc, FrameSlot
+from turnpool.extras import MissingExtra
 
 #: The observation text of a frame (RAGEN's rollout cache writes one per image).
 IMAGE_PLACEHOLDER = "<images>"
 
 
+#: RAGEN v2 env types that turnpool runs only through this adapter, and what each needs
+#: besides RAGEN's own code (importable as ``ragen``).
+ADAPTER_ONLY: dict[str, str] = {
+    "lean": "kimina_client (kimina-client) and a Kimina Lean server",
+    "alfworld": "alfworld and textworld, with the ALFWorld data (alfworld-download)",
+    "spatial": "RAGEN's ragen/env/spatial/Base submodule (git submodule update --init)",
+    "static": "datasets (the Hugging Face data sets it loads)",
+}
+
+
+class MissingRagenEnv(MissingExtra):
+    """A RAGEN env type that needs RAGEN's code or its packages; ``str(e)`` is one line."""
+
+    def __init__(self, env_type: str, reason: str) -> None:
+        ImportError.__init__(self, f"env {env_type!r} runs RAGEN's own class: {reason}",
+                             name="ragen")
+        self.module, self.feature, self.extra = "ragen", f"env {env_type!r}", "ragen"
+
+
+@runtime_checkable
+class RagenStyle(Protocol):
+    """What a RAGEN env class offers: ``reset`` and ``step``."""
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def step(self, action: Any) -> Any: ...
+
+
+@runtime_checkable
+class _Closable(Protocol):
+    def close(self) -> Any: ...
+
+
 def ragen_registry() -> tuple[dict[str, Any], dict[str, Any]] | None:
     """RAGEN's ``(REGISTERED_ENVS, REGISTERED_ENV_CONFIGS)``, or None when not importable."""
     try:
-        module = importlib.import_module("ragen.env")
+        from ragen.env import (  # type: ignore[import-not-found]
+            REGISTERED_ENV_CONFIGS,
+            REGISTERED_ENVS,
+        )
     except ImportError:
         return None
-    envs = getattr(module, "REGISTERED_ENVS", None)
-    configs = getattr(module, "REGISTERED_ENV_CONFIGS", None)
-    if not isinstance(envs, dict):
-        return None
-    return envs, configs if isinstance(configs, dict) else {}
+    return dict(REGISTERED_ENVS), dict(REGISTERED_ENV_CONFIGS)
 
 
 def resolve_ragen(name_or_entry_point: str) -> tuple[type[TextEnv], dict[str, Any]] | None:
-    """`RagenEnvAdapter` and its kwargs for a RAGEN-registered name, else None."""
+    """`RagenEnvAdapter` and its kwargs for a RAGEN-registered name, else None; for RAGEN v2's
+    adapter-only types (`ADAPTER_ONLY`) a `MissingRagenEnv` naming what is missing."""
     found = ragen_registry()
-    if found is None or name_or_entry_point not in found[0]:
+    if found is not None and name_or_entry_point in found[0]:
+        return RagenEnvAdapter, {"ragen_env": name_or_entry_point}
+    needs = ADAPTER_ONLY.get(name_or_entry_point)
+    if needs is None:
         return None
-    return RagenEnvAdapter, {"ragen_env": name_or_entry_point}
+    if found is None:
+        raise MissingRagenEnv(name_or_entry_point,
+                              f"install RAGEN (importable as ragen) and {needs}")
+    raise MissingRagenEnv(name_or_entry_point, f"RAGEN is installed but does not register "
+                                               f"it; it needs {needs}")
 
 
 def is_ragen_style(cls: Any) -> bool:
     """A class that is not a `TextEnv` but has ``reset`` and ``step``: RAGEN's shape."""
-    return (inspect.isclass(cls) and not issubclass(cls, TextEnv)
-            and callable(getattr(cls, "reset", None)) and callable(getattr(cls, "step", None)))
+    return inspect.isclass(cls) and not issubclass(cls, TextEnv) and issubclass(cls, RagenStyle)
 
 
 def _load(entry: str) -> Any:
     module_name, _, attr = entry.partition(":")
+    # an entry point names its attribute in a string: only getattr can fetch it
     return getattr(importlib.import_module(module_name), attr)
 
 
+def _registries_of(module_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A module's own ``(REGISTERED_ENVS, REGISTERED_ENV_CONFIGS)`` (empty when it has none),
+    read from its namespace."""
+    namespace = vars(importlib.import_module(module_name))
+    envs, configs = namespace.get("REGISTERED_ENVS"), namespace.get("REGISTERED_ENV_CONFIGS")
+    return (envs if isinstance(envs, dict) else {}), (configs if isinstance(configs, dict)
+                                                      else {})
+
+
 def _config_class(ragen_env: str) -> Any:
-    """The RAGEN config dataclass an env is built with, or None."""
-    if ":" in ragen_env:
-        cls = _load(ragen_env)
-        config_cls = getattr(cls, "config_class", None)
-        if config_cls is None:
-            module = importlib.import_module(cls.__module__)
-            configs = getattr(module, "REGISTERED_ENV_CONFIGS", {}) or {}
-            envs = getattr(module, "REGISTERED_ENVS", {}) or {}
-            names = [n for n, c in envs.items() if c is cls]
-            config_cls = configs.get(names[0]) if names else None
-        return config_cls
+    """The RAGEN config dataclass an env is built with, or None: the class's own
+    ``config_class``, else the config its module's registry (or RAGEN's) pairs with it."""
     found = ragen_registry()
-    return None if found is None else found[1].get(ragen_env)
+    if ":" not in ragen_env:
+        return None if found is None else found[1].get(ragen_env)
+    cls = _load(ragen_env)
+    # an optional attribute of a class turnpool does not own (no base class to declare it)
+    config_cls = getattr(cls, "config_class", None)
+    for envs, configs in (_registries_of(cls.__module__), found or ({}, {})):
+        names = [n for n, c in envs.items() if c is cls]
+        if config_cls is None and names:
+            config_cls = configs.get(names[0])
+    return config_cls
 
 
-def _build(ragen_env: str, kwargs: dict[str, Any]) -> Any:
-    """Construct the wrapped env as RAGEN's manager does."""
+def _build(ragen_env: str, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``(env, config)``: the wrapped env constructed as RAGEN's manager does, and the config
+    object it was given (None when built from keyword arguments)."""
     config_cls = _config_class(ragen_env)
+    config = config_cls(**kwargs) if config_cls is not None else None
     if ":" in ragen_env:
         cls = _load(ragen_env)
-        return cls(config_cls(**kwargs)) if config_cls is not None else cls(**kwargs)
+        return (cls(config) if config is not None else cls(**kwargs)), config
     found = ragen_registry()
     if found is None or ragen_env not in found[0]:
         raise KeyError(f"{ragen_env!r} is not in ragen.env.REGISTERED_ENVS")
-    return found[0][ragen_env](config_cls(**kwargs) if config_cls else None)
+    return found[0][ragen_env](config), config
+
+
+#: What seeds or reseeds the process-global RNGs in a module's source.
+_GLOBAL_SEEDING = re.compile(r"\b(?:random\.seed|np\.random\.seed|numpy\.random\.seed|all_seed)\(")
+
+
+@functools.lru_cache(maxsize=64)
+def _folder_seeds_globally(folder: str) -> bool:
+    """Whether any module in a package folder seeds the process-global RNGs."""
+    for path in sorted(Path(folder).glob("*.py")):
+        try:
+            if _GLOBAL_SEEDING.search(path.read_text(encoding="utf-8", errors="replace")):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def uses_global_rng(ragen_env: str) -> bool:
+    """Probe: does this RAGEN env class (or a module beside one of its classes' modules, such
+    as RAGEN Sudoku's ``utils``) seed the process-global RNG? Such envs are deterministic per
+    seed only while no other thread of the process draws in between."""
+    if ":" in ragen_env:
+        cls = _load(ragen_env)
+    else:
+        found = ragen_registry()
+        if found is None or ragen_env not in found[0]:
+            return False
+        cls = found[0][ragen_env]
+    for klass in inspect.getmro(cls):
+        module = sys.modules.get(klass.__module__)
+        try:
+            source = inspect.getsourcefile(module) if module is not None else None
+        except TypeError:  # a built-in module: no source, draws nothing of its own
+            continue
+        if source and _folder_seeds_globally(str(Path(source).parent)):
+            return True
+    return False
+
+
+def _observation(obs: Any) -> Any:
+    """The observation of a reset: RAGEN v2's gymnasium-style envs (2048) return
+    ``(obs, info)``."""
+    if isinstance(obs, tuple) and len(obs) == 2 and isinstance(obs[1], dict):
+        return obs[0]
+    return obs
 
 
 class RagenEnvAdapter(TextEnv):
@@ -126,7 +233,7 @@ class RagenEnvAdapter(TextEnv):
 
     def __init__(self, ragen_env: str, **env_config: Any) -> None:
         super().__init__(ragen_env=ragen_env, **env_config)
-        self.inner = _build(ragen_env, dict(env_config))
+        self.inner, self._config = _build(ragen_env, dict(env_config))
         self.frame: np.ndarray | None = None
         self._slot = FrameSlot()
         self._frame_desc: FrameDesc | None = None
@@ -152,7 +259,7 @@ class RagenEnvAdapter(TextEnv):
             obs = self.inner.reset(seed=seed, mode=options.get("mode", "train"))
         except TypeError:
             obs = self.inner.reset(seed=seed)
-        self._obs = self._text(obs)
+        self._obs = self._text(_observation(obs))
         return self._obs
 
     def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -183,10 +290,9 @@ class RagenEnvAdapter(TextEnv):
         return self._obs
 
     def action_lookup_for_episode(self) -> dict[int, str] | None:
-        config = getattr(self.inner, "config", None)
-        lookup = getattr(config, "action_lookup", None)
-        if lookup is None:
-            lookup = getattr(self.inner, "ACTION_LOOKUP", None)
+        # RAGEN's manager reads the env config's action_lookup (Bandit fills it per reset);
+        # an optional field of a config dataclass turnpool does not own
+        lookup = getattr(self._config, "action_lookup", None)
         return {int(k): str(v) for k, v in dict(lookup).items()} if lookup else None
 
     def get_state(self) -> Any:
@@ -194,9 +300,8 @@ class RagenEnvAdapter(TextEnv):
 
     def close(self) -> None:
         self._slot.close()
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
+        if isinstance(self.inner, _Closable):
+            self.inner.close()
 
 
 @dataclasses.dataclass

@@ -12,6 +12,7 @@ rebuild from.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from collections.abc import Callable
@@ -98,6 +99,31 @@ def action_kind(name_or_entry_point: str) -> str:
     return kind
 
 
+def draws_from_global_rng(name_or_entry_point: str, kwargs: dict[str, Any]) -> str | None:
+    """The env's class name when it draws from the process-global RNG (its class says so, or
+    for a RAGEN class the adapter's probe finds it seeding that RNG), else None. Threads of one
+    process must not run such envs side by side."""
+    return _global_rng_user(name_or_entry_point, str(kwargs.get("ragen_env") or ""))
+
+
+@functools.lru_cache(maxsize=256)
+def _global_rng_user(name_or_entry_point: str, ragen_env: str) -> str | None:
+    """`draws_from_global_rng` for one (entry point, wrapped RAGEN env), cached: a pool asks
+    once per env."""
+    from turnpool.envs import ragen_adapter
+
+    try:
+        cls, defaults = resolve(name_or_entry_point)
+        if cls is ragen_adapter.RagenEnvAdapter:
+            inner = ragen_env or str(defaults.get("ragen_env", ""))
+            return inner if ragen_adapter.uses_global_rng(inner) else None
+    except (KeyError, ImportError, AttributeError):  # not buildable: the build will say why
+        return None
+    if isinstance(cls, type) and issubclass(cls, TextEnv) and cls.uses_global_rng:
+        return cls.__name__
+    return None
+
+
 def oracle_for(name_or_entry_point: str) -> OracleFn:
     """The env class's declared ``oracle``; `LookupError` when it has none."""
     cls, _ = resolve(name_or_entry_point)
@@ -177,6 +203,10 @@ for _name, _entry in {
     "metamathqa": "turnpool.envs.metamathqa:MetaMathQAEnv",
     "webshop": "turnpool.envs.webshop_ragen:RagenWebShopEnv",
     "webshop_lite": "turnpool.envs.webshop:WebShopEnv",
+    "sudoku": "turnpool.envs.sudoku:SudokuEnv",
+    "game_2048": "turnpool.envs.game_2048:Game2048Env",
+    "rubikscube": "turnpool.envs.rubikscube:RubiksCube2x2Env",
+    "search": "turnpool.envs.search_qa:SearchQAEnv",
 }.items():
     register(_name, _entry)
 

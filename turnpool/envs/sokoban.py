@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from turnpool.envs.base import TextEnv
+from turnpool.envs.coords import cells, check_format, formatted
 from turnpool.envs.sokoban_gen import Room, generate, validate
 
 ACTIONS: dict[int, str] = {1: "Up", 2: "Down", 3: "Left", 4: "Right"}
@@ -57,6 +58,9 @@ ACTIONS: dict[int, str] = {1: "Up", 2: "Down", 3: "Left", 4: "Right"}
 GRID_LOOKUP: dict[int, str] = {0: "#", 1: "_", 2: "O", 3: "√", 4: "X", 5: "P", 6: "S"}
 WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
 
+#: RAGEN v2's coordinate lines after "Targets" (which lists boxed and stood-on ones too)
+_COORD_ENTITIES = (("Boxes", BOX), ("Boxes on target", BOX_ON_TARGET),
+                   ("Player", PLAYER), ("Player on target", PLAYER_ON_TARGET))
 STEP_REWARD = -0.1
 BOX_ON_REWARD = 1.0
 BOX_OFF_REWARD = -1.0
@@ -269,7 +273,8 @@ class SokobanEnv(TextEnv):
                  dim_x: int | None = None, dim_y: int | None = None,
                  grid_lookup: Mapping[Any, Any] | None = None,
                  grid_vocab: Mapping[str, str] | None = None,
-                 action_lookup: Mapping[Any, Any] | None = None) -> None:
+                 action_lookup: Mapping[Any, Any] | None = None,
+                 observation_format: str = "grid") -> None:
         height, width = (int(v) for v in dim_room)
         height = height if dim_x is None else int(dim_x)
         width = width if dim_y is None else int(dim_y)
@@ -286,6 +291,7 @@ class SokobanEnv(TextEnv):
         self.max_steps = int(max_steps)
         self.search_depth = int(search_depth)
         self.render_mode = render_mode
+        self.observation_format = check_format(observation_format)  # RAGEN v2's CoordSokoban
         del grid_vocab  # accepted for RAGEN configs; it only shapes the prompt (managers)
         self._symbols = _symbols(grid_lookup)
         self._names = _action_names(action_lookup)
@@ -340,7 +346,7 @@ class SokobanEnv(TextEnv):
         self._terminated = self._boxes == self._board.target_mask
         self._truncated = False
         self._obs = self._board.render(self._player, self._boxes)
-        return self._obs
+        return self._text()
 
     def parse_action(self, action: Any) -> int | None:
         """1-4, or an action name in any case; anything else is None (invalid)."""
@@ -356,7 +362,7 @@ class SokobanEnv(TextEnv):
             raise RuntimeError("call reset() before step()")
         solved = self._terminated
         if action is None:
-            return self._obs, 0.0, self._terminated, self._truncated, {
+            return self._text(), 0.0, self._terminated, self._truncated, {
                 "success": solved, "action_is_valid": False, "action_is_effective": False}
         # A finished episode steps on as gym_sokoban's does (RAGEN steps finished envs).
         d = board.deltas[action - 1]
@@ -388,16 +394,26 @@ class SokobanEnv(TextEnv):
             reward += SOLVED_REWARD
         self._terminated = solved
         self._truncated = not solved and self._steps == self.max_steps  # gym_sokoban's test
-        return self._obs, reward, self._terminated, self._truncated, {
+        return self._text(), reward, self._terminated, self._truncated, {
             "success": solved, "action_is_valid": True, "action_is_effective": moved}
 
     def _render_text(self) -> str:
         return self._obs
 
+    def _text(self) -> str:
+        """The observation in ``observation_format`` (the grid, or RAGEN v2's coordinates)."""
+        if self.observation_format == "grid" or self._board is None:
+            return self._obs
+        codes = self._board.codes(self._player, self._boxes)
+        targets = np.isin(codes, (TARGET, BOX_ON_TARGET, PLAYER_ON_TARGET))
+        entities = [("Targets", cells(targets))]
+        entities += [(label, cells(codes == code)) for label, code in _COORD_ENTITIES]
+        return formatted(self.observation_format, self._obs, self.dim_room, entities)
+
     def render(self, mode: str | None = None) -> Any:
         """The observation text, or with ``mode="rgb_array"`` an ``(h*16, w*16, 3)`` image."""
         if mode is None or mode == "text":
-            return self._obs
+            return self._text()
         if mode != "rgb_array":
             raise ValueError(f"unknown render mode {mode!r}; use 'text' or 'rgb_array'")
         if self._board is None:

@@ -5,7 +5,9 @@ RAGEN's ``WebShopEnv``:
 
 * data: `turnpool.webshop.data` (the bundled small set unless ``file_path`` /
   ``attr_path`` / ``human_goals`` point elsewhere);
-* seed -> goal per split (``split`` or RAGEN's ``mode``): `goal_for_seed`;
+* seed -> goal per split (``split`` or RAGEN's ``mode``): `goal_for_seed`, which fails exactly
+  where RAGEN's does (train needs over 1,500 goals; test and val work while the index is
+  inside the goal list);
 * observation: RAGEN's render text: the page (``[SEP]``-joined, see
   `turnpool.webshop.ragen_shop`; after reset only ``Instruction: <goal>``), ``"."``, RAGEN's hint
   lines and ``"\\n You must choose from these actions:"`` with the actions and ``"."``;
@@ -71,13 +73,16 @@ class RagenWebShopEnv(TextEnv):
     ``items_human_ins.json`` for human goals), ``num_products``, ``draw_seed`` (the stream of
     WebShop's price draws, 0), ``max_steps`` (None: no cap). RAGEN's other keys (``dataset``,
     ``observation_mode``, ``server``, ``filter_goals``, ``limit_goals``, ``show_attrs``) are
-    accepted at their defaults only.
+    accepted at their defaults only. ``binarize_reward`` (RAGEN v2, its default there): the
+    reward is 1.0 when WebShop's reward is at least 1, else 0.0, and ``info["raw_reward"]``
+    keeps WebShop's.
     """
 
     action_kind = "webshop"
     #: RAGEN's manager passes its mode (train / val) to this env's reset; RAGEN configs give it
     #: to turnpool's envs as the ``mode`` kwarg (`turnpool.ragen.config.rollout_plan`).
     ragen_reset_mode = True
+    ragen_v2_defaults = {"binarize_reward": True}  # noqa: RUF012
     instruction = (
         "You are browsing an online shop. Based on the instruction, buy a product that close "
         "to the production description. You need to search, read the search results, pick a "
@@ -90,7 +95,7 @@ class RagenWebShopEnv(TextEnv):
                  draw_seed: int = 0, max_steps: int | None = None, dataset: str = "small",
                  observation_mode: str = "text", limit_goals: int = -1,
                  filter_goals: Any = None, server: Any = None, show_attrs: bool = False,
-                 **config: Any) -> None:
+                 binarize_reward: bool = False, **config: Any) -> None:
         split = split or mode or "train"
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -108,8 +113,10 @@ class RagenWebShopEnv(TextEnv):
             raise ValueError("human_goals needs the path of items_human_ins.json")
         super().__init__(split=split, file_path=file_path, attr_path=attr_path,
                          human_goals=human_goals, num_products=num_products,
-                         draw_seed=draw_seed, max_steps=max_steps, **config)
+                         draw_seed=draw_seed, max_steps=max_steps,
+                         binarize_reward=binarize_reward, **config)
         self.split = split
+        self.binarize_reward = bool(binarize_reward)
         self.max_steps = None if max_steps is None else int(max_steps)
         self._shop_key = (file_path, attr_path, human_path, num_products, int(draw_seed))
         self.state: ShopState | None = None
@@ -162,13 +169,16 @@ class RagenWebShopEnv(TextEnv):
         outcome = self.shop.step(self.state, text)
         self.page_text = self.shop.observation(self.state)
         self.obs = self._render(self.page_text)
-        reward, self.done = outcome.reward, outcome.done
+        raw, self.done = outcome.reward, outcome.done
+        reward = (1.0 if raw >= 1.0 else 0.0) if self.binarize_reward else raw
         end_of_page = tuple(self.shop.actions(self.state)) == ("click[back to search]",
                                                                "click[< prev]")
         info: dict[str, Any] = {
             "reward": reward, "action_is_effective": self.page_text != before,
             "action_is_valid": valid, "success": reward == 1, "success_purchase": self.done,
             "success_find": reward == 1, "end_of_page": end_of_page}
+        if self.binarize_reward:
+            info["raw_reward"] = raw
         if outcome.parts is not None:
             info.update(outcome.parts)
         truncated = (not self.done and self.max_steps is not None

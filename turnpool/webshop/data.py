@@ -317,15 +317,23 @@ def _permutation(n_goals: int, seed: int = 42) -> tuple[int, ...]:
 
 def goal_for_seed(seed: int, split: str, n_goals: int) -> int:
     """RAGEN's seed -> goal index: test ``seed % 500``, val ``seed % 1000 + 500``, train
-    ``seed % (n - 1500) + 1500``, then a fixed permutation (``random.Random(42).shuffle``)."""
-    if n_goals <= 1500:
-        raise ValueError(f"RAGEN's goal split needs more than 1500 goals, got {n_goals}")
+    ``seed % (n - 1500) + 1500``, then a fixed permutation (``random.Random(42).shuffle``).
+
+    Raises `ValueError` exactly where RAGEN fails: train with 1,500 goals or fewer, and any
+    seed whose index is past the last goal (test from 500 goals always works, val where
+    ``seed % 1000 + 500 < n``).
+    """
     if split == "test":
         index = seed % 500
     elif split == "val":
         index = seed % 1000 + 500
     elif split == "train":
+        if n_goals <= 1500:
+            raise ValueError(f"RAGEN's train split needs more than 1500 goals, got {n_goals}")
         index = seed % (n_goals - 1500) + 1500
     else:
         raise ValueError(f"split must be train, val or test, got {split!r}")
+    if index >= n_goals:
+        raise ValueError(f"RAGEN's {split} split maps seed {seed} to goal {index}, past the "
+                         f"{n_goals} goals there are")
     return _permutation(n_goals)[index]
