@@ -287,7 +287,7 @@ class ProcessPoolBackend(Backend):
 def _kill_executor(executor: cf.ProcessPoolExecutor) -> None:
     # The executor offers no way to stop a process that is stuck in a task; its process table
     # is the only handle that cannot outlive the process (a bare pid could be reused).
-    for proc in list((getattr(executor, "_processes", None) or {}).values()):
+    for proc in list((executor._processes or {}).values()):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             proc.kill()
 

@@ -6,12 +6,16 @@ identical to the parallel backends.
 
 ``step_timeout`` holds in every thread. Driven from the main thread, an env past its budget
 gets an exception raised inside its own code by a timer signal (`turnpool.worker.deadline`),
-which also cuts blocking calls such as ``time.sleep``. Driven from any other thread (a server's
-pool thread, a trainer's driver) with a deadline set, no signal can reach the env, so at the
-first such request the hosts, envs as they are, are handed to one thread each
-(`turnpool.backends.thread.ThreadBackend`): the pool then waits for them within the deadline,
-and a thread stuck past it is abandoned and its slice rebuilt (the pool restores the innocent
-envs by replay), so a blocking env never freezes the pool. A hang inside C code that never
+which also cuts blocking calls such as ``time.sleep``. A pool *started* with a deadline where
+no signal can reach the env (another thread) never gets this backend: the one choice at start
+(`turnpool.backends.choice`) gives its slices to threads instead. One case is left to this
+backend: a pool started on the main thread and then driven from another one (a
+`turnpool.pool.slots.SlotEngine` starts its pool in the caller and drives it from its own
+thread). At the first request with a deadline off the main thread, the hosts, envs as they
+are, are handed to one thread each (`turnpool.backends.thread.ThreadBackend`, `threaded`):
+the pool then waits for them within the deadline, and a thread stuck past it is abandoned and
+its slice rebuilt (the pool restores the innocent envs by replay), so a blocking env never
+freezes the pool. A hang inside C code that never
 returns stays in the abandoned thread; an env that kills its process kills the caller (use a
 process backend for such envs). Exceptions are isolated per env either way.
 """
@@ -19,8 +23,8 @@ process backend for such envs). Exceptions are isolated per env either way.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
-from typing import ClassVar
+from collections.abc import Collection, Sequence
+from typing import Any, ClassVar
 
 from turnpool.backends.base import Backend, raise_build_errors
 from turnpool.backends.thread import ThreadBackend
@@ -31,7 +35,7 @@ from turnpool.worker.deadline import (
     signal_timer_free,
 )
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import Op, Reply, Request, failed_reply
+from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, failed_reply
 
 
 class SequentialBackend(Backend):
@@ -40,13 +44,20 @@ class SequentialBackend(Backend):
 
     name: ClassVar[str] = "sequential"
 
-    def start(self, timeout: float) -> None:
+    def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
+                 mp_context: str | None = None, **options: Any) -> None:
+        super().__init__(builds, num_workers, mp_context=mp_context, **options)
         self._deadline = InProcessDeadline()
-        self._limits = Op.limits(self.step_timeout, self.reset_timeout)
+        self._limits: dict[Op, float | None] = {}
+        #: the hosts' threads once a request with a deadline came off the main thread
         self._threads: ThreadBackend | None = None
+        self._hosts: list[EnvHost] = []
+        self._replies: list[deque[Reply]] = [deque() for _ in self.slices]
+
+    def start(self, timeout: float) -> None:
+        self._limits = Op.limits(self.step_timeout, self.reset_timeout)
         self._hosts = [EnvHost(self.builds_of(k), self._deadline.mark)
                        for k in range(self.num_workers)]
-        self._replies: list[deque[Reply]] = [deque() for _ in self._hosts]
         errors = {i: e for h in self._hosts for i, e in h.build_errors.items()}
         if errors:
             self.close()
@@ -113,9 +124,8 @@ class SequentialBackend(Backend):
         return self._threads.abandoned if self._threads is not None else 0
 
     def close(self) -> None:
-        for host in getattr(self, "_hosts", []):
+        for host in self._hosts:
             host.close()
         self._hosts = []
-        threads = getattr(self, "_threads", None)
-        if threads is not None:
-            threads.close()
+        if self._threads is not None:
+            self._threads.close()
