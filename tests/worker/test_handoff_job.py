@@ -143,3 +143,12 @@ def test_an_answered_job_cannot_be_handed_off() -> None:
     _run(partial, 1)
     partial.finish(HELPER, _since())
     assert not partial.hand_to(SECOND) and partial.owner is HELPER
+
+
+def test_a_host_bug_fails_a_job_held_by_one_runner_as_a_whole_and_only_then() -> None:
+    job = _job([4, 5])
+    assert job.abort() and job.state is JobState.DONE
+    assert job.finish(READER, _no_since).replies == []  # nothing more is sent for it
+    handed = _job([4, 5])
+    handed.hand_to(HELPER)
+    assert not handed.abort() and handed.state is JobState.HANDED

@@ -25,9 +25,9 @@ Each step request is one `HandoffJob` whose `JobState` is the whole story of its
 ``RUNNING`` (one runner, the common path) -> ``DONE`` with the full reply, or ``RUNNING`` ->
 ``HANDED`` (a stall moved its owner) -> ``PARTIAL`` (the owner sent the partial reply) ->
 ``DONE`` (every straggler answered, late or ``timeout``). `HandoffJob.hand_to`,
-`HandoffJob.finish` and `HandoffJob.give_up` are the only transitions; each returns what to
-send, and the server (runners, watchdog, sends) only acts on that. They are unit-tested
-without threads or processes (``tests/worker/test_handoff_job.py``).
+`HandoffJob.finish`, `HandoffJob.give_up` and `HandoffJob.abort` are the only transitions;
+each returns what to send, and the server (runners, watchdog, sends) only acts on that. They
+are unit-tested without threads or processes (``tests/worker/test_handoff_job.py``).
 
 `HandoffServer` is the one request loop of every worker process (`turnpool.worker.transport
 .serve`); with ``handoff_after=None`` it has no watchdog and never hands off. Only step
@@ -132,6 +132,15 @@ class HandoffJob:
         if state is JobState.PARTIAL:
             return self._late()
         return _NOTHING
+
+    def abort(self) -> bool:
+        """Running the envs failed (a host bug): True if the request, held by one runner
+        only, is now to be answered as a whole failure; False once another runner holds it
+        (its envs then end as stragglers)."""
+        if self.state is not JobState.RUNNING:
+            return False
+        self.state = JobState.DONE
+        return True
 
     def give_up(self, env_id: int, timed_out: Any) -> tuple[bool, Reply | None]:
         """Env ``env_id`` is stuck past the deadline: fail it with ``timed_out``. Returns
@@ -297,8 +306,7 @@ class HandoffServer:
                                  self._at(me))
         except Exception as exc:  # a host bug: report it rather than kill the worker
             log.exception("worker request %s failed", job.op)
-            if job.state is JobState.RUNNING:  # nobody else holds it: fail it as a whole
-                job.state = JobState.DONE
+            if job.abort():  # nobody else holds it: fail it as a whole
                 self._progress(-1)
                 self._send_or_end(failed_reply((job.seq, job.op, None), short_error(exc),
                                                "worker_lost"))
