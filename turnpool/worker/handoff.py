@@ -301,9 +301,10 @@ class HandoffServer:
     def _drain(self, me: _Runner, job: HandoffJob) -> None:
         """Run the envs of ``job`` that are left to claim, then send what is due."""
         me.job = job
+        # without hand-off nobody watches where a runner is: progress is all there is to mark
+        at = self._at(me) if self._after is not None else self._progress
         try:
-            self._host.run_turns(job.claim, job.op is Op.STEP1, job.results, job.failed,
-                                 self._at(me))
+            self._host.run_turns(job.claim, job.op is Op.STEP1, job.results, job.failed, at)
         except Exception as exc:  # a host bug: report it rather than kill the worker
             log.exception("worker request %s failed", job.op)
             if job.abort():  # nobody else holds it: fail it as a whole
