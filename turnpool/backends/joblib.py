@@ -26,8 +26,9 @@ Faults, per joblib flavour:
 
 Limits: loky's executor is shared by the whole process and resized only when idle, so two
 joblib/loky pools alive at once need the same ``num_workers`` (a second pool that cannot get
-workers fails to start and the pool falls back to sequential). ``mp_context`` is ignored:
-joblib picks the start method of its own backends.
+workers fails to start with `BackendUnavailable`, or runs sequentially with
+``fallback=True``). ``mp_context`` is ignored: joblib picks the start method of its own
+backends.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ The executor-style knobs:
 * ``sequential_env_types`` (names such as ``["webshop"]`` or entry points): those envs stay in
   the caller, in one more worker whose `EnvHost` answers each request as it is sent (the
   sequential backend's path), so they are stepped in order;
-* "fallback to sequential on failure" is the pool's: `start` raises `BackendUnavailable`;
+* "fallback to sequential on failure" is the pool's: `start` raises `BackendUnavailable`, and
+  `turnpool.backends.start_backend` runs sequentially instead when asked (``fallback=True``);
 * "timeout protection": the pool waits with its ``step_timeout``; a worker past it (or one that
   died, which breaks its executor with ``BrokenProcessPool``) is killed and its executor rebuilt.
 """

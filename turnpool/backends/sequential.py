@@ -1,8 +1,8 @@
 """Sequential backend: every worker's `EnvHost` runs in the caller, one after the other.
 
-The floor for microsecond envs (no hand-off at all) and the fallback when a parallel backend
-cannot start. ``num_workers`` only changes how envs are sliced, which keeps group handling
-identical to the parallel backends.
+The floor for microsecond envs (no hand-off at all) and the fallback when ``auto``'s choice, or
+a backend started with ``fallback=True``, cannot start. ``num_workers`` only changes how envs
+are sliced, which keeps group handling identical to the parallel backends.
 
 ``step_timeout`` holds in every thread. Driven from the main thread, an env past its budget
 gets an exception raised inside its own code by a timer signal (`turnpool.worker.deadline`),
