@@ -30,7 +30,8 @@ each returns what to send, and the server (runners, watchdog, sends) only acts o
 are unit-tested without threads or processes (``tests/worker/test_handoff_job.py``).
 
 `HandoffServer` is the one request loop of every worker process (`turnpool.worker.transport
-.serve`); with ``handoff_after=None`` it has no watchdog and never hands off. Only step
+.serve`); with ``handoff_after=None`` it has no watchdog, never hands off and answers a step
+request in one go (`EnvHost.handle`), as it answers resets and restores. Only step
 requests are handed off (a reset or restore that hangs is the pool's deadline's to end).
 Sends are serialized with one lock, so replies never interleave on the wire.
 """
@@ -287,10 +288,10 @@ class HandoffServer:
         if op is Op.CLOSE:
             self._end()
             return True
-        if op.is_turn:
+        if op.is_turn and self._after is not None:
             self._drain(me, HandoffJob(request, me))
             return False
-        reply = self._host.handle(request)
+        reply = self._host.handle(request)  # not a step, or no hand-off: answered in one go
         try:
             self._send(reply)
         except OSError:
@@ -301,10 +302,9 @@ class HandoffServer:
     def _drain(self, me: _Runner, job: HandoffJob) -> None:
         """Run the envs of ``job`` that are left to claim, then send what is due."""
         me.job = job
-        # without hand-off nobody watches where a runner is: progress is all there is to mark
-        at = self._at(me) if self._after is not None else self._progress
         try:
-            self._host.run_turns(job.claim, job.op is Op.STEP1, job.results, job.failed, at)
+            self._host.run_turns(job.claim, job.op is Op.STEP1, job.results, job.failed,
+                                 self._at(me))
         except Exception as exc:  # a host bug: report it rather than kill the worker
             log.exception("worker request %s failed", job.op)
             if job.abort():  # nobody else holds it: fail it as a whole
