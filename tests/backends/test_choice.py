@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.faults import ALL_FAULTS_ENV
 from turnpool.backends import BACKENDS, get_backend, start_backend
 from turnpool.backends.choice import choose_backend
 from turnpool.backends.sequential import SequentialBackend
@@ -114,3 +115,25 @@ def test_closing_a_backend_that_never_started_is_harmless() -> None:
         backend = get_backend(name)(BUILDS, 2)
         backend.close()
         backend.close()
+
+
+def test_a_pool_started_here_and_driven_from_another_thread_keeps_its_deadline() -> None:
+    """Started on the main thread, the sequential backend stays itself when a request comes
+    from elsewhere: that request runs on its worker's lane, a sleeping env is cut at the
+    deadline, the innocent envs are exact, and the main thread runs in the caller again."""
+    with EnvPool(ALL_FAULTS_ENV, env_num=2, group_n=2, seed=3, backend="sequential",
+                 step_timeout=1.0) as pool, \
+            EnvPool(ALL_FAULTS_ENV, env_num=2, group_n=2, seed=3, backend="sequential",
+                    step_timeout=None) as ref:
+        backend = pool.backend
+        assert isinstance(backend, SequentialBackend)
+        assert pool.reset() == ref.reset()
+        infos = _off_main(lambda: pool.step(["hang", "a", "b", "c"])[3])
+        want = ref.step(["x", "a", "b", "c"])[3]
+        assert infos[0]["failure"] == "timeout" and infos[1:] == want[1:]
+        assert backend.threaded and backend.abandoned == 1
+        assert pool.backend is backend  # the same object, the same shape
+        got = pool.step(["d", "e", "f", "g"])[3]  # on the main thread again
+        assert "failed earlier" in got[0]["error"]
+        assert got[1:] == ref.step(["d", "e", "f", "g"])[3][1:]
+        assert pool.reset(seed=9) == ref.reset(seed=9)
