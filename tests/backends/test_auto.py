@@ -83,7 +83,8 @@ def _run_script(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]
     # the default never spawns here: auto measures and stays in-process (which one of
     # sequential / thread depends on the machine's load, so either is accepted)
     (_UNGUARDED, "", ("auto->sequential", "auto->thread"), False),
-    (_UNGUARDED, 'backend="process"', ("sequential",), True),  # one warning, no traceback
+    # asked for: one warning, no traceback
+    (_UNGUARDED, 'backend="process", fallback=True', ("sequential",), True),
     (_GUARDED, 'backend="process"', ("process",), False),
 ])
 def test_scripts_without_a_main_guard_never_spawn(tmp_path: Path, template: str,
@@ -95,6 +96,15 @@ def test_scripts_without_a_main_guard_never_spawn(tmp_path: Path, template: str,
     assert proc.stdout.split()[1] in picked
     assert "Traceback" not in proc.stderr and "RuntimeError" not in proc.stderr
     assert ("re-run the main script" in proc.stderr) == warns
+
+
+def test_a_named_backend_that_cannot_start_is_an_error_naming_the_fix(tmp_path: Path) -> None:
+    """Without ``fallback=True`` a backend the user named is never replaced by another."""
+    proc = _run_script(tmp_path, _UNGUARDED.replace("{backend}", 'backend="process"'))
+    assert proc.returncode != 0 and "BACKEND" not in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("turnpool.worker.protocol.BackendUnavailable: backend 'process'")
+    assert 'if __name__ == "__main__":' in last
 
 
 _PROBE = """

@@ -21,6 +21,7 @@ from turnpool.envs import ragen_adapter
 from turnpool.envs.base import TextEnv
 from turnpool.envs.registry import draws_from_global_rng, make
 from turnpool.extras import MissingExtra
+from turnpool.worker.protocol import BackendUnavailable
 
 GYMNASIUM_STYLE = '''
 class TileEnv:
@@ -82,9 +83,9 @@ def test_envs_that_seed_the_global_rng_are_found_by_the_probe(pkgs: Path) -> Non
     assert draws_from_global_rng(f"{__name__}:GlobalDraws", {}) == "GlobalDraws"
 
 
-def _rolls(backend: str, num_workers: int) -> tuple[str, list[str]]:
+def _rolls(backend: str, num_workers: int, fallback: bool = False) -> tuple[str, list[str]]:
     with EnvPool("dice_env:DiceEnv", env_num=8, seed=11, backend=backend,
-                 num_workers=num_workers) as pool:
+                 num_workers=num_workers, fallback=fallback) as pool:
         out, _ = pool.reset()
         for _ in range(3):
             obs, *_ = pool.step(["roll"] * 8)
@@ -92,8 +93,11 @@ def _rolls(backend: str, num_workers: int) -> tuple[str, list[str]]:
         return pool.backend_name, out
 
 
-def test_threads_refuse_global_rng_envs_and_the_pool_runs_them_in_turn(pkgs: Path) -> None:
-    name, texts = _rolls("thread", 2)
+def test_threads_refuse_global_rng_envs_and_a_fallback_pool_runs_them_in_turn(
+        pkgs: Path) -> None:
+    with pytest.raises(BackendUnavailable, match="dice_env:DiceEnv draw from the process-global"):
+        _rolls("thread", 2)  # a backend the user names is never replaced
+    name, texts = _rolls("thread", 2, fallback=True)
     assert name == "sequential"
     assert texts == _rolls("sequential", 1)[1]
 

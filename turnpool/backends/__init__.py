@@ -1,7 +1,9 @@
 """Backends: where the pool's envs run. One file per backend, all behind `base.Backend`.
 
 Backends are looked up by name and imported lazily, so optional dependencies (ray, joblib) are
-only imported when chosen, and the pool never imports a concrete backend module.
+only imported when chosen, and the pool never imports a concrete backend module. Which
+backend runs is decided once, when the pool starts (`start_backend`, `choice.choose_backend`);
+a backend the user names is never silently replaced by another.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnpool.backends.base import Backend, BackendUnavailable
+from turnpool.backends.choice import AUTO, BackendChoice, choose_backend, fallback_choice
+from turnpool.extras import MissingExtra
 from turnpool.worker.protocol import EnvBuild, short_error
 
 log = logging.getLogger(__name__)
 
-#: name -> "module:Class"; a new backend adds one line here.
+#: name -> "module:Class"; a new backend adds one line here. ``auto`` names no class: it is a
+#: choice that `start_backend` makes once, when the pool starts (`turnpool.backends.choice`).
 BACKENDS: dict[str, str] = {
     "sequential": "turnpool.backends.sequential:SequentialBackend",
     "thread": "turnpool.backends.thread:ThreadBackend",
@@ -24,7 +29,7 @@ BACKENDS: dict[str, str] = {
     "process_pool": "turnpool.backends.process_pool:ProcessPoolBackend",
     "joblib": "turnpool.backends.joblib:JoblibBackend",
     "ray": "turnpool.backends.ray:RayBackend",
-    "auto": "turnpool.backends.auto:AutoBackend",
+    AUTO: "",
 }
 
 #: Backends that run in this process's own Ray-free runtime: the equivalence tests run over
@@ -33,16 +38,19 @@ LOCAL_BACKENDS: list[str] = [name for name in BACKENDS if name != "ray"]
 
 
 def get_backend(name: str) -> type[Backend]:
-    """The backend class registered under ``name`` (import errors surface as
-    `BackendUnavailable` so the pool can fall back; an unknown name is a `ValueError`)."""
+    """The backend class registered under ``name``: import errors, and ``auto`` (a choice, not
+    a class), are `BackendUnavailable`; an unknown name is a `ValueError`."""
     entry = BACKENDS.get(name)
     if entry is None:
         raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    if not entry:
+        raise BackendUnavailable(f"{name!r} is not one backend: start_backend picks one")
     module_name, _, attr = entry.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise BackendUnavailable(f"backend {name!r} cannot be imported: {exc}") from exc
+    # the registry names classes by string so that optional backends are imported lazily
     cls: type[Backend] = getattr(module, attr)
     return cls
 
@@ -50,27 +58,56 @@ def get_backend(name: str) -> type[Backend]:
 def start_backend(name: str, builds: Sequence[EnvBuild], num_workers: int | None,
                   mp_context: str | None, options: dict[str, Any],
                   timeouts: tuple[float | None, float | None], start_timeout: float, *,
-                  fallback: bool = True) -> Backend:
-    """The backend ``name`` over ``builds``, started with the pool's deadlines
-    ``(step_timeout, reset_timeout)``; if it cannot start and ``fallback`` is set, the
-    sequential backend instead, with a logged warning naming the cause. `EnvBuildError` (the
-    envs, not the backend, are broken) is never a reason to fall back."""
-    backend: Backend | None = None
+                  fallback: bool = False) -> Backend:
+    """The backend ``name`` over ``builds``, chosen once (`choose_backend`) and started with
+    the pool's deadlines ``(step_timeout, reset_timeout)``.
+
+    A backend that cannot start raises `BackendUnavailable` naming the fix, unless ``name``
+    is ``auto`` or ``fallback`` is set: then the sequential backend runs instead, with a
+    logged warning naming the cause. `EnvBuildError` (the envs, not the backend, are broken)
+    is never a reason to fall back.
+    """
+    choice = choose_backend(name, builds, num_workers, timeouts)
     try:
-        backend = get_backend(name)(builds, num_workers, mp_context=mp_context, **options)
-        backend.step_timeout, backend.reset_timeout = timeouts
-        backend.start(start_timeout)
-        return backend
+        return _start(choice, builds, mp_context, options, timeouts, start_timeout)
     except (BackendUnavailable, OSError, ImportError) as exc:
-        if backend is not None:
-            backend.close()
-        if not fallback or name == "sequential":
-            raise
-        log.warning("backend %r cannot start (%s); falling back to sequential", name,
-                    short_error(exc))
-    return start_backend("sequential", builds, 1, None, {}, timeouts, start_timeout,
-                         fallback=False)
+        if choice.name == "sequential" or not (fallback or choice.is_auto):
+            raise _unavailable(choice, exc) from exc
+        log.warning("backend %r cannot start (%s); falling back to sequential", choice.label,
+                    _reason(exc))
+    last = fallback_choice(choice, timeouts)
+    try:
+        return _start(last, builds, None, {}, timeouts, start_timeout)
+    except (BackendUnavailable, OSError, ImportError) as exc:
+        raise BackendUnavailable(f"{name}: not even the sequential backend started: "
+                                 f"{_reason(exc)}") from exc
 
 
-__all__ = ["BACKENDS", "LOCAL_BACKENDS", "Backend", "BackendUnavailable", "get_backend",
-           "start_backend"]
+def _start(choice: BackendChoice, builds: Sequence[EnvBuild], mp_context: str | None,
+           options: dict[str, Any], timeouts: tuple[float | None, float | None],
+           start_timeout: float) -> Backend:
+    backend = get_backend(choice.name)(builds, choice.num_workers, mp_context=mp_context,
+                                       **options)
+    backend.label, backend.profile = choice.label, choice.profile
+    backend.step_timeout, backend.reset_timeout = timeouts
+    try:
+        backend.start(start_timeout)
+    except BaseException:
+        backend.close()
+        raise
+    return backend
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, as one line (the message alone where it already names the fix)."""
+    if isinstance(exc, (BackendUnavailable, MissingExtra)):
+        return str(exc)
+    return short_error(exc)
+
+
+def _unavailable(choice: BackendChoice, exc: BaseException) -> BackendUnavailable:
+    return BackendUnavailable(f"backend {choice.label!r} cannot start: {_reason(exc)}")
+
+
+__all__ = ["AUTO", "BACKENDS", "LOCAL_BACKENDS", "Backend", "BackendChoice",
+           "BackendUnavailable", "choose_backend", "get_backend", "start_backend"]

@@ -1,4 +1,7 @@
-"""auto backend: time one env in the caller at start, then run the pool on the backend that fits.
+"""The cost model behind ``backend="auto"``: time one env in the caller, pick the backend that fits.
+
+"auto" is a name, not a backend class: `turnpool.backends.choice.choose_backend` calls this
+module once, when the pool starts, and the pool then runs on the backend picked.
 
 The measurement (`measure_env`) resets one instance of the pool's first env and steps it a few
 times (within `MEASURE_BUDGET_S`), recording wall time and this thread's CPU time per step.
@@ -22,7 +25,7 @@ in-process. Called from a script's unguarded top-level code (no ``if __name__ ==
 `turnpool.backends.process.unguarded_main_call`); this keeps pasted snippets working.
 Any env can be measured: the probe action is a named action, else a seeded sample of the
 env's ``action_space``. ``pool.backend_name`` reports the choice, e.g. ``"auto->sequential"``, and
-`AutoBackend.profile` holds the measurement. If the chosen backend cannot start, auto runs
+``pool.backend.profile`` holds the measurement. If the chosen backend cannot start, auto runs
 sequentially.
 """
 
@@ -31,13 +34,11 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-from turnpool.backends.base import Backend, BackendUnavailable, one_per_core, raise_build_errors
-from turnpool.worker.deadline import signal_timer_free
-from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error
+from turnpool.envs.base import TextEnv
+from turnpool.worker.protocol import EnvBuild
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +68,18 @@ class EnvProfile:
         return min(1.0, self.step_cpu_s / self.step_wall_s) if self.step_wall_s > 0 else 1.0
 
 
-def _probe_action(env: Any) -> Any:
+def _probe_action(env: TextEnv) -> Any:
     """An action to time steps with: the env's first named action, else a seeded sample of
     its ``action_space`` (any gymnasium-style env), else a word it will reject cheaply."""
-    lookup_for = getattr(env, "action_lookup_for_episode", None)
-    lookup = lookup_for() if callable(lookup_for) else None
+    lookup = env.action_lookup_for_episode()
     if lookup:
         return next(iter(lookup))
-    space = getattr(env, "action_space", None)
-    if space is not None and hasattr(space, "sample"):
-        try:
-            space.seed(0)
-            return space.sample()
-        except Exception as exc:  # a space that cannot sample: fall back to a plain word
-            log.debug("auto: sampling %r failed (%s)", space, exc)
+    try:
+        space = env.action_space
+        space.seed(0)
+        return space.sample()
+    except Exception as exc:  # a space that cannot sample: fall back to a plain word
+        log.debug("auto: sampling the action space of %s failed (%s)", type(env).__name__, exc)
     return "noop"
 
 
@@ -137,90 +136,8 @@ def choose(profile: EnvProfile, num_envs: int, cores: int,
     return options[0]
 
 
-class AutoBackend(Backend):
-    """Delegates every protocol call to the backend chosen in `start`."""
-
-    name: ClassVar[str] = "auto"
-
-    def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
-                 mp_context: str | None = None, **options: Any) -> None:
-        super().__init__(builds, num_workers, mp_context=mp_context, **options)
-        self._requested_workers = num_workers
-        self._delegate: Backend | None = None
-        self.profile: EnvProfile | None = None
-        self.estimate_s: float | None = None
-
-    def start(self, timeout: float) -> None:
-        from turnpool.backends import start_backend
-        from turnpool.backends.process import unguarded_main_call
-
-        allow_process = not unguarded_main_call()
-        if not allow_process:
-            log.info("auto: called from the main script's unguarded top level; "
-                     "no worker processes")
-        try:
-            first = self.builds[0].build()
-        except Exception as exc:  # the env cannot be built anywhere: say so now
-            raise_build_errors({self.builds[0].env_id: short_error(exc)})
-        first.close()
-        in_process = self.step_timeout is None or signal_timer_free()
-        try:
-            self.profile = measure_env(self.builds[0])
-        except Exception as exc:  # an env that fails in the caller gains nothing from workers
-            log.warning("auto: measuring %s failed (%s); running sequentially",
-                        self.builds[0].entry_point, short_error(exc))
-            choice, self.estimate_s = ("sequential" if in_process else "thread"), None
-        else:
-            cores = one_per_core(len(self.builds))
-            choice, self.estimate_s = choose(self.profile, len(self.builds), cores,
-                                             self._requested_workers, in_process,
-                                             allow_process)
-            log.info("auto: %s per step (%.0f%% CPU) x %d envs -> %s", _fmt(
-                self.profile.step_wall_s), 100 * self.profile.cpu_share, len(self.builds),
-                choice)
-        try:
-            delegate = start_backend(choice, self.builds, self._requested_workers,
-                                     self.mp_context, self.options,
-                                     (self.step_timeout, self.reset_timeout), timeout)
-        except (BackendUnavailable, OSError) as exc:
-            raise BackendUnavailable(f"auto: not even the sequential backend started: "
-                                     f"{short_error(exc)}") from exc
-        self._delegate = delegate
-        self.slices = delegate.slices
-        # The chosen backend is part of this instance's identity (pool.backend_name).
-        setattr(self, "name", f"auto->{delegate.name}")  # noqa: B010
-
-    @property
-    def delegate(self) -> Backend:
-        if self._delegate is None:
-            raise RuntimeError("auto backend not started")
-        return self._delegate
-
-    def send(self, worker: int, request: Request) -> None:
-        self.delegate.send(worker, request)
-
-    def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
-        return self.delegate.wait(workers, timeout)
-
-    def recv(self, worker: int) -> Reply:
-        return self.delegate.recv(worker)
-
-    def progress(self, worker: int) -> tuple[int, float] | None:
-        return self.delegate.progress(worker)
-
-    def restart(self, worker: int) -> None:
-        self.delegate.restart(worker)
-
-    def close(self) -> None:
-        if self._delegate is not None:
-            self._delegate.close()
-
-    def worker_pids(self) -> list[int]:
-        return self._delegate.worker_pids() if self._delegate is not None else []
-
-
-def _fmt(seconds: float) -> str:
+def fmt_seconds(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
 
 
-__all__ = ["AutoBackend", "EnvProfile", "choose", "measure_env"]
+__all__ = ["EnvProfile", "choose", "fmt_seconds", "measure_env"]

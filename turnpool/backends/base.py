@@ -6,10 +6,14 @@ Worker ``k`` owns ``slices[k]`` for its whole life and serves it with one
 (formats in `turnpool.worker.protocol`). Adding a backend is one file with one `Backend`
 subclass plus one line in `turnpool.backends.BACKENDS`.
 
-The pool keeps at most one request outstanding per worker (the head of that worker's queue in
-`turnpool.pool.dispatch`) and sends the next only after the reply, so a backend never orders
-replies. Ready-first operation (``EnvPool.step_async`` / ``poll``) needs nothing more:
-`Backend.wait` reports whichever workers have a reply ready.
+The pool sends a worker its next request only after the reply to the last one (a partial
+reply counts), so a backend never orders requests. A reply may come in parts: a process
+worker that hands off a stalled env (`turnpool.worker.handoff`) answers with an `Op.PARTIAL`
+reply and sends that env's result later as an `Op.LATE` reply, possibly after its next
+request was sent; a backend only carries replies in the order its worker sent them.
+Ready-first operation
+(``EnvPool.step_async`` / ``poll``) needs nothing more: `Backend.wait` reports whichever
+workers have a reply ready.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from turnpool.backends.auto import EnvProfile
 from turnpool.worker.protocol import (
     DEFAULT_MP_CONTEXT,
     BackendUnavailable,
@@ -49,8 +54,9 @@ def one_per_core(num_envs: int) -> int:
 class Backend(ABC):
     """Where envs run. One instance serves one pool; worker ``k`` owns ``slices[k]`` for life.
 
-    Lifecycle: ``__init__`` (cheap, no processes) -> ``start`` (may raise
-    `BackendUnavailable`, after which the pool falls back to sequential) -> any number of
+    Lifecycle: ``__init__`` (cheap, no processes; every attribute exists from here) ->
+    ``start`` (may raise `BackendUnavailable`; only ``auto`` or ``fallback=True`` then falls
+    back to sequential, see `turnpool.backends.start_backend`) -> any number of
     ``send`` / ``wait`` / ``recv`` / ``restart`` -> ``close`` (idempotent, leaves nothing
     running).
 
@@ -80,6 +86,10 @@ class Backend(ABC):
         #: the start method for process-based backends (None: `DEFAULT_MP_CONTEXT`)
         self.mp_context = mp_context or DEFAULT_MP_CONTEXT
         self.options = options
+        #: what ``pool.backend_name`` reports (``"auto->thread"`` when auto chose it), and
+        #: auto's measurement; both set once by `turnpool.backends.start_backend`
+        self.label: str = self.name
+        self.profile: EnvProfile | None = None
 
     @property
     def num_workers(self) -> int:

@@ -26,8 +26,9 @@ Faults, per joblib flavour:
 
 Limits: loky's executor is shared by the whole process and resized only when idle, so two
 joblib/loky pools alive at once need the same ``num_workers`` (a second pool that cannot get
-workers fails to start and the pool falls back to sequential). ``mp_context`` is ignored:
-joblib picks the start method of its own backends.
+workers fails to start with `BackendUnavailable`, or runs sequentially with
+``fallback=True``). ``mp_context`` is ignored: joblib picks the start method of its own
+backends.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from turnpool.backends.base import (
     WorkerLost,
     raise_build_errors,
 )
+from turnpool.extras import MissingExtra, require
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error
 from turnpool.worker.transport import (
@@ -223,9 +225,9 @@ class JoblibBackend(Backend):
     def start(self, timeout: float) -> None:
         self._timeout = timeout
         try:
-            import joblib  # noqa: F401  (fail here, into the pool's fallback, if missing)
-        except ImportError as exc:
-            raise BackendUnavailable(f"joblib is not installed: {exc}") from exc
+            require("joblib", feature="the joblib backend", extra="joblib")
+        except MissingExtra as exc:
+            raise BackendUnavailable(str(exc)) from exc
         progress: list[ProgressSlot] = []
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -470,7 +472,7 @@ def _shutdown_loky(timeout: float) -> None:
     """
     from joblib.externals.loky import reusable_executor
 
-    executor = getattr(reusable_executor, "_executor", None)
+    executor = reusable_executor._executor  # None until loky's first call, and after shutdown
     if executor is None:
         return
     done = threading.Thread(target=executor.shutdown, kwargs={"wait": True}, daemon=True,

@@ -29,8 +29,9 @@ replaces a worker (where the OS refuses that, a fresh worker is started instead)
 
 Spawn and forkserver workers re-run the main script's top-level code. A pool created by
 unguarded top-level code (no ``if __name__ == "__main__":``) would make every worker create
-a pool in turn, so the backend refuses to start there (`unguarded_main_call`) and the pool
-falls back with one warning; ``auto`` never picks processes there.
+a pool in turn, so the backend refuses to start there (`unguarded_main_call`) with a
+`BackendUnavailable` that says to add the guard (``fallback=True`` runs sequentially instead,
+with one warning); ``auto`` never picks processes there.
 """
 
 from __future__ import annotations
@@ -88,11 +89,11 @@ def unguarded_main_call() -> bool:
     """Is this call made by top-level code of the ``__main__`` script that is not under
     ``if __name__ == "__main__":``? Spawn/forkserver children re-run exactly that code."""
     main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
+    path = vars(main).get("__file__") if main is not None else None
     if main is None or not path:
         return False  # -c, an interactive session, a notebook: nothing is re-run
-    name = getattr(getattr(main, "__spec__", None), "name", None)
-    if name is not None and (name == "__main__" or name.endswith(".__main__")):
+    spec = main.__spec__
+    if spec is not None and (spec.name == "__main__" or spec.name.endswith(".__main__")):
         return False  # `python -m package`: multiprocessing does not re-run a package main
     frame = sys._getframe(1)
     while frame is not None:

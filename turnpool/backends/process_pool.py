@@ -14,7 +14,8 @@ The executor-style knobs:
 * ``sequential_env_types`` (names such as ``["webshop"]`` or entry points): those envs stay in
   the caller, in one more worker whose `EnvHost` answers each request as it is sent (the
   sequential backend's path), so they are stepped in order;
-* "fallback to sequential on failure" is the pool's: `start` raises `BackendUnavailable`;
+* "fallback to sequential on failure" is the pool's: `start` raises `BackendUnavailable`, and
+  `turnpool.backends.start_backend` runs sequentially instead when asked (``fallback=True``);
 * "timeout protection": the pool waits with its ``step_timeout``; a worker past it (or one that
   died, which breaks its executor with ``BrokenProcessPool``) is killed and its executor rebuilt.
 """
@@ -287,7 +288,7 @@ class ProcessPoolBackend(Backend):
 def _kill_executor(executor: cf.ProcessPoolExecutor) -> None:
     # The executor offers no way to stop a process that is stuck in a task; its process table
     # is the only handle that cannot outlive the process (a bare pid could be reused).
-    for proc in list((getattr(executor, "_processes", None) or {}).values()):
+    for proc in list((executor._processes or {}).values()):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             proc.kill()
 

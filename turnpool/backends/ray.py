@@ -52,6 +52,7 @@ from turnpool.backends.base import (
     one_per_core,
     raise_build_errors,
 )
+from turnpool.extras import MissingExtra, require
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error
 from turnpool.worker.transport import (
@@ -195,9 +196,10 @@ class RayBackend(Backend):
     def start(self, timeout: float) -> None:
         self._timeout = timeout
         try:
+            require("ray", feature="the ray backend", extra="ray")
             ensure_ray(self.ray_address, self.ray_init_kwargs)
-        except ImportError as exc:
-            raise BackendUnavailable(f"ray is not installed: {exc}") from exc
+        except MissingExtra as exc:
+            raise BackendUnavailable(str(exc)) from exc
         except Exception as exc:  # ray.init raises many types (ConnectionError, RuntimeError..)
             raise BackendUnavailable(f"ray could not start: {short_error(exc)}") from exc
         import ray

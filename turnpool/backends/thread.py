@@ -35,18 +35,14 @@ _DEAD = object()  # a reply slot meaning "the thread died"
 
 class _ThreadWorker:
     def __init__(self, backend: ThreadBackend, slot: int, builds: list[EnvBuild],
-                 generation: int, host: EnvHost | None = None) -> None:
+                 generation: int) -> None:
         self.backend = backend
         self.slot = slot
         self.generation = generation
         self.inbox: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
         self.progress = ProgressSlot()
         self.progress.unlink()  # written and read in this process only
-        if host is None:
-            host = EnvHost(builds, self.progress.write)
-        else:  # a host handed over with its envs as they are (see `ThreadBackend.adopt`)
-            host.progress = self.progress.write
-        self.host = host
+        self.host = EnvHost(builds, self.progress.write)
         self.thread = threading.Thread(target=self._loop, name=f"turnpool-env-{slot}",
                                        daemon=True)
 
@@ -90,15 +86,15 @@ class ThreadBackend(Backend):
         #: threads stuck in env code and given up on (they exit if the code ever returns)
         self.abandoned = 0
 
-    def start(self, timeout: float, hosts: Sequence[EnvHost] | None = None) -> None:
-        """Start one thread per slice; ``hosts`` (one per slice) are taken over with their
-        envs as they are instead of building new ones."""
+    def start(self, timeout: float) -> None:
+        """Start one thread per slice, each with its freshly built envs."""
         shared = {n for b in self.builds if (n := draws_from_global_rng(b.entry_point, b.kwargs))}
         if self.num_workers > 1 and shared:  # their draws would interleave across threads
-            raise BackendUnavailable(f"{sorted(shared)} draw from the process-global RNG")
+            raise BackendUnavailable(
+                f"{', '.join(sorted(shared))} draw from the process-global RNG, so threads would "
+                "interleave their draws; use backend 'process' or 'sequential'")
         for k in range(self.num_workers):
-            worker = _ThreadWorker(self, k, self.builds_of(k), 0,
-                                   hosts[k] if hosts is not None else None)
+            worker = _ThreadWorker(self, k, self.builds_of(k), 0)
             self._workers.append(worker)
             worker.thread.start()
         errors = {i: e for w in self._workers for i, e in w.host.build_errors.items()}

@@ -17,8 +17,9 @@ Faults: an env that raises, a worker that dies and an env that runs past ``step_
 that env a result with ``done=True`` (``truncated``), reward 0, ``info["error"]`` and its class
 ``info["failure"]`` with ``info["retryable"]`` (`turnpool.worker.protocol.FAILURE_CLASSES`); the
 env stays failed until its next reset (which rebuilds it). Envs that cannot be built raise
-`EnvConstructionError` from the constructor on every backend; a backend that cannot start
-falls back to sequential (``fallback``) with a warning naming it and why. A dead or stuck
+`EnvConstructionError` from the constructor on every backend; a named backend that cannot
+start raises `BackendUnavailable` naming the fix (``auto``, or ``fallback=True``, runs
+sequentially instead, with a warning naming why). A dead or stuck
 worker is killed and replaced; the other envs it held are rebuilt by reset + replay of their
 recorded actions (deterministic envs make this exact) and their results for the step are
 computed as if nothing happened. ``on_error="raise"`` raises `EnvError` after the step instead.
@@ -117,7 +118,8 @@ class EnvPool:
             same for a reset (default: ``step_timeout``).
         on_error: ``"flag"`` (failed envs return done + ``info["error"]``) or ``"raise"``
             (`EnvError` after the call).
-        fallback: run sequentially, with a logged warning, if the backend cannot start.
+        fallback: run sequentially, with a logged warning, if the named backend cannot start
+            (default: raise `BackendUnavailable`; ``auto`` always falls back).
         lazy_build: build each env at its first reset instead of at start (the first env of
             each type is still built at start, so an env that cannot be built fails the
             constructor); for pools with many slots that are not all used at once.
@@ -135,7 +137,7 @@ class EnvPool:
                  mp_context: str | None = DEFAULT_MP_CONTEXT,
                  step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
                  reset_timeout: float | None = None, on_error: str = "flag",
-                 fallback: bool = True, tag: str | None = None,
+                 fallback: bool = False, tag: str | None = None,
                  ray_address: str | None = None, lazy_build: bool = False,
                  specs: Sequence[EnvGroupSpec] | None = None, **backend_options: Any) -> None:
         self._closed = True  # until a backend is running
@@ -211,7 +213,7 @@ class EnvPool:
 
     @property
     def backend_name(self) -> str:
-        return self._backend.name
+        return self._backend.label
 
     @property
     def num_workers(self) -> int:

@@ -61,7 +61,7 @@ def signal_timer_free() -> bool:
     interval timers, with the signal's handler, if any, set from Python)?"""
     if threading.current_thread() is not threading.main_thread():
         return False
-    if not hasattr(signal, "setitimer"):
+    if not hasattr(signal, "setitimer"):  # a platform capability (no interval timers on Windows)
         return False
     return signal.getsignal(signal.SIGALRM) is not None
 

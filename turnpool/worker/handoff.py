@@ -21,8 +21,19 @@ serves a worker's requests with *runner* threads instead of one loop:
 * A worker keeps at most `MAX_STUCK_THREADS` given-up threads; past that it stops handing
   off, and the next stall gets it replaced as before.
 
-Only step requests are handed off (a reset or restore that hangs is the pool's deadline's to
-end). Sends are serialized with one lock, so replies never interleave on the wire.
+Each step request is one `HandoffJob` whose `JobState` is the whole story of its answer:
+``RUNNING`` (one runner, the common path) -> ``DONE`` with the full reply, or ``RUNNING`` ->
+``HANDED`` (a stall moved its owner) -> ``PARTIAL`` (the owner sent the partial reply) ->
+``DONE`` (every straggler answered, late or ``timeout``). `HandoffJob.hand_to`,
+`HandoffJob.finish`, `HandoffJob.give_up` and `HandoffJob.abort` are the only transitions;
+each returns what to send, and the server (runners, watchdog, sends) only acts on that. They
+are unit-tested without threads or processes (``tests/worker/test_handoff_job.py``).
+
+`HandoffServer` is the one request loop of every worker process (`turnpool.worker.transport
+.serve`); with ``handoff_after=None`` it has no watchdog, never hands off and answers a step
+request in one go (`EnvHost.handle`), as it answers resets and restores. Only step
+requests are handed off (a reset or restore that hangs is the pool's deadline's to end).
+Sends are serialized with one lock, so replies never interleave on the wire.
 """
 
 from __future__ import annotations
@@ -33,12 +44,13 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from enum import Enum
+from typing import Any, NamedTuple
 
 from turnpool.worker.deadline import TIMED_OUT, StepInterrupted, raise_in_thread
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import Op, Request, error_step
+from turnpool.worker.protocol import Op, Reply, Request, error_step, failed_reply, short_error
 
 log = logging.getLogger(__name__)
 
@@ -49,29 +61,137 @@ DEFAULT_HANDOFF_AFTER = 0.05
 MAX_STUCK_THREADS = 64
 
 
-class _Job:
-    """One step request being answered, shareable between runners."""
+class JobState(Enum):
+    """Where one step request stands (`HandoffJob.state`)."""
 
-    __slots__ = ("seq", "op", "env_ids", "claim", "results", "failed", "owner", "handed",
-                 "closed", "partial_sent", "reported", "given_up")
+    #: one runner claims every env; nobody else knows the job (the common path)
+    RUNNING = "running"
+    #: a stalled runner handed the rest to another: the job's owner will answer it
+    HANDED = "handed"
+    #: the partial reply went out: each straggler's result goes out on its own, as `Op.LATE`
+    PARTIAL = "partial"
+    #: every env's result was sent
+    DONE = "done"
 
-    def __init__(self, request: Request, owner: _Runner) -> None:
+
+class Answer(NamedTuple):
+    """What a transition sends: ``replies`` in order; ``answered``: the request's own reply
+    (full or partial) is among them, so the worker's progress goes back to ``-1``."""
+
+    replies: list[Reply]
+    answered: bool
+
+
+_NOTHING = Answer([], False)
+
+
+class HandoffJob:
+    """One step request being answered, shareable between runners.
+
+    Runners write ``results`` / ``failed`` (through `EnvHost.run_turns`, claiming envs from
+    ``claim``); the job's state changes only through `hand_to`, `finish` and `give_up`,
+    each of which says what to send. The server calls them under its lock.
+    """
+
+    __slots__ = ("seq", "op", "env_ids", "claim", "results", "failed", "owner", "state",
+                 "reported", "given_up")
+
+    def __init__(self, request: Request, owner: object) -> None:
         self.seq, self.op, (env_ids, actions) = request
-        self.env_ids = env_ids
+        self.env_ids: Sequence[int] = env_ids
         self.claim = enumerate(zip(env_ids, actions))
         self.results: list[Any] = [None] * len(env_ids)
         self.failed: list[int] = []
-        #: the runner that answers the request (the reader it was handed to)
+        #: the runner that answers the request (the one it was last handed to)
         self.owner = owner
-        self.handed = False
-        #: answered in full (no hand-off can start any more)
-        self.closed = False
-        self.partial_sent = False
+        self.state = JobState.RUNNING
         #: indices whose result was sent
         self.reported: set[int] = set()
         #: index -> the ``timeout`` result of an env given up before the partial reply (it
         #: wins over whatever its stuck runner writes later)
         self.given_up: dict[int, Any] = {}
+
+    def hand_to(self, owner: object) -> bool:
+        """The owner stalled: ``owner`` runs the rest and answers. False once answered."""
+        if self.state not in (JobState.RUNNING, JobState.HANDED):
+            return False
+        self.owner = owner
+        self.state = JobState.HANDED
+        return True
+
+    def finish(self, runner: object,
+               since: Callable[[], tuple[dict[int, float], float]]) -> Answer:
+        """``runner`` has no more envs of this job to claim: what is due now. ``since()``
+        gives ``({env_id: start}, now)`` for the envs runners are inside (only asked for a
+        partial reply, which names when each pending env started)."""
+        state = self.state
+        if state is JobState.RUNNING:  # one runner did every env
+            self.state = JobState.DONE
+            return Answer([(self.seq, self.op, (self.results, self.failed), None, None)], True)
+        if state is JobState.HANDED:
+            return self._answer(since) if runner is self.owner else _NOTHING
+        if state is JobState.PARTIAL:
+            return self._late()
+        return _NOTHING
+
+    def abort(self) -> bool:
+        """Running the envs failed (a host bug): True if the request, held by one runner
+        only, is now to be answered as a whole failure; False once another runner holds it
+        (its envs then end as stragglers)."""
+        if self.state is not JobState.RUNNING:
+            return False
+        self.state = JobState.DONE
+        return True
+
+    def give_up(self, env_id: int, timed_out: Any) -> tuple[bool, Reply | None]:
+        """Env ``env_id`` is stuck past the deadline: fail it with ``timed_out``. Returns
+        whether that was news, and the reply to send now (None: the partial reply will carry
+        it). Only an env a runner was handed away from can be given up."""
+        k = next((k for k, i in enumerate(self.env_ids) if i == env_id), -1)
+        if k < 0 or k in self.reported or k in self.given_up:
+            return False, None
+        if self.state is JobState.HANDED:
+            self.given_up[k] = timed_out
+            return True, None
+        if self.state is JobState.PARTIAL:
+            self._report([k])
+            return True, (self.seq, Op.LATE, [(env_id, timed_out)], None, None)
+        return False, None
+
+    # ------------------------------------------------------------------ helpers
+    def _view(self) -> list[Any]:
+        """The results as sent: a given-up env's ``timeout`` wins over its late result."""
+        if not self.given_up:
+            return self.results
+        return [self.given_up.get(k, r) for k, r in enumerate(self.results)]
+
+    def _report(self, indices: list[int]) -> None:
+        self.reported.update(indices)
+        if len(self.reported) == len(self.env_ids):
+            self.state = JobState.DONE
+
+    def _answer(self, since: Callable[[], tuple[dict[int, float], float]]) -> Answer:
+        """The owner is done: the full reply if nothing is pending, else the partial one."""
+        results = self._view()
+        pending = [k for k, r in enumerate(results) if r is None]
+        self._report([k for k, r in enumerate(results) if r is not None])
+        if not pending:
+            failed = sorted(set(self.failed) | set(self.given_up))
+            return Answer([(self.seq, self.op, (results, failed), None, None)], True)
+        self.state = JobState.PARTIAL
+        started, now = since()
+        pending_since = [(k, started.get(self.env_ids[k], now)) for k in pending]
+        return Answer([(self.seq, Op.PARTIAL, (results, pending_since), None, None)], True)
+
+    def _late(self) -> Answer:
+        """Results finished since the last reply, as one `Op.LATE` reply."""
+        results = self._view()
+        fresh = [k for k, r in enumerate(results) if r is not None and k not in self.reported]
+        if not fresh:
+            return _NOTHING
+        self._report(fresh)
+        return Answer([(self.seq, Op.LATE, [(self.env_ids[k], results[k]) for k in fresh],
+                        None, None)], False)
 
 
 class _Runner:
@@ -83,17 +203,18 @@ class _Runner:
         self.thread_id = 0
         self.env = -1
         self.since = 0.0
-        self.job: _Job | None = None
+        self.job: HandoffJob | None = None
         self.wake = threading.Event()
         #: its env was given up (answered ``timeout`` by the watchdog)
         self.abandoned = False
 
 
 class HandoffServer:
-    """Serve one worker's requests so that a stuck env holds back only itself."""
+    """Serve one worker's requests so that a stuck env holds back only itself (with
+    ``handoff_after=None``: one reader, no watchdog, no hand-off)."""
 
     def __init__(self, recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], None],
-                 host: EnvHost, handoff_after: float, step_timeout: float | None,
+                 host: EnvHost, handoff_after: float | None, step_timeout: float | None,
                  encode: Callable[[Any], bytes], loads: Callable[[bytes], Any],
                  progress: Callable[[int], None]) -> None:
         self._recv = recv_bytes
@@ -117,9 +238,9 @@ class HandoffServer:
         becomes the first reader)."""
         me = self._new_runner()
         self._reader = me
-        watchdog = threading.Thread(target=self._watch, name="turnpool-handoff-watch",
-                                    daemon=True)
-        watchdog.start()
+        if self._after is not None:
+            threading.Thread(target=self._watch, name="turnpool-handoff-watch",
+                             daemon=True).start()
         try:
             self._serve(me)
         finally:
@@ -152,7 +273,6 @@ class HandoffServer:
 
     def _step(self, me: _Runner) -> bool:
         """One turn of a runner's loop; True when the server is done."""
-        loads, host = self._loads, self._host
         if self._reader is not me:
             self._park(me)
             return False
@@ -160,7 +280,7 @@ class HandoffServer:
             self._drain(me, me.job)
             return False
         try:
-            request = loads(self._recv())
+            request = self._loads(self._recv())
         except (EOFError, OSError):
             self._end()
             return True
@@ -168,10 +288,10 @@ class HandoffServer:
         if op is Op.CLOSE:
             self._end()
             return True
-        if op.is_turn:
-            self._drain(me, _Job(request, me))
+        if op.is_turn and self._after is not None:
+            self._drain(me, HandoffJob(request, me))
             return False
-        reply = host.handle(request)
+        reply = self._host.handle(request)  # not a step, or no hand-off: answered in one go
         try:
             self._send(reply)
         except OSError:
@@ -179,18 +299,37 @@ class HandoffServer:
             return True
         return False
 
-    def _drain(self, me: _Runner, job: _Job) -> None:
+    def _drain(self, me: _Runner, job: HandoffJob) -> None:
+        """Run the envs of ``job`` that are left to claim, then send what is due."""
         me.job = job
-        at = self._at(me)
         try:
-            self._host.run_turns(job.claim, job.op is Op.STEP1, job.results, job.failed, at)
+            self._host.run_turns(job.claim, job.op is Op.STEP1, job.results, job.failed,
+                                 self._at(me))
+        except Exception as exc:  # a host bug: report it rather than kill the worker
+            log.exception("worker request %s failed", job.op)
+            if job.abort():  # nobody else holds it: fail it as a whole
+                self._progress(-1)
+                self._send_or_end(failed_reply((job.seq, job.op, None), short_error(exc),
+                                               "worker_lost"))
+                return
         finally:
             me.env = -1
             me.job = None
+        with self._lock:
+            answer = job.finish(me, self._since)
+            if answer.answered:
+                self._progress(-1)
+        for reply in answer.replies:
+            if not self._send_or_end(reply):
+                return
+
+    def _send_or_end(self, reply: Reply) -> bool:
         try:
-            self._finish(me, job)
+            self._send(reply)
         except OSError:
             self._end()
+            return False
+        return True
 
     def _at(self, me: _Runner) -> Callable[[int], None]:
         progress = self._progress
@@ -203,52 +342,9 @@ class HandoffServer:
                 progress(env_id)
         return at
 
-    def _finish(self, me: _Runner, job: _Job) -> None:
-        """``me`` has no more envs of ``job`` to claim: answer what is due."""
-        with self._lock:
-            if not job.handed:  # the common path: one runner did every env
-                job.closed = True
-                self._progress(-1)
-            else:
-                late = self._due(me, job)
-        if not job.handed:
-            self._send((job.seq, job.op, (job.results, job.failed), None, None))
-            return
-        for reply in late:
-            self._send(reply)
-
-    def _due(self, me: _Runner, job: _Job) -> list[Any]:
-        """The replies ``job`` owes now (under the lock): the partial reply when its owner is
-        done, late results after it."""
-        results = job.results
-        if job.given_up:
-            results = [job.given_up.get(k, r) for k, r in enumerate(results)]
-        if not job.partial_sent:
-            if job.owner is not me:
-                return []  # the owner will include what this runner finished
-            job.partial_sent = True
-            pending = [k for k, r in enumerate(results) if r is None]
-            done = [k for k, r in enumerate(results) if r is not None]
-            job.reported.update(done)
-            failed = set(job.failed) | set(job.given_up)
-            if not pending:
-                job.closed = True
-                self._progress(-1)
-                return [(job.seq, job.op, (results, sorted(failed)), None, None)]
-            started = self._started(job, pending)
-            self._progress(-1)
-            return [(job.seq, Op.PARTIAL, (results, started), None, None)]
-        fresh = [k for k, r in enumerate(results) if r is not None and k not in job.reported]
-        if not fresh:
-            return []
-        job.reported.update(fresh)
-        return [(job.seq, Op.LATE, [(job.env_ids[k], results[k]) for k in fresh], None, None)]
-
-    def _started(self, job: _Job, pending: list[int]) -> list[tuple[int, float]]:
-        """``(index, since)`` of each pending env (``since`` from the runner inside it)."""
-        since = {r.env: r.since for r in self._runners if r.env >= 0}
-        now = time.monotonic()
-        return [(k, since.get(job.env_ids[k], now)) for k in pending]
+    def _since(self) -> tuple[dict[int, float], float]:
+        """When each runner inside an env entered it, and now (for a partial reply)."""
+        return {r.env: r.since for r in self._runners if r.env >= 0}, time.monotonic()
 
     def _park(self, me: _Runner) -> None:
         with self._lock:
@@ -261,13 +357,15 @@ class HandoffServer:
         me.wake.clear()
 
     def _end(self) -> None:
-        """The pool hung up or asked to close: close the envs; a reader that is not the main
-        thread ends the process (the main thread may be stuck in an env)."""
+        """The pool hung up or asked to close: close the envs. With hand-off, a reader that is
+        not the main thread ends the process (the main thread may be stuck in an env); without
+        it the reader is whatever thread called `run` (a joblib ``threading`` worker runs in
+        the pool's own process), which simply returns."""
         self._closing.set()
         for r in list(self._spares):
             r.wake.set()
         self._host.close()
-        if threading.current_thread() is not threading.main_thread():
+        if self._after is not None and threading.current_thread() is not threading.main_thread():
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
@@ -275,19 +373,20 @@ class HandoffServer:
 
     # ------------------------------------------------------------------ watchdog
     def _watch(self) -> None:
+        assert self._after is not None
         period = max(0.001, self._after / 2)
         while not self._closing.wait(period):
             try:
-                self._check()
+                self._check(self._after)
             except Exception:  # never let the watchdog die silently
                 log.exception("hand-off watchdog")
 
-    def _check(self) -> None:
+    def _check(self, after: float) -> None:
         now = time.monotonic()
         reader = self._reader
         job = reader.job if reader is not None else None
         if (reader is not None and job is not None and reader.env >= 0
-                and now - reader.since > self._after):
+                and now - reader.since > after):
             self._hand_off(reader, job)
         if self._timeout is not None:
             for r in list(self._runners):
@@ -295,20 +394,23 @@ class HandoffServer:
                         and now - r.since > self._timeout):
                     self._give_up(r)
 
-    def _hand_off(self, stuck: _Runner, job: _Job) -> None:
+    def _hand_off(self, stuck: _Runner, job: HandoffJob) -> None:
         with self._lock:
-            if job.closed or stuck.job is not job or self._reader is not stuck:
+            if stuck.job is not job or self._reader is not stuck:
                 return
             if sum(r.abandoned for r in self._runners) >= MAX_STUCK_THREADS:
                 return  # the pool's deadline replaces this worker (and its stuck threads)
-            job.handed = True
             helper = self._spares.pop() if self._spares else None
             fresh = helper is None
             if helper is None:
                 helper = _Runner()
+            if not job.hand_to(helper):
+                if not fresh:
+                    self._spares.append(helper)
+                return
+            if fresh:
                 self._runners.append(helper)
             helper.job = job
-            job.owner = helper
             self._reader = helper
         if fresh:
             threading.Thread(target=self._helper_main, args=(helper,),
@@ -327,18 +429,11 @@ class HandoffServer:
             env_id = r.env
             if job is None or env_id < 0 or r.abandoned:
                 return
-            k = next((k for k, i in enumerate(job.env_ids) if i == env_id), -1)
-            if k < 0 or k in job.reported or k in job.given_up:
+            news, reply = job.give_up(env_id, error_step(TIMED_OUT, failure="timeout"))
+            if not news:
                 return
             r.abandoned = True
             self._host.abandon(env_id)
-            timed_out = error_step(TIMED_OUT, failure="timeout")
-            reply = None
-            if job.partial_sent:  # answer it now, on its own
-                job.reported.add(k)
-                reply = (job.seq, Op.LATE, [(env_id, timed_out)], None, None)
-            else:  # the owner's partial reply will carry it
-                job.given_up[k] = timed_out
         log.warning("env %d stuck past step_timeout (%g s): answered timeout, thread "
                     "abandoned", env_id, self._timeout)
         if reply is not None:
@@ -349,4 +444,5 @@ class HandoffServer:
                 raise_in_thread(r.thread_id)
 
 
-__all__ = ["DEFAULT_HANDOFF_AFTER", "HandoffServer"]
+__all__ = ["DEFAULT_HANDOFF_AFTER", "MAX_STUCK_THREADS", "Answer", "HandoffJob",
+           "HandoffServer", "JobState"]

@@ -45,7 +45,7 @@ class EnvHost:
 
     ``progress(env_id)`` is called before each env's work and with ``-1`` when a request is
     done, so a backend can tell the pool which env was running if the worker dies or hangs
-    (a backend that hands a host to another thread rebinds `progress`).
+    (the sequential backend rebinds `progress` when a request runs on its worker's lane).
     """
 
     _handlers: dict[Op, Callable[[EnvHost, Any], Any]]

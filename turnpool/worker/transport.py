@@ -4,7 +4,8 @@ The process, process_pool, joblib and Ray backends differ only in how a worker i
 how bytes reach it; what a worker does once it holds its slice of envs is the same everywhere,
 so it is written here once:
 
-* `serve`: the one request -> reply loop (for backends that hand the worker a connection);
+* `serve`: the one request -> reply loop (`turnpool.worker.handoff.HandoffServer`, for
+  backends that hand the worker a connection);
 * `encode`: a reply pickled once, in which results that cannot be pickled become per-env
   errors (the env is to blame, not the worker);
 * `ProgressSlot` / `ProgressWriter`: a 16-byte shared record ``(env_id, since)`` the worker
@@ -55,27 +56,10 @@ def serve(recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], None],
           host: EnvHost, handoff_after: float | None = None,
           step_timeout: float | None = None) -> None:
     """Answer requests until ``close`` or until the pool hangs up; the envs are closed either
-    way. With ``handoff_after`` a stalled env holds back only itself
-    (`turnpool.worker.handoff`)."""
-    if handoff_after:
-        HandoffServer(recv_bytes, send_bytes, host, handoff_after, step_timeout, encode,
-                      pickle.loads, host.progress).run()
-        return
-    loads, handle = pickle.loads, host.handle
-    try:
-        while True:
-            try:
-                request = loads(recv_bytes())
-            except (EOFError, OSError):
-                break
-            if request[1] is Op.CLOSE:
-                break
-            try:
-                send_bytes(encode(handle(request)))
-            except OSError:
-                break
-    finally:
-        host.close()
+    way. `turnpool.worker.handoff.HandoffServer` is the one request loop of every worker
+    process; with ``handoff_after`` a stalled env holds back only itself."""
+    HandoffServer(recv_bytes, send_bytes, host, handoff_after or None, step_timeout, encode,
+                  pickle.loads, host.progress).run()
 
 
 def encode(reply: Reply) -> bytes:
