@@ -139,7 +139,7 @@ def _config(env_type: str, backend: str) -> dict[str, Any]:
                                      "env_configs": {"tags": ["Coin"], "n_groups": [2]}}},
             "custom_envs": {"Coin": {"env_type": env_type, "max_actions_per_traj": 3,
                                      "env_instruction": "Guess.", "env_config": {"sides": 2}}},
-            "seed": {"train": 100}, "turnpool": {"backend": backend}}
+            "seed": {"train": 100}, "turnpool": {"backend": backend, "ragen_version": "v1"}}
 
 
 def _play(env_type: str, backend: str) -> list[Any]:

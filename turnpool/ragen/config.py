@@ -158,11 +158,51 @@ def load_config(
         validate(layer, source, strict=strict)
     merged = OmegaConf.merge(*(layer for _, layer in layers))
     assert isinstance(merged, DictConfig)
+    merged.turnpool.ragen_version = ragen_version(layers[2:])
     where = _where(layers)
     validate(merged, where, resolved=True, strict=strict)
     for mode in ("train", "val"):
         _check_mode(merged, mode, where)
     return merged
+
+
+#: Keys only RAGEN v2 (mll-lab-nu/RAGEN) configs carry, and keys only 5eb79b8-era (v1) ones do.
+V2_MARKERS = ("collapse_detection", "log_prob_micro_batch_size_per_gpu",
+              "agent_proxy.context_window_mode", "agent_proxy.batch_adjust_mode",
+              "custom_envs.*.parallel_friendly", "custom_envs.*.max_workers")
+V1_MARKERS = ("use_parallel_envs", "agent_proxy.use_parallel_rollout",
+              "agent_proxy.parallel_n_jobs", "es_manager.use_multiprocessing",
+              "es_manager.sequential_env_types")
+
+
+def _has_key(layer: DictConfig, dotted: str) -> bool:
+    head, _, rest = dotted.partition(".")
+    if head == "*":
+        return any(isinstance(layer[k], DictConfig) and _has_key(layer[k], rest)
+                   for k in layer)
+    if head not in layer:
+        return False
+    if not rest:
+        return True
+    node = layer._get_node(head)
+    return isinstance(node, DictConfig) and _has_key(node, rest)
+
+
+def ragen_version(user_layers: Sequence[tuple[str, DictConfig]]) -> str:
+    """Which RAGEN's semantics a config asks for: ``turnpool.ragen_version`` when the user
+    pins it; else ``v2`` if only v2's keys appear, ``v1`` if only v1's do, and ``v2`` (the
+    default) when neither or both do (docs/ragen.md, "RAGEN v1 and v2")."""
+    pinned = [OmegaConf.select(layer, "turnpool.ragen_version", default=None)
+              for _, layer in user_layers]
+    pinned = [p for p in pinned if p is not None]
+    if pinned:
+        return str(pinned[-1])
+    v2 = any(_has_key(layer, k) for _, layer in user_layers for k in V2_MARKERS)
+    v1 = any(_has_key(layer, k) for _, layer in user_layers for k in V1_MARKERS)
+    if v1 and v2:
+        log.info("the config has keys of both RAGEN v1 and v2; using v2 (pin "
+                 "turnpool.ragen_version to choose)")
+    return "v1" if v1 and not v2 else "v2"
 
 
 def user_sets(path: str | Path | DictConfig | Mapping[str, Any] | None, key: str) -> bool:
@@ -264,7 +304,9 @@ def pool_options(cfg: DictConfig) -> dict[str, Any]:
     ``agent_proxy.use_parallel_rollout`` -> ``joblib`` with ``parallel_n_jobs`` workers;
     ``es_manager.use_multiprocessing`` -> ``process_pool`` with ``max_workers`` and
     ``sequential_env_types`` (those env types stay in the calling process);
-    ``use_parallel_envs: false`` -> ``sequential``. Keys left unset take EnvPool's defaults.
+    ``use_parallel_envs: false`` -> ``sequential``; RAGEN v2's ``custom_envs.<tag>.
+    parallel_friendly`` with ``max_workers`` > 1 -> ``process`` with that many workers (see
+    `_parallel_friendly_workers`). Keys left unset take EnvPool's defaults.
     """
     tp = _section(cfg, "turnpool") or {}
     ap = _section(cfg, "agent_proxy") or {}
@@ -283,7 +325,24 @@ def pool_options(cfg: DictConfig) -> dict[str, Any]:
         options["sequential_env_types"] = list(es.get("sequential_env_types") or [])
     elif cfg.get("use_parallel_envs") is False:
         options["backend"] = "sequential"
+    elif _parallel_friendly_workers(cfg):
+        options["backend"] = "process"
+        options.setdefault("num_workers", _parallel_friendly_workers(cfg))
     return options
+
+
+def _parallel_friendly_workers(cfg: DictConfig) -> int:
+    """RAGEN v2's per-tag thread pools (``custom_envs.<tag>.parallel_friendly`` with
+    ``max_workers`` > 1) as one worker count: the most any used tag asks for (0: none asks).
+    turnpool runs them on the ``process`` backend: the same envs in parallel, with the
+    sequential run's results (v2's threads share the global RNG and differ run to run)."""
+    custom = _section(cfg, "custom_envs") or {}
+    used = {t for mode in ("train", "val")
+            for t in (OmegaConf.select(cfg, f"es_manager.{mode}.env_configs.tags",
+                                       default=None) or [])}
+    asks = [int(custom[t].get("max_workers") or 1) for t in used
+            if t in custom and custom[t].get("parallel_friendly")]
+    return max((n for n in asks if n > 1), default=0)
 
 
 def _reset_takes_mode(env_type: str) -> bool:
@@ -341,7 +400,9 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
                           max_actions_per_turn=int(ap.get("max_actions_per_turn", 5)),
                           enable_think=bool(ap.get("enable_think", True)),
                           max_context_window=-1 if window is None else int(window),
-                          format_penalty=float(es.get("format_penalty", -0.1))),
+                          format_penalty=float(es.get("format_penalty", -0.1)),
+                          ragen_version=str(tp.get("ragen_version", "v2")),
+                          context_window_mode=str(ap.get("context_window_mode", "full"))),
         grouping=str(rn.get("grouping", "state")), method=str(rn.get("method", "identity")),
         use_turn_scores=bool(ap.get("use_turn_scores", False)),
         filter_groups=enable, max_num_gen_batches=max_batches,

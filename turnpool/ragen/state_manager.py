@@ -74,6 +74,8 @@ IMAGE_PLACEHOLDER = "<images>"
 #: Keys the pool adds to ``info`` that RAGEN's envs never report.
 _POOL_INFO_KEYS = ("anchor_obs", "terminated", "truncated", "error", "failure", "retryable",
                    "frame_shm")
+#: The info key of an env's own unshaped reward (RAGEN v2 sums it per turn and episode).
+RAW_REWARD_KEY = "raw_reward"
 #: RAGEN averages these info keys per turn even for its "Webshop" special case.
 _TURN_LVL_METRICS = ("action_is_effective", "action_is_valid", "end_of_page")
 
@@ -139,6 +141,8 @@ class EnvStateManager:
         self.env_groups = self.plan.num_groups
         self.group_size = self.plan.group_size
         self.format_penalty = self.plan.collector.turn.format_penalty
+        #: RAGEN v2's manager contract (`turnpool.ragen.config.ragen_version`)
+        self.v2 = self.plan.collector.turn.ragen_version == "v2"
         has_seed = user_sets(config, "seed")
         self.base_seed: int | None = self.plan.collector.seed_base if has_seed else None
         self.seed_counter = 0
@@ -163,6 +167,7 @@ class EnvStateManager:
         self._first_state: list[str] = [""] * len(self.envs)
         self._state: list[str] = [""] * len(self.envs)
         self._frames: list[Any] = [None] * len(self.envs)  # shared-memory frame descriptors
+        self._grids: list[Any] = [None] * len(self.envs)  # the last "grid" an env reported
         self._reader = FrameReader()
         self._closed = False
 
@@ -220,6 +225,7 @@ class EnvStateManager:
         for entry, text, env_seed, env_info in zip(self.envs, obs, seeds, infos):
             i, tag = entry["env_id"], entry["tag"]
             self._frames[i] = env_info.get(FRAME_KEY)
+            self._grids[i] = env_info.get("grid")
             entry["status"] = EnvStatus(seed=env_seed)
             self._first_state[i] = self._state[i] = str(text)
             info = self._tags[tag]
@@ -247,45 +253,60 @@ class EnvStateManager:
             valid = self._map_actions(i, actions)
             left = entry["max_actions_per_traj"] - entry["status"].num_actions
             plans.append((inp, i, actions, valid, valid[:max(0, left)]))
-        results = self._execute([(i, run) for _, i, _, _, run in plans])
+        runs = [(i, run) for _, i, _, _, run in plans]
+        results = self._execute_v2(runs) if self.v2 else self._execute(runs)
         outputs = []
         for (inp, i, actions, valid, run), result in zip(plans, results):
-            entry, cache = self.envs[i], self.rollout_cache[i]
-            status: EnvStatus = entry["status"]
-            info = self._tags[entry["tag"]]
-            n = 0 if result is None else int(result.n_executed)
-            reward: float | int = 0
-            turn_info: dict[str, Any] = {}
-            turn_done = False
-            if result is not None and result.error:
-                log.warning("env %d failed: %s", i, result.error)
-                turn_done = True
-            elif result is not None and n > 0:
-                reward = self._reward(info, result.reward_sum)
-                turn_info = self._info(info, result.info)
-                turn_done = bool(result.terminated or result.truncated)
-            if result is not None:
-                self._state[i] = str(result.obs)
-                if n > 0:
-                    self._frames[i] = result.info.get(FRAME_KEY)
-            if len(valid) != len(actions) or not valid:
-                cache["penalty"] += self.format_penalty
-            status.num_actions += n
-            status.rewards.append(reward)
-            if turn_done:
-                status.terminated = True
-                status.truncated = not turn_info.get("success", False)
-            cache["history"][-1].update({
-                "actions": list(run[:n]), "reward": reward, "info": turn_info,
-                "llm_response": inp["llm_response"], "llm_raw_response": inp["llm_raw_response"]})
-            cache["history"].append(self._state_entry(
-                i, entry["max_actions_per_traj"] - status.num_actions))
-            if status.num_actions >= entry["max_actions_per_traj"] and not turn_done:
-                status.truncated = status.terminated = True
-                turn_done = True
-            if not turn_done:
-                outputs.append(cache)
+            if self._record(inp, i, actions, valid, run, result):
+                outputs.append(self.rollout_cache[i])
         return outputs
+
+    def _record(self, inp: Mapping[str, Any], i: int, actions: list[str], valid: list[Any],
+                run: list[Any], result: TurnResult | None) -> bool:
+        """Record one env's turn in its cache entry; whether the env is still running."""
+        assert self.rollout_cache is not None
+        entry, cache = self.envs[i], self.rollout_cache[i]
+        status: EnvStatus = entry["status"]
+        info = self._tags[entry["tag"]]
+        n = 0 if result is None else int(result.n_executed)
+        reward: float | int = 0
+        turn_info: dict[str, Any] = {}
+        turn_done = False
+        if result is not None and result.error:
+            log.warning("env %d failed: %s", i, result.error)
+            turn_done = True
+        elif result is not None and n > 0:
+            reward = self._reward(info, result.reward_sum)
+            turn_info = self._info(info, result.info)
+            turn_done = bool(result.terminated or result.truncated)
+        if result is not None:
+            self._state[i] = str(result.obs)
+            if n > 0:
+                self._frames[i] = result.info.get(FRAME_KEY)
+                self._grids[i] = result.info.get("grid", self._grids[i])
+        if self.v2:  # v2's manager: the turn's raw reward always, and a turn with no action
+            turn_info["raw_reward"] = float(0.0 if result is None or n == 0
+                                            else result.info.get(RAW_REWARD_KEY, 0.0))
+            if not valid:
+                turn_info["manager_invalid_action"] = True
+        if len(valid) != len(actions) or not valid:
+            cache["penalty"] += self.format_penalty
+        status.num_actions += n
+        status.rewards.append(reward)
+        if turn_done:
+            status.terminated = True
+            status.truncated = not turn_info.get("success", False)
+        cache["history"][-1].update({
+            "actions": list(run[:n]), "reward": reward, "info": turn_info,
+            "llm_response": inp["llm_response"], "llm_raw_response": inp["llm_raw_response"]})
+        cache["history"].append(self._state_entry(
+            i, entry["max_actions_per_traj"] - status.num_actions))
+        if self.v2 and not valid:
+            cache["history"][-1]["manager_invalid_action"] = True
+        if status.num_actions >= entry["max_actions_per_traj"] and not turn_done:
+            status.truncated = status.terminated = True
+            turn_done = True
+        return not turn_done
 
     def get_rollout_states(self) -> list[dict[str, Any]]:
         """The rollout cache with RAGEN's metrics added (see the module docstring)."""
@@ -296,16 +317,15 @@ class EnvStateManager:
             env_metric: dict[str, Any] = {
                 "success": float(status.terminated and not status.truncated),
                 "num_actions": status.num_actions}
-            custom: dict[str, list[float]] = {}
-            for turn in cache["history"]:
-                for k, v in turn.get("info", {}).items():
-                    if k != "success":
-                        custom.setdefault(k, []).append(float(v))
-            for k, v in custom.items():
-                if "Webshop" not in k or k in _TURN_LVL_METRICS:
-                    env_metric[k] = np.sum(v) / (len(cache["history"]) - 1)
-                else:
-                    env_metric[k] = np.sum(v)
+            custom = _turn_metrics(cache["history"], entry["tag"], skip_text=self.v2)
+            if self.v2:
+                env_metric.update(_v2_metrics(custom, cache, self._grids[entry["env_id"]]))
+            else:
+                for k, v in custom.items():
+                    if "Webshop" not in k or k in _TURN_LVL_METRICS:  # v1's test, on the key
+                        env_metric[k] = np.sum(v) / (len(cache["history"]) - 1)
+                    else:
+                        env_metric[k] = np.sum(v)
             cache["history"][-1]["metrics"] = custom
             cache["metrics"] = {f"{entry['tag']}/{k}": v for k, v in env_metric.items()}
             if entry["tag"] == "MetamathQA":
@@ -364,6 +384,19 @@ class EnvStateManager:
             todo = later
         return out
 
+    def _execute_v2(self, runs: list[tuple[int, list[Any]]]) -> list[TurnResult | None]:
+        """v2's turn: the actions one at a time, each action's info merged over the last
+        (later keys win) and the ``raw_reward`` of each summed, up to the first done."""
+        steps = [[[a] for a in run] for _, run in runs]
+        merged: list[TurnResult | None] = [None] * len(runs)
+        for depth in range(max((len(run) for _, run in runs), default=0)):
+            todo = [k for k, s in enumerate(steps) if depth < len(s) and (
+                merged[k] is None or not (merged[k].done or merged[k].error))]  # type: ignore[union-attr]
+            got = self._execute([(runs[k][0], steps[k][depth]) for k in todo])
+            for k, r in zip(todo, got):
+                merged[k] = r if r is None else _merge(merged[k], r)
+        return merged
+
     @staticmethod
     def _reward(info: _TagInfo, value: float) -> float | int:
         if info.int_rewards and float(value).is_integer():
@@ -397,6 +430,56 @@ class EnvStateManager:
         info = self._tags[self.envs[env_id]["tag"]]
         answer_for = getattr(info.cls, "answer_for_obs", None)
         return answer_for(self._first_state[env_id], info.kwargs) if answer_for else None
+
+
+def _merge(before: TurnResult | None, now: TurnResult) -> TurnResult:
+    """Two consecutive single-action results as one turn's (RAGEN v2's ``turn_info.update``)."""
+    raw = float(now.info.get(RAW_REWARD_KEY, 0.0) or 0.0)
+    if before is None:
+        return now._replace(info={**now.info, RAW_REWARD_KEY: raw})
+    raw += float(before.info[RAW_REWARD_KEY])
+    return now._replace(reward_sum=before.reward_sum + now.reward_sum,
+                        n_executed=before.n_executed + now.n_executed,
+                        info={**before.info, **now.info, RAW_REWARD_KEY: raw})
+
+
+def _turn_metrics(history: list[dict[str, Any]], tag: str, *, skip_text: bool
+                  ) -> dict[str, list[float]]:
+    """Every info key of every turn as a list of floats (RAGEN's ``custom_metric``); v2 logs
+    and skips a value that is not a number (its key stays, with what was numeric)."""
+    custom: dict[str, list[float]] = {}
+    for turn in history:
+        for k, v in turn.get("info", {}).items():
+            if k == "success":
+                continue
+            values = custom.setdefault(k, [])
+            try:
+                values.append(float(v))
+            except (TypeError, ValueError):
+                if not skip_text:
+                    raise
+                log.warning("Skipping non-numeric metric '%s' with value %r for env %s.",
+                            k, v, tag)
+    return custom
+
+
+def _v2_metrics(custom: dict[str, list[float]], cache: dict[str, Any], grid: Any
+                ) -> dict[str, Any]:
+    """RAGEN v2's per-env metrics after ``success`` and ``num_actions``."""
+    out: dict[str, Any] = {}
+    if grid is not None:
+        out["max_tile"] = int(np.max(np.asarray(grid)))
+    if RAW_REWARD_KEY in custom:
+        out["episodic_return"] = float(np.sum(custom[RAW_REWARD_KEY]))
+    webshop = "webshop" in cache["tag"].lower()
+    for k, v in custom.items():
+        if not webshop or k in _TURN_LVL_METRICS:
+            out[k] = np.sum(v) / (len(cache["history"]) - 1)
+        else:
+            out["traj_sum/" + k] = np.sum(v)
+    if custom.get("score"):
+        out["final_score"] = float(custom["score"][-1])
+    return out
 
 
 def _as_image(frame: np.ndarray) -> Any:

@@ -1,0 +1,134 @@
+"""turnpool's ``EnvStateManager`` and collector against RAGEN v2's own manager (mll-lab-nu/RAGEN
+@ 20daedc), recorded at the ``EnvStateManager`` + ``ContextManager`` level with a scripted actor
+that mixes valid, invalid, unformatted and multi-action replies (docs/ragen.md, "Recording the
+fixtures again"): the rollout cache after every call, the metrics, and the prompts."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.ragen.test_golden_es import BUNDLED_COUNTDOWN, encode
+from turnpool.ragen.state_manager import EnvStateManager
+
+pytestmark = pytest.mark.timeout(300)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ragen_v2" / "manager"
+#: traces whose envs turnpool already plays as RAGEN v2 does; ``frozen_lake`` and ``bandit``
+#: (v2's FrozenLake ``p``/``success_rate`` and Bandit arm names) join once those envs follow v2
+NATIVE = ["sokoban", "countdown"]
+#: the train seed each trace was recorded with (val uses ``seed.val``)
+SEEDS = {"sokoban": 7, "countdown": 3, "frozen_lake": 11, "bandit": 5}
+
+
+@cache
+def trace(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
+    return data
+
+
+def config(name: str, tmp_path: Path, backend: str = "sequential") -> dict[str, Any]:
+    cfg = json.loads(json.dumps(trace(name)["config"]))
+    for c in cfg["custom_envs"].values():
+        if c.get("env_config") and "train_path" in c["env_config"]:
+            data = tmp_path / "countdown.jsonl"
+            data.write_text(BUNDLED_COUNTDOWN.read_text(encoding="utf-8"), encoding="utf-8")
+            c["env_config"]["train_path"] = str(data)
+    cfg["turnpool"] = {"backend": backend}
+    return cfg
+
+
+def plain(x: Any) -> Any:
+    return json.loads(json.dumps(encode(x)))
+
+
+def replay(name: str, tmp_path: Path, backend: str = "sequential") -> None:
+    for run in trace(name)["runs"]:
+        mode = run["mode"]
+        with EnvStateManager(config(name, tmp_path, backend), mode=mode) as es:
+            assert es.v2
+            out = es.reset(seed=run_seed(name, mode))
+            assert plain(out) == run["reset"], (name, mode, "reset")
+            for k, turn in enumerate(run["turns"]):
+                out = es.step(turn["env_inputs"])
+                assert [o["env_id"] for o in out] == turn["active_after"], (name, mode, k)
+            got = plain(es.get_rollout_states())
+            for g, want in zip(got, run["rollout_states"]):
+                assert g["history"] == want["history"], (name, mode, g["env_id"])
+                assert g["metrics"] == want["metrics"], (name, mode, g["env_id"])
+            assert got == run["rollout_states"]
+
+
+def run_seed(name: str, mode: str) -> int | None:
+    return SEEDS[name] if mode == "train" else None
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_state_manager_matches_ragen_v2_manager(name: str, tmp_path: Path) -> None:
+    replay(name, tmp_path)
+
+
+def test_v2_trace_is_the_same_on_the_process_backend(tmp_path: Path) -> None:
+    replay("sokoban", tmp_path, "process")
+
+
+def write_v2_configs(dest: Path) -> list[str]:
+    """RAGEN v2's ``config/*.yaml`` as recorded (parsed and dumped again), written back."""
+    files = json.loads((FIXTURES / "configs.json").read_text(encoding="utf-8"))
+    for name, text in files.items():
+        (dest / name).write_text(text, encoding="utf-8")
+    return sorted(files)
+
+
+def test_every_ragen_v2_config_loads_untouched_as_v2(tmp_path: Path) -> None:
+    import warnings
+
+    from turnpool.ragen.config import ConfigWarning, load_config, rollout_plan
+
+    names = write_v2_configs(tmp_path)
+    assert len(names) == 19
+    for name in names:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ConfigWarning)  # every key is known
+            cfg = load_config(tmp_path / name)
+        assert cfg.turnpool.ragen_version == "v2", name
+        plan = rollout_plan(cfg, "val")
+        assert plan.collector.turn.ragen_version == "v2"
+    base = rollout_plan(load_config(tmp_path / "base.yaml"))
+    assert base.collector.turn.max_actions_per_turn == 2  # v2's base value, not v1's 5
+    assert base.tags[0].tag == "CoordSokoban"
+
+
+def test_a_pinned_version_wins_over_the_detected_one(tmp_path: Path) -> None:
+    from turnpool.ragen.config import load_config
+
+    write_v2_configs(tmp_path)
+    cfg = load_config(tmp_path / "_2_sokoban.yaml", ["turnpool.ragen_version=v1"])
+    assert cfg.turnpool.ragen_version == "v1"
+
+
+def test_the_version_is_detected_from_keys_only_one_ragen_has() -> None:
+    from turnpool.ragen.config import load_config
+
+    v1 = {"es_manager": {"use_multiprocessing": False}}
+    v2 = {"agent_proxy": {"context_window_mode": "single_turn"}}
+    assert load_config(v1).turnpool.ragen_version == "v1"
+    assert load_config(v2).turnpool.ragen_version == "v2"
+    assert load_config({}).turnpool.ragen_version == "v2"  # neither: the default
+    both = {**v1, **v2}
+    assert load_config(both).turnpool.ragen_version == "v2"
+
+
+def test_parallel_friendly_tags_run_on_worker_processes_with_their_max_workers() -> None:
+    from turnpool.ragen.config import load_config, pool_options
+
+    def cfg(friendly: bool, workers: int) -> dict[str, Any]:
+        return {"custom_envs": {"SimpleSokoban": {"parallel_friendly": friendly,
+                                                  "max_workers": workers}}}
+    assert pool_options(load_config(cfg(True, 3))) == {"backend": "process", "num_workers": 3}
+    assert pool_options(load_config(cfg(False, 32))).get("backend", "auto") == "auto"
+    assert pool_options(load_config(cfg(True, 1))).get("backend", "auto") == "auto"
