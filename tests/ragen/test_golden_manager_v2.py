@@ -132,3 +132,49 @@ def test_parallel_friendly_tags_run_on_worker_processes_with_their_max_workers()
     assert pool_options(load_config(cfg(True, 3))) == {"backend": "process", "num_workers": 3}
     assert pool_options(load_config(cfg(False, 32))).get("backend", "auto") == "auto"
     assert pool_options(load_config(cfg(True, 1))).get("backend", "auto") == "auto"
+
+
+class ScriptedActor:
+    """Replies what the recorded actor replied to env ``env_id`` at turn ``turn``, and keeps
+    every prompt it was shown."""
+
+    def __init__(self, run: dict[str, Any]) -> None:
+        self.replies = {(i, k): "<think>" + r  # v2 prepends the generation prompt's tag
+                        for k, t in enumerate(run["turns"])
+                        for i, r in zip(t["env_ids"], t["replies"])}
+        self.seen: dict[tuple[int, int], Any] = {}
+
+    def generate(self, batch: list[Any], contexts: list[Any] | None = None) -> list[str]:
+        assert contexts is not None
+        for messages, c in zip(batch, contexts):
+            self.seen[(c.env_id, c.turn)] = messages
+        return [self.replies[(c.env_id, c.turn)] for c in contexts]
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("window", [("full", -1), ("limited_multi_turn", 2),
+                                    ("single_turn", 2), ("single_turn", -1)])
+def test_collector_prompts_are_ragen_v2_context_managers(window: tuple[str, int],
+                                                         tmp_path: Path) -> None:
+    from turnpool.ragen.config import load_config, rollout_plan
+    from turnpool.rollout.collector import TrajectoryCollector
+
+    name = f"sokoban_{window[0]}_{window[1]}".replace("-", "m")
+    if window == ("full", -1):
+        name = "sokoban"
+    run = trace(name)["runs"][0]
+    cfg = load_config(config(name, tmp_path))
+    actor = ScriptedActor(run)
+    with TrajectoryCollector.from_plan(rollout_plan(cfg), actor) as col:
+        batch = col.collect(seed=SEEDS["sokoban"])
+    for k, t in enumerate(run["turns"]):
+        for i, want in zip(t["env_ids"], t["messages"]):
+            assert actor.seen[(i, k)] == want, (name, i, k)
+    assert len(actor.seen) == sum(len(t["env_ids"]) for t in run["turns"])
+    got = {t.env_id: t.score for t in batch.trajectories}
+    want_rewards = {s["env_id"]: sum(h.get("reward", 0) if not isinstance(h.get("reward"), dict)
+                                     else h["reward"]["float"] for h in s["history"])
+                    for s in run["rollout_states"]}
+    assert got == pytest.approx(want_rewards)

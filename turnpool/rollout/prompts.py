@@ -17,6 +17,14 @@ Prompt format (RAGEN's ContextManager)::
     user:   Reward:\\n-0.2\\n
             \\nTurn 2:\\nState:\\n...
 
+RAGEN v2 (``TurnSettings.ragen_version == "v2"``, mll-lab-nu/RAGEN's ContextManager) moves the
+prefix into the system message (``"You're a helpful assistant. " + prefix``; the first user
+message starts at ``"\\nTurn 1:"``), adds ``INVALID_WARNING`` after the state of a turn that
+follows one with no valid action, and windows by ``context_window_mode``: ``full`` shows every
+turn (``max_context_window`` is ignored), ``limited_multi_turn`` the last ``max_context_window``
+history entries as chat turns, ``single_turn`` one user message with a summary of the earlier
+entries of the window and the current state.
+
 Deliberate differences from RAGEN (each a bug there):
 
 * the symbol legend comes from the symbols the env really draws (its ``env_config`` override
@@ -40,6 +48,9 @@ from turnpool.rollout.settings import TagSpec, TurnSettings
 from turnpool.rollout.trajectory import Turn
 
 SYSTEM_PROMPT = "You're a helpful assistant. "
+#: RAGEN v2's line after the state of a turn that follows one with no valid action.
+INVALID_WARNING = ("No valid action provided previously. Environment state remains the same. "
+                   "Please try again.\n")
 THINK_FORMAT = "<think> [Your thoughts] </think> <answer> [your answer] </answer>"
 ANSWER_FORMAT = "<answer> [your answer] </answer>"
 
@@ -200,11 +211,45 @@ class ChatHistory(Protocol):
     def actions_left(self) -> int: ...
 
 
-def _state_text(state: str, actions_left: int, max_tokens: int, enable_think: bool) -> str:
+def _state_text(state: str, actions_left: int, max_tokens: int, enable_think: bool,
+                warning: str = "") -> str:
     fmt = THINK_FORMAT if enable_think else ANSWER_FORMAT
-    return (f"State:\n{state}\nYou have {actions_left} actions left. Always output: {fmt} "
+    return (f"State:\n{state}\n{warning}You have {actions_left} actions left. Always output: {fmt} "
             f"with no extra text. Strictly follow this format. "
             f"Max response length: {max_tokens} words (tokens).\n")
+
+
+def _entry_state(ep: ChatHistory, number: int, turn: Turn | None,
+                 settings: TurnSettings) -> str:
+    """The state block of history entry ``number`` (``turn`` None: the current state)."""
+    state, left = (ep.state, ep.actions_left) if turn is None else (turn.state, turn.actions_left)
+    warn = (settings.ragen_version == "v2" and number >= 2
+            and ep.turns[number - 2].manager_invalid_action)
+    return _state_text(state, left, ep.prompt.spec.max_tokens, settings.enable_think,
+                       INVALID_WARNING if warn else "")
+
+
+def _single_turn(ep: ChatHistory, entries: list[tuple[int, Turn | None]],
+                 settings: TurnSettings) -> list[Message]:
+    """v2's ``single_turn`` prompt: one user message, the earlier turns of the window as a
+    summary and the current state (its default memory, ``SimpleMemory``)."""
+    *past, (number, _) = entries
+    text = ""
+    if past:
+        text = (f"Summary: {number - 1} step(s) completed so far. Showing the last "
+                f"{len(past)} turn(s) with state/action/reward details. Recent turns:\n---\n")
+        for n, turn in past:
+            assert turn is not None
+            text += (f"Turn {n} State:\n{turn.state}\nTurn {n} Action: {turn.llm_response}\n"
+                     f"Turn {n} Reward: {_reward_value(turn)}\n---\n")
+    head = "\nCurrent Turn " if past else ""
+    text += f"{head}(Turn {number}):\n" + _entry_state(ep, number, None, settings)
+    return [{"role": "system", "content": SYSTEM_PROMPT + ep.prompt.prefix},
+            {"role": "user", "content": text}]
+
+
+def _reward_value(turn: Turn) -> float | int:
+    return turn.reward if turn.executed else 0
 
 
 def _reward_text(turn: Turn) -> str:
@@ -217,23 +262,26 @@ def build_messages(
     ep: ChatHistory, settings: TurnSettings, *, for_update: bool = False
 ) -> list[Message]:
     """The chat for ``ep``: what the policy sees now, or (``for_update``) the training view
-    without the final state and the final reward. Reads the episode, never changes it."""
-    spec = ep.prompt.spec
+    without the final state and the final reward. Reads the episode, never changes it.
+
+    RAGEN v1 opens the first user message with the tag's prefix; v2 puts it in the system
+    message, marks a state that follows a turn with no valid action, and windows by
+    ``context_window_mode`` (module docstring)."""
+    v2 = settings.ragen_version == "v2"
     entries: list[tuple[int, Turn | None]] = [(i + 1, t) for i, t in enumerate(ep.turns)]
     if not for_update:
         entries.append((len(ep.turns) + 1, None))
     k = settings.max_context_window
-    if k is not None and k > 0:
+    if k is not None and k > 0 and not (v2 and settings.context_window_mode == "full"):
         entries = entries[-k:]
-    messages: list[Message] = [{"role": "system", "content": SYSTEM_PROMPT},
-                               {"role": "user", "content": ep.prompt.prefix}]
+    if v2 and settings.context_window_mode == "single_turn" and not for_update:
+        return _single_turn(ep, entries, settings)
+    system, first = ((SYSTEM_PROMPT + ep.prompt.prefix, "") if v2
+                     else (SYSTEM_PROMPT, ep.prompt.prefix))
+    messages: list[Message] = [{"role": "system", "content": system},
+                               {"role": "user", "content": first}]
     for pos, (number, turn) in enumerate(entries):
-        text = f"\nTurn {number}:\n"
-        if turn is None:
-            text += _state_text(ep.state, ep.actions_left, spec.max_tokens, settings.enable_think)
-        else:
-            text += _state_text(turn.state, turn.actions_left, spec.max_tokens,
-                                settings.enable_think)
+        text = f"\nTurn {number}:\n" + _entry_state(ep, number, turn, settings)
         messages[-1] = {"role": messages[-1]["role"],
                         "content": messages[-1]["content"] + text}
         if turn is not None:

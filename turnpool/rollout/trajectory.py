@@ -60,6 +60,12 @@ class Turn:
     #: "tokens" (ids in, ids out) or "chat" (the server tokenized a chat); None: no tokens
     token_path: str | None = None
 
+    @property
+    def manager_invalid_action(self) -> bool:
+        """No valid action at all in the reply (RAGEN v2's ``manager_invalid_action``): the
+        env never ran, and v2's next prompt says so."""
+        return self.n_valid == 0 and not self.executed
+
 
 #: Turn fields that exist only for token-level turns (left out of text-only JSONL).
 TOKEN_FIELDS = ("prompt_ids", "response_ids", "logprobs", "prompt_extends", "token_path")
