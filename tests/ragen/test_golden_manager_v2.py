@@ -178,3 +178,100 @@ def test_collector_prompts_are_ragen_v2_context_managers(window: tuple[str, int]
                                      else h["reward"]["float"] for h in s["history"])
                     for s in run["rollout_states"]}
     assert got == pytest.approx(want_rewards)
+    v2_keys = ("raw_reward", "episodic_return", "manager_invalid_action")
+    want_metrics = {k: v["np_float"] if isinstance(v, dict) and "np_float" in v else
+                    v["float"] if isinstance(v, dict) else v
+                    for k, v in run["metrics"].items()
+                    if k.split("/")[-1] in v2_keys or k.startswith("charts/")}
+    assert {k for k in want_metrics if "manager_invalid_action" in k} == {
+        "SimpleSokoban/manager_invalid_action", "SimpleSokoban/non-zero/manager_invalid_action",
+        "LargerSokoban/manager_invalid_action", "LargerSokoban/non-zero/manager_invalid_action"}
+    assert {k: batch.metrics.get(k) for k in want_metrics} == pytest.approx(want_metrics)
+
+
+def _tile_config(**ap: Any) -> dict[str, Any]:
+    return {"es_manager": {"train": {"env_groups": 1, "group_size": 2,
+                                     "env_configs": {"tags": ["Tiles"], "n_groups": [1]}}},
+            "custom_envs": {"Tiles": {"env_type": "tests.ragen.v2_envs:TileEnv",
+                                      "max_actions_per_traj": 6}},
+            "agent_proxy": {"max_turn": 3, "max_actions_per_turn": 3, **ap},
+            "turnpool": {"backend": "sequential"}}
+
+
+def test_a_multi_action_turn_merges_every_actions_info_and_sums_raw_reward() -> None:
+    with EnvStateManager(_tile_config()) as es:
+        es.reset(seed=1)
+        es.step([{"env_id": 0, "actions": ["grow", "grow"], "llm_response": "",
+                  "llm_raw_response": ""},
+                 {"env_id": 1, "actions": ["fly"], "llm_response": "", "llm_raw_response": ""}])
+        assert es.rollout_cache is not None
+        h0, h1 = es.rollout_cache[0]["history"], es.rollout_cache[1]["history"]
+        # the first action's own key survives the second action's info
+        want = {"raw_reward": 12.0, "score": 12, "grid": [[8, 0]], "note": "grew to 8",
+                "step_4": 1.0, "step_8": 1.0}
+        assert {k: h0[0]["info"].get(k) for k in want} == want
+        assert h0[0]["reward"] == pytest.approx(0.2)
+        assert h1[0]["info"] == {"raw_reward": 0.0, "manager_invalid_action": True}
+        assert h1[1]["manager_invalid_action"] is True and "manager_invalid_action" not in h0[1]
+        es.step([{"env_id": 0, "actions": ["stop"], "llm_response": "", "llm_raw_response": ""}])
+        m = es.get_rollout_states()[0]["metrics"]
+    # "note" is text: logged and skipped, not a crash; the grid gives max_tile
+    assert m["Tiles/note"] == 0.0
+    assert m["Tiles/max_tile"] == 8 and m["Tiles/final_score"] == 12.0
+    assert m["Tiles/episodic_return"] == 12.0 and m["Tiles/raw_reward"] == 6.0
+    assert m["Tiles/success"] == 1.0
+
+
+def test_v1_keeps_the_last_actions_info_and_no_v2_keys() -> None:
+    cfg = _tile_config()
+    cfg["turnpool"]["ragen_version"] = "v1"
+    with EnvStateManager(cfg) as es:
+        es.reset(seed=1)
+        es.step([{"env_id": 0, "actions": ["grow", "grow"], "llm_response": "",
+                  "llm_raw_response": ""}])
+        assert es.rollout_cache is not None
+        assert "step_4" not in es.rollout_cache[0]["history"][0]["info"]
+        assert "manager_invalid_action" not in es.rollout_cache[1]["history"][-1]
+
+
+def test_collector_reports_v2_metrics_from_the_episodes() -> None:
+    from turnpool.ragen.config import load_config, rollout_plan
+    from turnpool.rollout.collector import TrajectoryCollector
+
+    class Actor:
+        def generate(self, batch: list[Any], contexts: list[Any] | None = None) -> list[str]:
+            assert contexts is not None
+            return ["<think>a</think><answer>grow || grow</answer>" if c.env_id == 0
+                    else "<think>b</think><answer>jump</answer>" for c in contexts]
+
+        def close(self) -> None:
+            pass
+
+    cfg = load_config(_tile_config())
+    with TrajectoryCollector.from_plan(rollout_plan(cfg), Actor()) as col:
+        batch = col.collect(seed=1)
+        m = batch.metrics
+        second = batch.trajectories[0].messages
+    # env 0: 3 turns of two grows (4+8, 16+32, 64+128); env 1: 3 invalid turns
+    assert m["Tiles/episodic_return"] == pytest.approx((12 + 48 + 192) / 2)
+    assert m["Tiles/manager_invalid_action"] == pytest.approx(0.5)
+    assert m["Tiles/non-zero/manager_invalid_action"] == pytest.approx(1.0)
+    assert m["Tiles/max_tile"] == 128.0 and m["rollout/max_tile"] == 128.0
+    assert m["Tiles/final_score"] == float(4 + 8 + 16 + 32 + 64 + 128)
+    assert m["charts/avg_episode_return"] == m["Tiles/episodic_return"]
+    assert second[0]["role"] == "system" and second[1]["content"].startswith("\nTurn 1:")
+
+
+def test_an_env_kwarg_the_env_does_not_have_warns_naming_tag_env_and_key() -> None:
+    import warnings
+
+    from turnpool.ragen.config import ConfigWarning, load_config, rollout_plan
+
+    cfg = load_config({"custom_envs": {"SimpleSokoban": {"env_config": {
+        "dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 100, "box_colour": "red"}}}})
+    with pytest.warns(ConfigWarning, match=r"custom_envs\.SimpleSokoban\.env_config\."
+                                           r"box_colour: env 'sokoban' \(SokobanEnv\)"):
+        rollout_plan(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        rollout_plan(load_config({}))  # the packaged configs' keys are all known

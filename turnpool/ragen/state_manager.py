@@ -66,18 +66,14 @@ from turnpool.envs.registry import resolve
 from turnpool.pool import EnvPool, TurnResult
 from turnpool.ragen.config import load_config, pool_options, rollout_plan, user_sets
 from turnpool.rollout.collector import build_pool
+from turnpool.rollout.episode import RAW_REWARD_KEY, step_singly
+from turnpool.rollout.metrics import POOL_INFO_KEYS, TURN_LVL_METRICS
+from turnpool.rollout.prompts import class_hook
 
 log = logging.getLogger(__name__)
 
 #: What RAGEN's rollout cache shows as the state of an image observation (once per image).
 IMAGE_PLACEHOLDER = "<images>"
-#: Keys the pool adds to ``info`` that RAGEN's envs never report.
-_POOL_INFO_KEYS = ("anchor_obs", "terminated", "truncated", "error", "failure", "retryable",
-                   "frame_shm")
-#: The info key of an env's own unshaped reward (RAGEN v2 sums it per turn and episode).
-RAW_REWARD_KEY = "raw_reward"
-#: RAGEN averages these info keys per turn even for its "Webshop" special case.
-_TURN_LVL_METRICS = ("action_is_effective", "action_is_valid", "end_of_page")
 
 
 @dataclass
@@ -114,17 +110,17 @@ class _TagInfo:
         cls, defaults = resolve(env_type)
         self.cls = cls
         self.kwargs = {**defaults, **dict(env_kwargs)}
-        effective = getattr(cls, "effective_config", None)  # RAGEN env classes (adapter)
+        effective = class_hook(cls, "effective_config")  # RAGEN env classes (adapter)
         if callable(effective):
             self.kwargs = effective(self.kwargs)
-        lookup = self.kwargs.get("action_lookup") or getattr(cls, "action_lookup", None)
+        lookup = self.kwargs.get("action_lookup") or cls.action_lookup
         self.lookup = {int(k): str(v) for k, v in dict(lookup).items()} if lookup else None
-        found = getattr(cls, "episode_lookup", None)
+        found = class_hook(cls, "episode_lookup")
         self.episode_lookup: Any = found if callable(found) else None
-        self.info_keys: tuple[str, ...] | None = getattr(cls, "ragen_info_keys", None)
-        self.int_rewards = bool(getattr(cls, "ragen_int_rewards", False))
+        self.info_keys: tuple[str, ...] | None = class_hook(cls, "ragen_info_keys")
+        self.int_rewards = bool(class_hook(cls, "ragen_int_rewards", False))
         self.visual = self.kwargs.get("render_mode") == "rgb_array" and callable(
-            getattr(cls, "frame_from_obs", None))
+            class_hook(cls, "frame_from_obs"))
         self.config = SimpleNamespace(**self.kwargs)
         self.config.action_lookup = self.lookup
 
@@ -254,7 +250,7 @@ class EnvStateManager:
             left = entry["max_actions_per_traj"] - entry["status"].num_actions
             plans.append((inp, i, actions, valid, valid[:max(0, left)]))
         runs = [(i, run) for _, i, _, _, run in plans]
-        results = self._execute_v2(runs) if self.v2 else self._execute(runs)
+        results = step_singly(self._execute, runs) if self.v2 else self._execute(runs)
         outputs = []
         for (inp, i, actions, valid, run), result in zip(plans, results):
             if self._record(inp, i, actions, valid, run, result):
@@ -322,7 +318,7 @@ class EnvStateManager:
                 env_metric.update(_v2_metrics(custom, cache, self._grids[entry["env_id"]]))
             else:
                 for k, v in custom.items():
-                    if "Webshop" not in k or k in _TURN_LVL_METRICS:  # v1's test, on the key
+                    if "Webshop" not in k or k in TURN_LVL_METRICS:  # v1's test, on the key
                         env_metric[k] = np.sum(v) / (len(cache["history"]) - 1)
                     else:
                         env_metric[k] = np.sum(v)
@@ -384,19 +380,6 @@ class EnvStateManager:
             todo = later
         return out
 
-    def _execute_v2(self, runs: list[tuple[int, list[Any]]]) -> list[TurnResult | None]:
-        """v2's turn: the actions one at a time, each action's info merged over the last
-        (later keys win) and the ``raw_reward`` of each summed, up to the first done."""
-        steps = [[[a] for a in run] for _, run in runs]
-        merged: list[TurnResult | None] = [None] * len(runs)
-        for depth in range(max((len(run) for _, run in runs), default=0)):
-            todo = [k for k, s in enumerate(steps) if depth < len(s) and (
-                merged[k] is None or not (merged[k].done or merged[k].error))]  # type: ignore[union-attr]
-            got = self._execute([(runs[k][0], steps[k][depth]) for k in todo])
-            for k, r in zip(todo, got):
-                merged[k] = r if r is None else _merge(merged[k], r)
-        return merged
-
     @staticmethod
     def _reward(info: _TagInfo, value: float) -> float | int:
         if info.int_rewards and float(value).is_integer():
@@ -407,7 +390,7 @@ class EnvStateManager:
     def _info(tag: _TagInfo, info: Mapping[str, Any]) -> dict[str, Any]:
         keys = tag.info_keys
         return {k: v for k, v in info.items()
-                if k not in _POOL_INFO_KEYS and (keys is None or k in keys)}
+                if k not in POOL_INFO_KEYS and (keys is None or k in keys)}
 
     def _state_entry(self, env_id: int, actions_left: int) -> dict[str, Any]:
         state = self._render_one(env_id)
@@ -428,19 +411,8 @@ class EnvStateManager:
 
     def _correct_answer(self, env_id: int) -> Any:
         info = self._tags[self.envs[env_id]["tag"]]
-        answer_for = getattr(info.cls, "answer_for_obs", None)
+        answer_for = class_hook(info.cls, "answer_for_obs")
         return answer_for(self._first_state[env_id], info.kwargs) if answer_for else None
-
-
-def _merge(before: TurnResult | None, now: TurnResult) -> TurnResult:
-    """Two consecutive single-action results as one turn's (RAGEN v2's ``turn_info.update``)."""
-    raw = float(now.info.get(RAW_REWARD_KEY, 0.0) or 0.0)
-    if before is None:
-        return now._replace(info={**now.info, RAW_REWARD_KEY: raw})
-    raw += float(before.info[RAW_REWARD_KEY])
-    return now._replace(reward_sum=before.reward_sum + now.reward_sum,
-                        n_executed=before.n_executed + now.n_executed,
-                        info={**before.info, **now.info, RAW_REWARD_KEY: raw})
 
 
 def _turn_metrics(history: list[dict[str, Any]], tag: str, *, skip_text: bool
@@ -473,7 +445,7 @@ def _v2_metrics(custom: dict[str, list[float]], cache: dict[str, Any], grid: Any
         out["episodic_return"] = float(np.sum(custom[RAW_REWARD_KEY]))
     webshop = "webshop" in cache["tag"].lower()
     for k, v in custom.items():
-        if not webshop or k in _TURN_LVL_METRICS:
+        if not webshop or k in TURN_LVL_METRICS:
             out[k] = np.sum(v) / (len(cache["history"]) - 1)
         else:
             out["traj_sum/" + k] = np.sum(v)

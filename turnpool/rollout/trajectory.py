@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 from turnpool.policies.base import Message
 
 
@@ -212,12 +214,8 @@ def _jsonable(x: Any) -> Any:
         return int(x)
     if isinstance(x, float):
         return x if math.isfinite(x) else repr(x)
-    item = getattr(x, "item", None)  # numpy scalar
-    if callable(item):
-        return _jsonable(item())
-    tolist = getattr(x, "tolist", None)  # numpy array
-    if callable(tolist):
-        return _jsonable(tolist())
+    if isinstance(x, (np.generic, np.ndarray)):  # numpy scalars and arrays
+        return _jsonable(x.tolist())
     return repr(x)
 
 
