@@ -189,3 +189,16 @@ def test_frames_of_ragen_env_classes_come_through_shared_memory(
         assert h[0]["info"] == {"success": False}  # the frame descriptor is not RAGEN's info
         assert np.array_equal(np.asarray(h[1]["images"][0]), np.full((4, 5, 3), 101 + 14))
         assert es._reader.bytes_copied == 8 * 4 * 5 * 3  # pixels copied once per frame
+
+
+@pytest.mark.parametrize("env_type", ["coin", "coin_env:CoinEnv"])
+def test_env_config_of_ragen_classes_is_not_called_unknown(ragen_pkg: Path,
+                                                          env_type: str) -> None:
+    import warnings
+
+    from turnpool.ragen.config import ConfigWarning, load_config, rollout_plan
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        plan = rollout_plan(load_config(_config(env_type, "sequential")))
+    assert plan.tags[0].env_kwargs == {"sides": 2}

@@ -356,7 +356,8 @@ def warn_unknown_env_kwargs(tag: str, env_type: str, env_kwargs: Mapping[str, An
     """Warn (`ConfigWarning`, naming the tag, the env and the key) for each
     ``custom_envs.<tag>.env_config`` key the env's constructor does not name: such keys
     are swallowed by ``**config`` and silently change nothing. Envs whose constructor names
-    no keyword at all (adapters of other projects' classes) are not checked."""
+    no keyword at all, and RAGEN classes through the adapter (their own config dataclass
+    rejects unknown keys when built), are not checked."""
     import inspect
 
     from turnpool.envs.registry import resolve
@@ -365,6 +366,8 @@ def warn_unknown_env_kwargs(tag: str, env_type: str, env_kwargs: Mapping[str, An
         cls, defaults = resolve(env_type)
     except (ImportError, ValueError, KeyError, AttributeError):
         return  # reported where the env is built
+    if "ragen_env" in defaults:
+        return
     params = inspect.signature(cls.__init__).parameters
     named = {n for n, p in params.items()
              if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
