@@ -154,21 +154,23 @@ class ScriptedActor:
         pass
 
 
-@pytest.mark.parametrize("window", [("full", -1), ("limited_multi_turn", 2),
-                                    ("single_turn", 2), ("single_turn", -1)])
-def test_collector_prompts_are_ragen_v2_context_managers(window: tuple[str, int],
+@pytest.mark.parametrize("window", [("full", -1, 0), ("full", -1, 1),
+                                    ("limited_multi_turn", 2, 0), ("single_turn", 2, 0),
+                                    ("single_turn", -1, 0)])
+def test_collector_prompts_are_ragen_v2_context_managers(window: tuple[str, int, int],
                                                          tmp_path: Path) -> None:
+    """Run 0 is train mode (seed 7), run 1 val mode (``seed.val``)."""
     from turnpool.ragen.config import load_config, rollout_plan
     from turnpool.rollout.collector import TrajectoryCollector
 
     name = f"sokoban_{window[0]}_{window[1]}".replace("-", "m")
-    if window == ("full", -1):
+    if window[:2] == ("full", -1):
         name = "sokoban"
-    run = trace(name)["runs"][0]
+    run = trace(name)["runs"][window[2]]
     cfg = load_config(config(name, tmp_path))
     actor = ScriptedActor(run)
-    with TrajectoryCollector.from_plan(rollout_plan(cfg), actor) as col:
-        batch = col.collect(seed=SEEDS["sokoban"])
+    with TrajectoryCollector.from_plan(rollout_plan(cfg, run["mode"]), actor) as col:
+        batch = col.collect(seed=run_seed("sokoban", run["mode"]))
     for k, t in enumerate(run["turns"]):
         for i, want in zip(t["env_ids"], t["messages"]):
             assert actor.seen[(i, k)] == want, (name, i, k)
@@ -178,6 +180,10 @@ def test_collector_prompts_are_ragen_v2_context_managers(window: tuple[str, int]
                                      else h["reward"]["float"] for h in s["history"])
                     for s in run["rollout_states"]}
     assert got == pytest.approx(want_rewards)
+    # v2's episode scores (its rm_scores at the last token): rewards + penalty, normalized
+    scores = {t.env_id: t.normalized_score for t in batch.trajectories}
+    assert [scores[s["env_id"]] for s in run["rollout_states"]] == pytest.approx(
+        [x["float"] for x in run["scores"]], abs=1e-6)
     v2_keys = ("raw_reward", "episodic_return", "manager_invalid_action")
     want_metrics = {k: v["np_float"] if isinstance(v, dict) and "np_float" in v else
                     v["float"] if isinstance(v, dict) else v
