@@ -1,4 +1,4 @@
-"""RAGEN's ``EnvStateManager`` (seed 001) over the pool: RAGEN's own shapes, numbers and rules.
+"""RAGEN's ``EnvStateManager`` (seed 001; RAGEN v1 and v2) over the pool: RAGEN's own shapes, numbers and rules.
 
 `EnvStateManager(config, mode)` is RAGEN's ``es_manager`` interface, ``reset(seed)`` /
 ``step(all_env_inputs)`` / ``get_rollout_states()`` / ``render()`` / ``close()``, returning the
@@ -30,6 +30,13 @@ config and seed it returns what RAGEN's manager returns, value for value and typ
   PIL images when Pillow is installed (numpy arrays otherwise). The frame is drawn in this
   process from the observation text the worker already sent (`SokobanEnv.frame_from_obs`), so
   no pixels are pickled between processes.
+
+Under RAGEN v2 (``turnpool.ragen_version``, the default; docs/ragen.md "RAGEN v1 and v2")
+the manager is v2's: every turn's ``info`` carries ``raw_reward`` (summed over the turn's
+actions, whose infos are merged in order), a turn with no valid action adds
+``manager_invalid_action`` to its info and to the next state entry, and the metrics add
+``episodic_return``, ``max_tile``, ``final_score`` and WebShop's ``traj_sum/``. In both
+versions a non-numeric info value is logged and left out of the metrics.
 
 Where the envs run: in this process unless the config asks for workers
 (``turnpool.backend`` other than ``auto``, or ``es_manager.use_multiprocessing``). A plain
@@ -313,7 +320,7 @@ class EnvStateManager:
             env_metric: dict[str, Any] = {
                 "success": float(status.terminated and not status.truncated),
                 "num_actions": status.num_actions}
-            custom = _turn_metrics(cache["history"], entry["tag"], skip_text=self.v2)
+            custom = _turn_metrics(cache["history"], entry["tag"])
             if self.v2:
                 env_metric.update(_v2_metrics(custom, cache, self._grids[entry["env_id"]]))
             else:
@@ -415,10 +422,10 @@ class EnvStateManager:
         return answer_for(self._first_state[env_id], info.kwargs) if answer_for else None
 
 
-def _turn_metrics(history: list[dict[str, Any]], tag: str, *, skip_text: bool
-                  ) -> dict[str, list[float]]:
-    """Every info key of every turn as a list of floats (RAGEN's ``custom_metric``); v2 logs
-    and skips a value that is not a number (its key stays, with what was numeric)."""
+def _turn_metrics(history: list[dict[str, Any]], tag: str) -> dict[str, list[float]]:
+    """Every info key of every turn as a list of floats (RAGEN's ``custom_metric``). A value
+    that is not a number is logged and skipped, its key kept with what was numeric (v2's
+    rule; v1 raised, so no v1 run that worked sees a difference)."""
     custom: dict[str, list[float]] = {}
     for turn in history:
         for k, v in turn.get("info", {}).items():
@@ -428,8 +435,6 @@ def _turn_metrics(history: list[dict[str, Any]], tag: str, *, skip_text: bool
             try:
                 values.append(float(v))
             except (TypeError, ValueError):
-                if not skip_text:
-                    raise
                 log.warning("Skipping non-numeric metric '%s' with value %r for env %s.",
                             k, v, tag)
     return custom
