@@ -202,3 +202,11 @@ def test_env_config_of_ragen_classes_is_not_called_unknown(ragen_pkg: Path,
         warnings.simplefilter("error", ConfigWarning)
         plan = rollout_plan(load_config(_config(env_type, "sequential")))
     assert plan.tags[0].env_kwargs == {"sides": 2}
+
+
+@pytest.mark.parametrize("mode", ["train", "val"])
+def test_ragen_classes_are_reset_with_the_managers_mode(ragen_pkg: Path, mode: str) -> None:
+    cfg = _config("coin", "sequential")
+    cfg["es_manager"]["val"] = cfg["es_manager"]["train"]
+    with EnvStateManager(cfg, mode=mode) as es:
+        assert es.reset()[0]["history"][0]["state"] == f"guess the coin ({mode})"

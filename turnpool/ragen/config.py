@@ -366,7 +366,7 @@ def warn_unknown_env_kwargs(tag: str, env_type: str, env_kwargs: Mapping[str, An
         cls, defaults = resolve(env_type)
     except (ImportError, ValueError, KeyError, AttributeError):
         return  # reported where the env is built
-    if "ragen_env" in defaults:
+    if "ragen_env" in defaults:  # a RAGEN class through the adapter
         return
     params = inspect.signature(cls.__init__).parameters
     named = {n for n, p in params.items()
@@ -392,6 +392,17 @@ def _reset_takes_mode(env_type: str) -> bool:
     return bool(class_hook(cls, "ragen_reset_mode", False))
 
 
+def _is_ragen_class(env_type: str) -> bool:
+    """Whether ``env_type`` is a RAGEN env class run through `turnpool.envs.ragen_adapter`."""
+    from turnpool.envs.registry import resolve
+
+    try:
+        _, defaults = resolve(env_type)
+    except (ImportError, ValueError, KeyError, AttributeError):
+        return False
+    return "ragen_env" in defaults
+
+
 def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
     """The typed view of a loaded config for ``mode`` ("train" or "val")."""
     if mode not in ("train", "val"):
@@ -410,6 +421,8 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
         if "mode" not in env_kwargs and "split" not in env_kwargs \
                 and _reset_takes_mode(str(c["env_type"])):
             env_kwargs["mode"] = mode
+        elif mode != "train" and _is_ragen_class(str(c["env_type"])):
+            env_kwargs["reset_mode"] = mode  # RAGEN's manager resets its envs with its mode
         tags.append(TagSpec(
             tag=tag, env_type=str(c["env_type"]), n_groups=n,
             env_kwargs=env_kwargs,

@@ -1,4 +1,4 @@
-"""RAGEN's ``EnvStateManager`` (seed 001; RAGEN v1 and v2) over the pool: RAGEN's own shapes, numbers and rules.
+"""RAGEN's ``EnvStateManager`` (seed 001; RAGEN v1 and v2) over the pool: its shapes and rules.
 
 `EnvStateManager(config, mode)` is RAGEN's ``es_manager`` interface, ``reset(seed)`` /
 ``step(all_env_inputs)`` / ``get_rollout_states()`` / ``render()`` / ``close()``, returning the
