@@ -56,7 +56,7 @@ def _config(trace: dict[str, Any], tmp_path: Path, backend: str) -> dict[str, An
             data = tmp_path / "countdown.jsonl"
             data.write_text(BUNDLED_COUNTDOWN.read_text(encoding="utf-8"), encoding="utf-8")
             c["env_config"]["train_path"] = str(data)
-    cfg["turnpool"] = {"backend": backend}
+    cfg["turnpool"] = {"backend": backend, "ragen_version": "v1"}  # recorded from v1
     return cfg
 
 

@@ -20,7 +20,7 @@ def _config(tags: list[str], n_groups: list[int], group_size: int, **es: Any) ->
                       "env_configs": {"tags": tags, "n_groups": n_groups}},
             **es,
         },
-        "turnpool": {"backend": "sequential"},
+        "turnpool": {"backend": "sequential", "ragen_version": "v1"},  # v1 rules tested here
         "seed": {"train": 10000, "val": 123},
     }
 

@@ -139,7 +139,7 @@ def _config(env_type: str, backend: str) -> dict[str, Any]:
                                      "env_configs": {"tags": ["Coin"], "n_groups": [2]}}},
             "custom_envs": {"Coin": {"env_type": env_type, "max_actions_per_traj": 3,
                                      "env_instruction": "Guess.", "env_config": {"sides": 2}}},
-            "seed": {"train": 100}, "turnpool": {"backend": backend}}
+            "seed": {"train": 100}, "turnpool": {"backend": backend, "ragen_version": "v1"}}
 
 
 def _play(env_type: str, backend: str) -> list[Any]:
@@ -189,3 +189,24 @@ def test_frames_of_ragen_env_classes_come_through_shared_memory(
         assert h[0]["info"] == {"success": False}  # the frame descriptor is not RAGEN's info
         assert np.array_equal(np.asarray(h[1]["images"][0]), np.full((4, 5, 3), 101 + 14))
         assert es._reader.bytes_copied == 8 * 4 * 5 * 3  # pixels copied once per frame
+
+
+@pytest.mark.parametrize("env_type", ["coin", "coin_env:CoinEnv"])
+def test_env_config_of_ragen_classes_is_not_called_unknown(ragen_pkg: Path,
+                                                          env_type: str) -> None:
+    import warnings
+
+    from turnpool.ragen.config import ConfigWarning, load_config, rollout_plan
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        plan = rollout_plan(load_config(_config(env_type, "sequential")))
+    assert plan.tags[0].env_kwargs == {"sides": 2}
+
+
+@pytest.mark.parametrize("mode", ["train", "val"])
+def test_ragen_classes_are_reset_with_the_managers_mode(ragen_pkg: Path, mode: str) -> None:
+    cfg = _config("coin", "sequential")
+    cfg["es_manager"]["val"] = cfg["es_manager"]["train"]
+    with EnvStateManager(cfg, mode=mode) as es:
+        assert es.reset()[0]["history"][0]["state"] == f"guess the coin ({mode})"

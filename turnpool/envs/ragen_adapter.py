@@ -226,13 +226,14 @@ class RagenEnvAdapter(TextEnv):
         """The wrapped env's config as RAGEN builds it (its dataclass defaults overlaid with
         ``kwargs``): what RAGEN's manager reads ``action_lookup`` from."""
         config_cls: Any = _config_class(str(kwargs.get("ragen_env", "")))
-        rest = {k: v for k, v in kwargs.items() if k != "ragen_env"}
+        rest = {k: v for k, v in kwargs.items() if k not in ("ragen_env", "reset_mode")}
         if not isinstance(config_cls, type) or not dataclasses.is_dataclass(config_cls):
             return dict(kwargs)
         return {**dataclasses.asdict(config_cls(**rest)), "ragen_env": kwargs["ragen_env"]}
 
-    def __init__(self, ragen_env: str, **env_config: Any) -> None:
+    def __init__(self, ragen_env: str, reset_mode: str = "train", **env_config: Any) -> None:
         super().__init__(ragen_env=ragen_env, **env_config)
+        self.reset_mode = reset_mode  # the manager's mode, passed to the wrapped env's reset
         self.inner, self._config = _build(ragen_env, dict(env_config))
         self.frame: np.ndarray | None = None
         self._slot = FrameSlot()
@@ -256,7 +257,7 @@ class RagenEnvAdapter(TextEnv):
 
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
         try:
-            obs = self.inner.reset(seed=seed, mode=options.get("mode", "train"))
+            obs = self.inner.reset(seed=seed, mode=options.get("mode", self.reset_mode))
         except TypeError:
             obs = self.inner.reset(seed=seed)
         self._obs = self._text(_observation(obs))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from turnpool.ragen.schema import (
     is_int,
     validate,
 )
+from turnpool.rollout.prompts import class_hook
 from turnpool.rollout.settings import (
     DEFAULT_MAX_TOKENS,
     AsyncSettings,
@@ -158,11 +160,51 @@ def load_config(
         validate(layer, source, strict=strict)
     merged = OmegaConf.merge(*(layer for _, layer in layers))
     assert isinstance(merged, DictConfig)
+    merged.turnpool.ragen_version = ragen_version(layers[2:])
     where = _where(layers)
     validate(merged, where, resolved=True, strict=strict)
     for mode in ("train", "val"):
         _check_mode(merged, mode, where)
     return merged
+
+
+#: Keys only RAGEN v2 (mll-lab-nu/RAGEN) configs carry, and keys only 5eb79b8-era (v1) ones do.
+V2_MARKERS = ("collapse_detection", "log_prob_micro_batch_size_per_gpu",
+              "agent_proxy.context_window_mode", "agent_proxy.batch_adjust_mode",
+              "custom_envs.*.parallel_friendly", "custom_envs.*.max_workers")
+V1_MARKERS = ("use_parallel_envs", "agent_proxy.use_parallel_rollout",
+              "agent_proxy.parallel_n_jobs", "es_manager.use_multiprocessing",
+              "es_manager.sequential_env_types")
+
+
+def _has_key(layer: DictConfig, dotted: str) -> bool:
+    head, _, rest = dotted.partition(".")
+    if head == "*":
+        return any(isinstance(layer[k], DictConfig) and _has_key(layer[k], rest)
+                   for k in layer)
+    if head not in layer:
+        return False
+    if not rest:
+        return True
+    node = layer._get_node(head)
+    return isinstance(node, DictConfig) and _has_key(node, rest)
+
+
+def ragen_version(user_layers: Sequence[tuple[str, DictConfig]]) -> str:
+    """Which RAGEN's semantics a config asks for: ``turnpool.ragen_version`` when the user
+    pins it; else ``v2`` if only v2's keys appear, ``v1`` if only v1's do, and ``v2`` (the
+    default) when neither or both do (docs/ragen.md, "RAGEN v1 and v2")."""
+    pinned = [OmegaConf.select(layer, "turnpool.ragen_version", default=None)
+              for _, layer in user_layers]
+    pinned = [p for p in pinned if p is not None]
+    if pinned:
+        return str(pinned[-1])
+    v2 = any(_has_key(layer, k) for _, layer in user_layers for k in V2_MARKERS)
+    v1 = any(_has_key(layer, k) for _, layer in user_layers for k in V1_MARKERS)
+    if v1 and v2:
+        log.info("the config has keys of both RAGEN v1 and v2; using v2 (pin "
+                 "turnpool.ragen_version to choose)")
+    return "v1" if v1 and not v2 else "v2"
 
 
 def user_sets(path: str | Path | DictConfig | Mapping[str, Any] | None, key: str) -> bool:
@@ -264,7 +306,9 @@ def pool_options(cfg: DictConfig) -> dict[str, Any]:
     ``agent_proxy.use_parallel_rollout`` -> ``joblib`` with ``parallel_n_jobs`` workers;
     ``es_manager.use_multiprocessing`` -> ``process_pool`` with ``max_workers`` and
     ``sequential_env_types`` (those env types stay in the calling process);
-    ``use_parallel_envs: false`` -> ``sequential``. Keys left unset take EnvPool's defaults.
+    ``use_parallel_envs: false`` -> ``sequential``; RAGEN v2's ``custom_envs.<tag>.
+    parallel_friendly`` with ``max_workers`` > 1 -> ``process`` with that many workers (see
+    `_parallel_friendly_workers`). Keys left unset take EnvPool's defaults.
     """
     tp = _section(cfg, "turnpool") or {}
     ap = _section(cfg, "agent_proxy") or {}
@@ -283,7 +327,57 @@ def pool_options(cfg: DictConfig) -> dict[str, Any]:
         options["sequential_env_types"] = list(es.get("sequential_env_types") or [])
     elif cfg.get("use_parallel_envs") is False:
         options["backend"] = "sequential"
+    elif _parallel_friendly_workers(cfg):
+        options["backend"] = "process"
+        options.setdefault("num_workers", _parallel_friendly_workers(cfg))
     return options
+
+
+def _parallel_friendly_workers(cfg: DictConfig) -> int:
+    """RAGEN v2's per-tag thread pools (``custom_envs.<tag>.parallel_friendly`` with
+    ``max_workers`` > 1) as one worker count: the most any used tag asks for (0: none asks).
+    turnpool runs them on the ``process`` backend: the same envs in parallel, with the
+    sequential run's results (v2's threads share the global RNG and differ run to run)."""
+    custom = _section(cfg, "custom_envs") or {}
+    used = {t for mode in ("train", "val")
+            for t in (OmegaConf.select(cfg, f"es_manager.{mode}.env_configs.tags",
+                                       default=None) or [])}
+    asks = [int(custom[t].get("max_workers") or 1) for t in used
+            if t in custom and custom[t].get("parallel_friendly")]
+    return max((n for n in asks if n > 1), default=0)
+
+
+#: kwargs every env accepts without naming them (TextEnv reads ``render_mode``; the facade
+#: passes ``mode`` / ``split`` to envs that read the manager's mode)
+_ALWAYS_ACCEPTED = frozenset({"render_mode", "mode", "split"})
+
+
+def warn_unknown_env_kwargs(tag: str, env_type: str, env_kwargs: Mapping[str, Any]) -> None:
+    """Warn (`ConfigWarning`, naming the tag, the env and the key) for each
+    ``custom_envs.<tag>.env_config`` key the env's constructor does not name: such keys
+    are swallowed by ``**config`` and silently change nothing. Envs whose constructor names
+    no keyword at all, and RAGEN classes through the adapter (their own config dataclass
+    rejects unknown keys when built), are not checked."""
+    import inspect
+
+    from turnpool.envs.registry import resolve
+
+    try:
+        cls, defaults = resolve(env_type)
+    except (ImportError, ValueError, KeyError, AttributeError):
+        return  # reported where the env is built
+    if "ragen_env" in defaults:  # a RAGEN class through the adapter
+        return
+    params = inspect.signature(cls.__init__).parameters
+    named = {n for n, p in params.items()
+             if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if not named:
+        return
+    for key in env_kwargs:
+        if key not in named and key not in _ALWAYS_ACCEPTED and key not in defaults:
+            warnings.warn(f"custom_envs.{tag}.env_config.{key}: env {env_type!r} "
+                          f"({cls.__name__}) has no setting {key!r}; it is ignored",
+                          ConfigWarning, stacklevel=3)
 
 
 def _reset_takes_mode(env_type: str) -> bool:
@@ -295,7 +389,18 @@ def _reset_takes_mode(env_type: str) -> bool:
         cls, _ = resolve(env_type)
     except (ImportError, ValueError, KeyError, AttributeError):
         return False  # reported where the env is built
-    return bool(getattr(cls, "ragen_reset_mode", False))
+    return bool(class_hook(cls, "ragen_reset_mode", False))
+
+
+def _is_ragen_class(env_type: str) -> bool:
+    """Whether ``env_type`` is a RAGEN env class run through `turnpool.envs.ragen_adapter`."""
+    from turnpool.envs.registry import resolve
+
+    try:
+        _, defaults = resolve(env_type)
+    except (ImportError, ValueError, KeyError, AttributeError):
+        return False
+    return "ragen_env" in defaults
 
 
 def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
@@ -312,9 +417,12 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
     for tag, n in zip(es[mode]["env_configs"]["tags"], n_groups):
         c = custom[tag]
         env_kwargs = dict(c.get("env_config") or {})
+        warn_unknown_env_kwargs(tag, str(c["env_type"]), env_kwargs)
         if "mode" not in env_kwargs and "split" not in env_kwargs \
                 and _reset_takes_mode(str(c["env_type"])):
             env_kwargs["mode"] = mode
+        elif mode != "train" and _is_ragen_class(str(c["env_type"])):
+            env_kwargs["reset_mode"] = mode  # RAGEN's manager resets its envs with its mode
         tags.append(TagSpec(
             tag=tag, env_type=str(c["env_type"]), n_groups=n,
             env_kwargs=env_kwargs,
@@ -341,7 +449,9 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
                           max_actions_per_turn=int(ap.get("max_actions_per_turn", 5)),
                           enable_think=bool(ap.get("enable_think", True)),
                           max_context_window=-1 if window is None else int(window),
-                          format_penalty=float(es.get("format_penalty", -0.1))),
+                          format_penalty=float(es.get("format_penalty", -0.1)),
+                          ragen_version=str(tp.get("ragen_version", "v2")),
+                          context_window_mode=str(ap.get("context_window_mode", "full"))),
         grouping=str(rn.get("grouping", "state")), method=str(rn.get("method", "identity")),
         use_turn_scores=bool(ap.get("use_turn_scores", False)),
         filter_groups=enable, max_num_gen_batches=max_batches,

@@ -30,6 +30,9 @@ from turnpool.rollout.scoring import GROUPINGS, METHODS
 
 ON_BUDGET_EXHAUSTED = ("raise", "keep_all", "return_short")
 COLLECTOR_MODES = ("lockstep", "async")
+#: RAGEN releases whose semantics turnpool reproduces (docs/ragen.md, "RAGEN v1 and v2").
+RAGEN_VERSIONS = ("v1", "v2")
+CONTEXT_WINDOW_MODES = ("full", "limited_multi_turn", "single_turn")
 MP_CONTEXTS = ("spawn", "forkserver", "fork")
 ON_ERROR = ("flag", "raise")
 _INTERP = re.compile(r"\$\{.*\}")
@@ -50,6 +53,10 @@ FOREIGN_SECTIONS = frozenset({
     "actor_rollout_ref", "critic", "data", "trainer", "ctx_manager", "model_config",
     "model_info", "reward_model", "custom_reward_function", "ray_init", "ray_kwargs",
     "global_profiler", "transfer_queue", "rollout", "reward", "critic_warmup",
+    # RAGEN v2's trainer-side sections (docs/ragen.md, "RAGEN v2 keys turnpool ignores"):
+    # verl's log-prob micro batch, the template/entropy-collapse diagnostics (they score
+    # model log-probs), where its eval script writes results, and its critic switch.
+    "log_prob_micro_batch_size_per_gpu", "collapse_detection", "output", "use_critic",
 })
 #: Sections whose unknown keys are someone else's business (RAGEN ignores them).
 _LENIENT = ("seed", "agent_proxy", "es_manager", "custom_envs", "algorithm", "use_parallel_envs")
@@ -132,6 +139,12 @@ SCHEMA: dict[str, Any] = {
         },
         "use_parallel_rollout": BOOL,
         "parallel_n_jobs": INT,
+        "context_window_mode": _T("string", lambda v: isinstance(v, str),
+                                  choices=CONTEXT_WINDOW_MODES),
+        # RAGEN v2 pads or trims a batch to a multiple of the trainer's world size: a
+        # trainer concern (the verl integration does it), read by nobody here.
+        "batch_adjust_mode": _T("string", lambda v: isinstance(v, str),
+                                choices=("copy", "delete")),
     },
     "es_manager": {
         "format_penalty": FLOAT,
@@ -149,6 +162,8 @@ SCHEMA: dict[str, Any] = {
         "env_config": _Open(),
         "grid_vocab": OPT_DICT,
         "action_lookup": OPT_DICT,
+        "parallel_friendly": BOOL,
+        "max_workers": OPT_INT,
     }),
     "algorithm": {
         "filter_groups": {"enable": BOOL, "max_num_gen_batches": INT, "metric": OPT_STR},
@@ -163,6 +178,7 @@ SCHEMA: dict[str, Any] = {
         "fallback": BOOL,
         "ray_address": OPT_STR,
         "strict_config": BOOL,
+        "ragen_version": _T("string", lambda v: isinstance(v, str), choices=RAGEN_VERSIONS),
         "policy": _Open({"name": STR}, nullable=False),
         "collector": {
             "mode": _T("string", lambda v: isinstance(v, str), choices=COLLECTOR_MODES),

@@ -1,4 +1,4 @@
-"""RAGEN's ``EnvStateManager`` (seed 001) over the pool: RAGEN's own shapes, numbers and rules.
+"""RAGEN's ``EnvStateManager`` (seed 001; RAGEN v1 and v2) over the pool: its shapes and rules.
 
 `EnvStateManager(config, mode)` is RAGEN's ``es_manager`` interface, ``reset(seed)`` /
 ``step(all_env_inputs)`` / ``get_rollout_states()`` / ``render()`` / ``close()``, returning the
@@ -30,6 +30,13 @@ config and seed it returns what RAGEN's manager returns, value for value and typ
   PIL images when Pillow is installed (numpy arrays otherwise). The frame is drawn in this
   process from the observation text the worker already sent (`SokobanEnv.frame_from_obs`), so
   no pixels are pickled between processes.
+
+Under RAGEN v2 (``turnpool.ragen_version``, the default; docs/ragen.md "RAGEN v1 and v2")
+the manager is v2's: every turn's ``info`` carries ``raw_reward`` (summed over the turn's
+actions, whose infos are merged in order), a turn with no valid action adds
+``manager_invalid_action`` to its info and to the next state entry, and the metrics add
+``episodic_return``, ``max_tile``, ``final_score`` and WebShop's ``traj_sum/``. In both
+versions a non-numeric info value is logged and left out of the metrics.
 
 Where the envs run: in this process unless the config asks for workers
 (``turnpool.backend`` other than ``auto``, or ``es_manager.use_multiprocessing``). A plain
@@ -66,16 +73,14 @@ from turnpool.envs.registry import resolve
 from turnpool.pool import EnvPool, TurnResult
 from turnpool.ragen.config import load_config, pool_options, rollout_plan, user_sets
 from turnpool.rollout.collector import build_pool
+from turnpool.rollout.episode import RAW_REWARD_KEY, step_singly
+from turnpool.rollout.metrics import POOL_INFO_KEYS, TURN_LVL_METRICS
+from turnpool.rollout.prompts import class_hook
 
 log = logging.getLogger(__name__)
 
 #: What RAGEN's rollout cache shows as the state of an image observation (once per image).
 IMAGE_PLACEHOLDER = "<images>"
-#: Keys the pool adds to ``info`` that RAGEN's envs never report.
-_POOL_INFO_KEYS = ("anchor_obs", "terminated", "truncated", "error", "failure", "retryable",
-                   "frame_shm")
-#: RAGEN averages these info keys per turn even for its "Webshop" special case.
-_TURN_LVL_METRICS = ("action_is_effective", "action_is_valid", "end_of_page")
 
 
 @dataclass
@@ -112,17 +117,17 @@ class _TagInfo:
         cls, defaults = resolve(env_type)
         self.cls = cls
         self.kwargs = {**defaults, **dict(env_kwargs)}
-        effective = getattr(cls, "effective_config", None)  # RAGEN env classes (adapter)
+        effective = class_hook(cls, "effective_config")  # RAGEN env classes (adapter)
         if callable(effective):
             self.kwargs = effective(self.kwargs)
-        lookup = self.kwargs.get("action_lookup") or getattr(cls, "action_lookup", None)
+        lookup = self.kwargs.get("action_lookup") or cls.action_lookup
         self.lookup = {int(k): str(v) for k, v in dict(lookup).items()} if lookup else None
-        found = getattr(cls, "episode_lookup", None)
+        found = class_hook(cls, "episode_lookup")
         self.episode_lookup: Any = found if callable(found) else None
-        self.info_keys: tuple[str, ...] | None = getattr(cls, "ragen_info_keys", None)
-        self.int_rewards = bool(getattr(cls, "ragen_int_rewards", False))
+        self.info_keys: tuple[str, ...] | None = class_hook(cls, "ragen_info_keys")
+        self.int_rewards = bool(class_hook(cls, "ragen_int_rewards", False))
         self.visual = self.kwargs.get("render_mode") == "rgb_array" and callable(
-            getattr(cls, "frame_from_obs", None))
+            class_hook(cls, "frame_from_obs"))
         self.config = SimpleNamespace(**self.kwargs)
         self.config.action_lookup = self.lookup
 
@@ -139,6 +144,8 @@ class EnvStateManager:
         self.env_groups = self.plan.num_groups
         self.group_size = self.plan.group_size
         self.format_penalty = self.plan.collector.turn.format_penalty
+        #: RAGEN v2's manager contract (`turnpool.ragen.config.ragen_version`)
+        self.v2 = self.plan.collector.turn.ragen_version == "v2"
         has_seed = user_sets(config, "seed")
         self.base_seed: int | None = self.plan.collector.seed_base if has_seed else None
         self.seed_counter = 0
@@ -163,6 +170,7 @@ class EnvStateManager:
         self._first_state: list[str] = [""] * len(self.envs)
         self._state: list[str] = [""] * len(self.envs)
         self._frames: list[Any] = [None] * len(self.envs)  # shared-memory frame descriptors
+        self._grids: list[Any] = [None] * len(self.envs)  # the last "grid" an env reported
         self._reader = FrameReader()
         self._closed = False
 
@@ -220,6 +228,7 @@ class EnvStateManager:
         for entry, text, env_seed, env_info in zip(self.envs, obs, seeds, infos):
             i, tag = entry["env_id"], entry["tag"]
             self._frames[i] = env_info.get(FRAME_KEY)
+            self._grids[i] = env_info.get("grid")
             entry["status"] = EnvStatus(seed=env_seed)
             self._first_state[i] = self._state[i] = str(text)
             info = self._tags[tag]
@@ -247,45 +256,60 @@ class EnvStateManager:
             valid = self._map_actions(i, actions)
             left = entry["max_actions_per_traj"] - entry["status"].num_actions
             plans.append((inp, i, actions, valid, valid[:max(0, left)]))
-        results = self._execute([(i, run) for _, i, _, _, run in plans])
+        runs = [(i, run) for _, i, _, _, run in plans]
+        results = step_singly(self._execute, runs) if self.v2 else self._execute(runs)
         outputs = []
         for (inp, i, actions, valid, run), result in zip(plans, results):
-            entry, cache = self.envs[i], self.rollout_cache[i]
-            status: EnvStatus = entry["status"]
-            info = self._tags[entry["tag"]]
-            n = 0 if result is None else int(result.n_executed)
-            reward: float | int = 0
-            turn_info: dict[str, Any] = {}
-            turn_done = False
-            if result is not None and result.error:
-                log.warning("env %d failed: %s", i, result.error)
-                turn_done = True
-            elif result is not None and n > 0:
-                reward = self._reward(info, result.reward_sum)
-                turn_info = self._info(info, result.info)
-                turn_done = bool(result.terminated or result.truncated)
-            if result is not None:
-                self._state[i] = str(result.obs)
-                if n > 0:
-                    self._frames[i] = result.info.get(FRAME_KEY)
-            if len(valid) != len(actions) or not valid:
-                cache["penalty"] += self.format_penalty
-            status.num_actions += n
-            status.rewards.append(reward)
-            if turn_done:
-                status.terminated = True
-                status.truncated = not turn_info.get("success", False)
-            cache["history"][-1].update({
-                "actions": list(run[:n]), "reward": reward, "info": turn_info,
-                "llm_response": inp["llm_response"], "llm_raw_response": inp["llm_raw_response"]})
-            cache["history"].append(self._state_entry(
-                i, entry["max_actions_per_traj"] - status.num_actions))
-            if status.num_actions >= entry["max_actions_per_traj"] and not turn_done:
-                status.truncated = status.terminated = True
-                turn_done = True
-            if not turn_done:
-                outputs.append(cache)
+            if self._record(inp, i, actions, valid, run, result):
+                outputs.append(self.rollout_cache[i])
         return outputs
+
+    def _record(self, inp: Mapping[str, Any], i: int, actions: list[str], valid: list[Any],
+                run: list[Any], result: TurnResult | None) -> bool:
+        """Record one env's turn in its cache entry; whether the env is still running."""
+        assert self.rollout_cache is not None
+        entry, cache = self.envs[i], self.rollout_cache[i]
+        status: EnvStatus = entry["status"]
+        info = self._tags[entry["tag"]]
+        n = 0 if result is None else int(result.n_executed)
+        reward: float | int = 0
+        turn_info: dict[str, Any] = {}
+        turn_done = False
+        if result is not None and result.error:
+            log.warning("env %d failed: %s", i, result.error)
+            turn_done = True
+        elif result is not None and n > 0:
+            reward = self._reward(info, result.reward_sum)
+            turn_info = self._info(info, result.info)
+            turn_done = bool(result.terminated or result.truncated)
+        if result is not None:
+            self._state[i] = str(result.obs)
+            if n > 0:
+                self._frames[i] = result.info.get(FRAME_KEY)
+                self._grids[i] = result.info.get("grid", self._grids[i])
+        if self.v2:  # v2's manager: the turn's raw reward always, and a turn with no action
+            turn_info["raw_reward"] = float(0.0 if result is None or n == 0
+                                            else result.info.get(RAW_REWARD_KEY, 0.0))
+            if not valid:
+                turn_info["manager_invalid_action"] = True
+        if len(valid) != len(actions) or not valid:
+            cache["penalty"] += self.format_penalty
+        status.num_actions += n
+        status.rewards.append(reward)
+        if turn_done:
+            status.terminated = True
+            status.truncated = not turn_info.get("success", False)
+        cache["history"][-1].update({
+            "actions": list(run[:n]), "reward": reward, "info": turn_info,
+            "llm_response": inp["llm_response"], "llm_raw_response": inp["llm_raw_response"]})
+        cache["history"].append(self._state_entry(
+            i, entry["max_actions_per_traj"] - status.num_actions))
+        if self.v2 and not valid:
+            cache["history"][-1]["manager_invalid_action"] = True
+        if status.num_actions >= entry["max_actions_per_traj"] and not turn_done:
+            status.truncated = status.terminated = True
+            turn_done = True
+        return not turn_done
 
     def get_rollout_states(self) -> list[dict[str, Any]]:
         """The rollout cache with RAGEN's metrics added (see the module docstring)."""
@@ -296,16 +320,15 @@ class EnvStateManager:
             env_metric: dict[str, Any] = {
                 "success": float(status.terminated and not status.truncated),
                 "num_actions": status.num_actions}
-            custom: dict[str, list[float]] = {}
-            for turn in cache["history"]:
-                for k, v in turn.get("info", {}).items():
-                    if k != "success":
-                        custom.setdefault(k, []).append(float(v))
-            for k, v in custom.items():
-                if "Webshop" not in k or k in _TURN_LVL_METRICS:
-                    env_metric[k] = np.sum(v) / (len(cache["history"]) - 1)
-                else:
-                    env_metric[k] = np.sum(v)
+            custom = _turn_metrics(cache["history"], entry["tag"])
+            if self.v2:
+                env_metric.update(_v2_metrics(custom, cache, self._grids[entry["env_id"]]))
+            else:
+                for k, v in custom.items():
+                    if "Webshop" not in k or k in TURN_LVL_METRICS:  # v1's test, on the key
+                        env_metric[k] = np.sum(v) / (len(cache["history"]) - 1)
+                    else:
+                        env_metric[k] = np.sum(v)
             cache["history"][-1]["metrics"] = custom
             cache["metrics"] = {f"{entry['tag']}/{k}": v for k, v in env_metric.items()}
             if entry["tag"] == "MetamathQA":
@@ -374,7 +397,7 @@ class EnvStateManager:
     def _info(tag: _TagInfo, info: Mapping[str, Any]) -> dict[str, Any]:
         keys = tag.info_keys
         return {k: v for k, v in info.items()
-                if k not in _POOL_INFO_KEYS and (keys is None or k in keys)}
+                if k not in POOL_INFO_KEYS and (keys is None or k in keys)}
 
     def _state_entry(self, env_id: int, actions_left: int) -> dict[str, Any]:
         state = self._render_one(env_id)
@@ -395,8 +418,45 @@ class EnvStateManager:
 
     def _correct_answer(self, env_id: int) -> Any:
         info = self._tags[self.envs[env_id]["tag"]]
-        answer_for = getattr(info.cls, "answer_for_obs", None)
+        answer_for = class_hook(info.cls, "answer_for_obs")
         return answer_for(self._first_state[env_id], info.kwargs) if answer_for else None
+
+
+def _turn_metrics(history: list[dict[str, Any]], tag: str) -> dict[str, list[float]]:
+    """Every info key of every turn as a list of floats (RAGEN's ``custom_metric``). A value
+    that is not a number is logged and skipped, its key kept with what was numeric (v2's
+    rule; v1 raised, so no v1 run that worked sees a difference)."""
+    custom: dict[str, list[float]] = {}
+    for turn in history:
+        for k, v in turn.get("info", {}).items():
+            if k == "success":
+                continue
+            values = custom.setdefault(k, [])
+            try:
+                values.append(float(v))
+            except (TypeError, ValueError):
+                log.warning("Skipping non-numeric metric '%s' with value %r for env %s.",
+                            k, v, tag)
+    return custom
+
+
+def _v2_metrics(custom: dict[str, list[float]], cache: dict[str, Any], grid: Any
+                ) -> dict[str, Any]:
+    """RAGEN v2's per-env metrics after ``success`` and ``num_actions``."""
+    out: dict[str, Any] = {}
+    if grid is not None:
+        out["max_tile"] = int(np.max(np.asarray(grid)))
+    if RAW_REWARD_KEY in custom:
+        out["episodic_return"] = float(np.sum(custom[RAW_REWARD_KEY]))
+    webshop = "webshop" in cache["tag"].lower()
+    for k, v in custom.items():
+        if not webshop or k in TURN_LVL_METRICS:
+            out[k] = np.sum(v) / (len(cache["history"]) - 1)
+        else:
+            out["traj_sum/" + k] = np.sum(v)
+    if custom.get("score"):
+        out["final_score"] = float(custom["score"][-1])
+    return out
 
 
 def _as_image(frame: np.ndarray) -> Any:

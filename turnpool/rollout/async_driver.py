@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from turnpool.policies.base import Message, TurnContext
 from turnpool.pool import EnvPool, TurnResult
-from turnpool.rollout.episode import EpisodeState, TurnPlan
+from turnpool.rollout.episode import EpisodeState, TurnPlan, merge_results
 from turnpool.rollout.settings import AsyncSettings
 
 log = logging.getLogger(__name__)
@@ -86,14 +86,30 @@ class _Call:
 
 def play_async(turns: Turns, pool: EnvPool, eps: Sequence[EpisodeState], max_turn: int,
                settings: AsyncSettings,
-               on_turn: Callable[[int, int], None] | None = None) -> AsyncTiming:
+               on_turn: Callable[[int, int], None] | None = None, *,
+               singly: bool = False) -> AsyncTiming:
     """Play ``eps`` (freshly reset episodes of ``pool``) to the end, asynchronously.
 
     ``on_turn(turn, envs)`` is called once every env has finished turn ``turn`` or its
-    episode (the lock-step turn counter; ``envs`` played that turn). Returns the run's busy
-    times.
+    episode (the lock-step turn counter; ``envs`` played that turn). ``singly``: each action
+    of a turn is its own step and the results are merged (RAGEN v2, as
+    `turnpool.rollout.episode.step_singly` does in lock-step). Returns the run's busy times.
     """
-    return _Driver(turns, pool, eps, max_turn, settings, on_turn).run()
+    driver = _Driver(turns, pool, eps, max_turn, settings, on_turn)
+    driver.singly = singly
+    return driver.run()
+
+
+@dataclass
+class _Stepping:
+    """An env whose turn is in the pool: what it runs, since when, and (``singly``) how many
+    of its actions have come back, merged."""
+
+    ep: EpisodeState
+    plan: TurnPlan
+    sent: float
+    done_actions: int = 0
+    merged: TurnResult | None = None
 
 
 class _Driver:
@@ -110,7 +126,8 @@ class _Driver:
         self.pending: deque[EpisodeState] = deque()
         self.since: dict[int, float] = {}  # env id -> when it became pending
         self.calls: dict[Future[list[str]], _Call] = {}
-        self.stepping: dict[int, tuple[EpisodeState, TurnPlan, float]] = {}
+        self.stepping: dict[int, _Stepping] = {}
+        self.singly = False
         self.policy_spans: list[tuple[float, float]] = []
         self.env_spans: list[tuple[float, float]] = []
         self.level = 0
@@ -181,8 +198,9 @@ class _Driver:
             if run:
                 ids = [call.eps[k].env_id for k in run]
                 for k in run:
-                    self.stepping[call.eps[k].env_id] = (call.eps[k], plans[k], now)
-                self.pool.step_async(ids, [list(plans[k].to_execute) for k in run])
+                    self.stepping[call.eps[k].env_id] = _Stepping(call.eps[k], plans[k], now)
+                n = 1 if self.singly else None
+                self.pool.step_async(ids, [list(plans[k].to_execute[:n]) for k in run])
         if finished:
             self._report_level()
         return bool(finished)
@@ -195,9 +213,7 @@ class _Driver:
             if got:
                 now = time.perf_counter()
                 for env_id, result in got:
-                    ep, plan, sent = self.stepping.pop(env_id)
-                    self.env_spans.append((sent, now))
-                    self._record(ep, plan, result, now)
+                    self._collect(env_id, result, now)
                 self._report_level()
         elif self.calls and timeout != 0.0:
             wait_futures(list(self.calls), timeout=timeout, return_when=FIRST_COMPLETED)
@@ -215,6 +231,19 @@ class _Driver:
         return budget
 
     # ------------------------------------------------------------------ bookkeeping
+    def _collect(self, env_id: int, result: TurnResult, now: float) -> None:
+        """A step came back: record the turn, or (``singly``) send its next action."""
+        st = self.stepping[env_id]
+        if self.singly:
+            st.merged, st.done_actions = merge_results(st.merged, result), st.done_actions + 1
+            result = st.merged
+            if st.done_actions < len(st.plan.to_execute) and not (result.done or result.error):
+                self.pool.step_async([env_id], [[st.plan.to_execute[st.done_actions]]])
+                return
+        del self.stepping[env_id]
+        self.env_spans.append((st.sent, now))
+        self._record(st.ep, st.plan, result, now)
+
     def _record(self, ep: EpisodeState, plan: TurnPlan, result: Any, now: float) -> None:
         self.turns.record(ep, plan, result)
         if not self._finished(ep):

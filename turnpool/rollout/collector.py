@@ -77,6 +77,7 @@ from turnpool.rollout.episode import (
     start_episodes,
     step_plans,
 )
+from turnpool.rollout.metrics import Clock, batch_metrics
 from turnpool.rollout.prompts import build_messages, env_prompts
 from turnpool.rollout.scoring import compute_scores
 from turnpool.rollout.settings import CollectorSettings, RolloutPlan, TagSpec
@@ -111,18 +112,6 @@ class RolloutBatch:
         return write_jsonl(self.trajectories, dest)
 
 
-@dataclass
-class _Clock:
-    env_s: float = 0.0
-    reset_s: float = 0.0
-    policy_s: float = 0.0
-    turn_s: float = 0.0
-    overlap_s: float = 0.0
-    turns: int = 0
-    env_steps: int = 0
-    batches: int = 0
-
-
 class TrajectoryCollector:
     """Runs ``policy`` against ``pool`` and returns scored trajectories.
 
@@ -144,7 +133,7 @@ class TrajectoryCollector:
         self._prompt_of = env_prompts(self.tags, pool.tags, s.turn)
         self.seeds = SeedSchedule(s.seed_base, self.n_groups, s.mode)
         self.turns = TurnRunner(policy, s.turn)
-        self._clock = _Clock()
+        self._clock = Clock()
         self._failures: Counter[str] = Counter()
         self.on_turn: Callable[[int, int, int], None] | None = None
 
@@ -166,7 +155,7 @@ class TrajectoryCollector:
     # ------------------------------------------------------------------ public API
     def collect(self, seed: int | None = None) -> RolloutBatch:
         """One rollout batch: vanilla, or dynamic sampling when ``filter_groups`` is on."""
-        self._clock = _Clock()
+        self._clock = Clock()
         self._failures = Counter()
         s = self.settings
         if s.filter_groups:
@@ -175,7 +164,8 @@ class TrajectoryCollector:
             groups, dyn = self._groups_of(self._run_batch(self.seeds.next(seed), 0)), {}
         trajectories = [t for g in groups for t in g]
         self._score(trajectories)
-        metrics = self._metrics(trajectories)
+        metrics = batch_metrics(trajectories, self.group_size, self._clock,
+                                v2=self.settings.turn.ragen_version == "v2")
         metrics.update(dyn)
         metrics.update(self._failure_metrics())
         return RolloutBatch(trajectories, metrics)
@@ -285,7 +275,7 @@ class TrajectoryCollector:
             replies = [replies[k] for k in keep]
         plans = self.turns.plan(active, replies)
         t0 = time.perf_counter()
-        results = step_plans(self.pool, active, plans)
+        results = step_plans(self.pool, active, plans, self.settings.turn)
         if any(p.to_execute for p in plans):
             self._clock.env_s += time.perf_counter() - t0
         for ep, plan, result in zip(active, plans, results):
@@ -326,7 +316,8 @@ class TrajectoryCollector:
         timing = play_async(self.turns, self.pool, eps, self.settings.max_turn,
                             self.settings.async_settings,
                             None if on_turn is None
-                            else lambda turn, running: on_turn(gen_batch, turn, running))
+                            else lambda turn, running: on_turn(gen_batch, turn, running),
+                            singly=self.settings.turn.ragen_version == "v2")
         c = self._clock
         c.policy_s += timing.policy_s
         c.env_s += timing.env_s
@@ -429,54 +420,6 @@ class TrajectoryCollector:
             # RAGEN normalizes (and adds the penalty) only for end-of-episode scores.
             t.normalized_score = orig if s.use_turn_scores else norm
 
-    def _metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        m: dict[str, float] = {}
-        by_tag: dict[str, list[Trajectory]] = {}
-        for t in trajectories:
-            by_tag.setdefault(t.tag, []).append(t)
-        for tag, ts in by_tag.items():
-            n = len(ts)
-            groups: dict[str, list[Trajectory]] = {}
-            for t in ts:
-                groups.setdefault(t.group_uid, []).append(t)
-            turns = [turn for t in ts for turn in t.turns]
-            # An unparseable reply counts as one invalid action.
-            proposed = sum(max(1, len(turn.actions)) for turn in turns)
-            valid = sum(turn.n_valid for turn in turns)
-            m[f"{tag}/success"] = sum(t.success for t in ts) / n
-            m[f"{tag}/pass@{self.group_size}"] = (
-                sum(any(t.success for t in g) for g in groups.values()) / len(groups))
-            m[f"{tag}/num_actions"] = sum(t.num_actions for t in ts) / n
-            m[f"{tag}/num_turns"] = len(turns) / n
-            m[f"{tag}/valid_action_ratio"] = valid / proposed if proposed else 0.0
-            m[f"{tag}/penalty_rate"] = (sum(turn.penalized for turn in turns) / len(turns)
-                                        if turns else 0.0)
-            m[f"{tag}/score"] = sum(t.score for t in ts) / n
-            m[f"{tag}/normalized_score"] = sum(t.normalized_score for t in ts) / n
-            m[f"{tag}/errors"] = float(sum(t.error is not None for t in ts))
-            m[f"{tag}/trajectories"] = float(n)
-        c = self._clock
-        m["errors"] = float(sum(t.error is not None for t in trajectories))
-        m["trajectories"] = float(len(trajectories))
-        m["timing/env_s"] = c.env_s
-        m["timing/reset_s"] = c.reset_s
-        m["timing/policy_s"] = c.policy_s
-        m["timing/turns"] = float(c.turns)
-        m["timing/env_ms_per_turn"] = 1000.0 * c.env_s / c.turns if c.turns else 0.0
-        m["timing/policy_ms_per_turn"] = 1000.0 * c.policy_s / c.turns if c.turns else 0.0
-        # prompts, parsing and bookkeeping: the driver's own share of a turn (the time
-        # neither the policy nor the envs were busy)
-        manager_s = max(0.0, c.turn_s - c.policy_s - c.env_s + c.overlap_s)
-        m["timing/wall_s"] = c.turn_s
-        m["timing/overlap_s"] = c.overlap_s
-        shorter = min(c.policy_s, c.env_s)
-        m["timing/overlap_ratio"] = c.overlap_s / shorter if shorter > 0 else 0.0
-        m["timing/manager_s"] = manager_s
-        m["timing/manager_ms_per_turn"] = 1000.0 * manager_s / c.turns if c.turns else 0.0
-        m["env_steps"] = float(c.env_steps)
-        m["env_steps_per_s"] = c.env_steps / c.env_s if c.env_s > 0 else 0.0
-        return m
-
 
 def token_prefix(turns: Sequence[Turn]) -> list[int] | None:
     """The token sequence an episode has so far (its last prompt and reply), None when a
@@ -520,8 +463,8 @@ def build_pool(tags: Sequence[TagSpec], group_size: int,
 
 
 def _tags_from_pool(pool: EnvPool) -> list[TagSpec]:
-    specs = getattr(pool, "specs", None)
-    if not specs:
-        raise ValueError("pass tags=[TagSpec(...)] for a pool without specs")
-    return [TagSpec(tag=s.tag, env_type=s.env_type, n_groups=s.n_groups,
-                    env_kwargs=dict(s.env_kwargs)) for s in specs]
+    if not pool.specs or not all(isinstance(s.env_type, str) for s in pool.specs):
+        raise ValueError("pass tags=[TagSpec(...)] for a pool without specs or built from "
+                         "env factories")
+    return [TagSpec(tag=s.tag, env_type=str(s.env_type), n_groups=s.n_groups,
+                    env_kwargs=dict(s.env_kwargs)) for s in pool.specs]

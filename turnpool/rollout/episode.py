@@ -19,7 +19,7 @@ Seeds: `SeedSchedule` is the one place that decides a batch's base seed; the poo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,17 +192,68 @@ def start_episodes(pool: EnvPool, prompts: Sequence[EnvPrompt], obs: Sequence[st
             for i in range(len(prompts))]
 
 
-def step_plans(pool: EnvPool, eps: Sequence[EpisodeState], plans: Sequence[TurnPlan]
-               ) -> list[TurnResult | None]:
-    """Execute the plans that have actions in one pool call; None where nothing ran."""
-    run = [k for k, p in enumerate(plans) if p.to_execute]
-    results: list[TurnResult | None] = [None] * len(eps)
-    if run:
-        stepped = pool.step_turns([list(plans[k].to_execute) for k in run],
-                                  [eps[k].env_id for k in run])
-        for k, r in zip(run, stepped):
-            results[k] = r
-    return results
+def step_plans(pool: EnvPool, eps: Sequence[EpisodeState], plans: Sequence[TurnPlan],
+               settings: TurnSettings | None = None) -> list[TurnResult | None]:
+    """Execute the plans that have actions in one pool call; None where nothing ran.
+    Under RAGEN v2 (``settings.ragen_version``) a turn's info is every action's, merged:
+    see `step_singly`."""
+    runs = [(ep.env_id, list(p.to_execute)) for ep, p in zip(eps, plans)]
+
+    def step(batch: list[tuple[int, list[Any]]]) -> list[TurnResult | None]:
+        run = [k for k, (_, acts) in enumerate(batch) if acts]
+        results: list[TurnResult | None] = [None] * len(batch)
+        if run:
+            stepped = pool.step_turns([batch[k][1] for k in run], [batch[k][0] for k in run])
+            for k, r in zip(run, stepped):
+                results[k] = r
+        return results
+
+    if settings is not None and settings.ragen_version == "v2":
+        return step_singly(step, runs)
+    return step(runs)
+
+
+#: The info key of an env's own unshaped reward (RAGEN v2 sums it over a turn's actions).
+RAW_REWARD_KEY = "raw_reward"
+StepFn = Callable[[list[tuple[int, list[Any]]]], list[TurnResult | None]]
+
+
+def step_singly(step: StepFn, runs: list[tuple[int, list[Any]]]) -> list[TurnResult | None]:
+    """RAGEN v2's turn: ``runs`` (env id, actions) executed one action per ``step`` call, up
+    to an env's first done or error, each turn's results merged by `merge_results`."""
+    merged: list[TurnResult | None] = [None] * len(runs)
+    for depth in range(max((len(acts) for _, acts in runs), default=0)):
+        todo = [k for k, (_, acts) in enumerate(runs)
+                if depth < len(acts) and _running(merged[k])]
+        got = step([(runs[k][0], [runs[k][1][depth]]) for k in todo])
+        for k, r in zip(todo, got):
+            if r is not None:
+                merged[k] = merge_results(merged[k], r)
+    return merged
+
+
+def _running(result: TurnResult | None) -> bool:
+    return result is None or not (result.done or result.error)
+
+
+def merge_results(before: TurnResult | None, now: TurnResult) -> TurnResult:
+    """Two consecutive results as one turn's: rewards and counts added, ``info`` updated
+    key by key (RAGEN v2's ``turn_info.update``), ``raw_reward`` summed (0.0 where absent;
+    a value that is not a number counts 0.0, as v2's ``try`` does)."""
+    raw = _number(now.info.get(RAW_REWARD_KEY, 0.0))
+    if before is None:
+        return now._replace(info={**now.info, RAW_REWARD_KEY: raw})
+    return now._replace(reward_sum=before.reward_sum + now.reward_sum,
+                        n_executed=before.n_executed + now.n_executed,
+                        info={**before.info, **now.info,
+                              RAW_REWARD_KEY: _number(before.info[RAW_REWARD_KEY]) + raw})
+
+
+def _number(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 class SeedSchedule:

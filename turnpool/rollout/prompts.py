@@ -17,6 +17,14 @@ Prompt format (RAGEN's ContextManager)::
     user:   Reward:\\n-0.2\\n
             \\nTurn 2:\\nState:\\n...
 
+RAGEN v2 (``TurnSettings.ragen_version == "v2"``, mll-lab-nu/RAGEN's ContextManager) moves the
+prefix into the system message (``"You're a helpful assistant. " + prefix``; the first user
+message starts at ``"\\nTurn 1:"``), adds ``INVALID_WARNING`` after the state of a turn that
+follows one with no valid action, and windows by ``context_window_mode``: ``full`` shows every
+turn (``max_context_window`` is ignored), ``limited_multi_turn`` the last ``max_context_window``
+history entries as chat turns, ``single_turn`` one user message with a summary of the earlier
+entries of the window and the current state.
+
 Deliberate differences from RAGEN (each a bug there):
 
 * the symbol legend comes from the symbols the env really draws (its ``env_config`` override
@@ -40,6 +48,9 @@ from turnpool.rollout.settings import TagSpec, TurnSettings
 from turnpool.rollout.trajectory import Turn
 
 SYSTEM_PROMPT = "You're a helpful assistant. "
+#: RAGEN v2's line after the state of a turn that follows one with no valid action.
+INVALID_WARNING = ("No valid action provided previously. Environment state remains the same. "
+                   "Please try again.\n")
 THINK_FORMAT = "<think> [Your thoughts] </think> <answer> [your answer] </answer>"
 ANSWER_FORMAT = "<answer> [your answer] </answer>"
 
@@ -83,23 +94,30 @@ def describe_env(env_type: str, env_kwargs: Mapping[str, Any] | None = None) -> 
     """
     cls, defaults = resolve(env_type)
     kw = {**defaults, **dict(env_kwargs or {})}
-    vocab = _as_str_dict(kw.get("grid_vocab")) or _as_str_dict(getattr(cls, "grid_vocab", None))
+    vocab = _as_str_dict(kw.get("grid_vocab")) or _as_str_dict(cls.grid_vocab)
     if kw.get("grid_lookup") and not kw.get("grid_vocab"):
-        vocab = _rekey_vocab(vocab, getattr(cls, "grid_lookup", None), kw["grid_lookup"])
-    lookup = _as_lookup(kw.get("action_lookup")) or _as_lookup(getattr(cls, "action_lookup", None))
+        vocab = _rekey_vocab(vocab, class_hook(cls, "grid_lookup"), kw["grid_lookup"])
+    lookup = _as_lookup(kw.get("action_lookup")) or _as_lookup(cls.action_lookup)
     episode_names: tuple[str, ...] | None = None
     if lookup is None and _has_episode_lookup(cls):
         episode_names = _episode_action_names(cls, kw)
-    return EnvDescription(str(getattr(cls, "instruction", "") or ""), vocab, lookup,
+    return EnvDescription(str(cls.instruction or ""), vocab, lookup,
                           episode_names)
 
 
-def _has_episode_lookup(cls: type) -> bool:
-    own = getattr(cls, "action_lookup_for_episode", None)
-    return own is not None and own is not TextEnv.action_lookup_for_episode
+def class_hook(cls: type, name: str, default: Any = None) -> Any:
+    """An optional class attribute that only some env classes define (``grid_lookup``, and
+    the RAGEN facade's hooks: ``effective_config``, ``episode_lookup``, ``ragen_info_keys``,
+    ``ragen_int_rewards``, ``ragen_reset_mode``, ``frame_from_obs``, ``answer_for_obs``), or
+    ``default``. `TextEnv` does not declare them, so this is the one dynamic lookup."""
+    return getattr(cls, name, default)  # optional per-class hooks, not part of TextEnv
 
 
-def _episode_action_names(cls: type, kw: dict[str, Any]) -> tuple[str, ...] | None:
+def _has_episode_lookup(cls: type[TextEnv]) -> bool:
+    return cls.action_lookup_for_episode is not TextEnv.action_lookup_for_episode
+
+
+def _episode_action_names(cls: type[TextEnv], kw: dict[str, Any]) -> tuple[str, ...] | None:
     # Envs with per-episode lookups (ids shuffled on reset) keep the same *names*; a fresh
     # instance reports them. Only such envs are built here, and building does no I/O.
     try:
@@ -200,11 +218,45 @@ class ChatHistory(Protocol):
     def actions_left(self) -> int: ...
 
 
-def _state_text(state: str, actions_left: int, max_tokens: int, enable_think: bool) -> str:
+def _state_text(state: str, actions_left: int, max_tokens: int, enable_think: bool,
+                warning: str = "") -> str:
     fmt = THINK_FORMAT if enable_think else ANSWER_FORMAT
-    return (f"State:\n{state}\nYou have {actions_left} actions left. Always output: {fmt} "
+    return (f"State:\n{state}\n{warning}You have {actions_left} actions left. Always output: {fmt} "
             f"with no extra text. Strictly follow this format. "
             f"Max response length: {max_tokens} words (tokens).\n")
+
+
+def _entry_state(ep: ChatHistory, number: int, turn: Turn | None,
+                 settings: TurnSettings) -> str:
+    """The state block of history entry ``number`` (``turn`` None: the current state)."""
+    state, left = (ep.state, ep.actions_left) if turn is None else (turn.state, turn.actions_left)
+    warn = (settings.ragen_version == "v2" and number >= 2
+            and ep.turns[number - 2].manager_invalid_action)
+    return _state_text(state, left, ep.prompt.spec.max_tokens, settings.enable_think,
+                       INVALID_WARNING if warn else "")
+
+
+def _single_turn(ep: ChatHistory, entries: list[tuple[int, Turn | None]],
+                 settings: TurnSettings) -> list[Message]:
+    """v2's ``single_turn`` prompt: one user message, the earlier turns of the window as a
+    summary and the current state (its default memory, ``SimpleMemory``)."""
+    *past, (number, _) = entries
+    text = ""
+    if past:
+        text = (f"Summary: {number - 1} step(s) completed so far. Showing the last "
+                f"{len(past)} turn(s) with state/action/reward details. Recent turns:\n---\n")
+        for n, turn in past:
+            assert turn is not None
+            text += (f"Turn {n} State:\n{turn.state}\nTurn {n} Action: {turn.llm_response}\n"
+                     f"Turn {n} Reward: {_reward_value(turn)}\n---\n")
+    head = "\nCurrent Turn " if past else ""
+    text += f"{head}(Turn {number}):\n" + _entry_state(ep, number, None, settings)
+    return [{"role": "system", "content": SYSTEM_PROMPT + ep.prompt.prefix},
+            {"role": "user", "content": text}]
+
+
+def _reward_value(turn: Turn) -> float | int:
+    return turn.reward if turn.executed else 0
 
 
 def _reward_text(turn: Turn) -> str:
@@ -217,23 +269,26 @@ def build_messages(
     ep: ChatHistory, settings: TurnSettings, *, for_update: bool = False
 ) -> list[Message]:
     """The chat for ``ep``: what the policy sees now, or (``for_update``) the training view
-    without the final state and the final reward. Reads the episode, never changes it."""
-    spec = ep.prompt.spec
+    without the final state and the final reward. Reads the episode, never changes it.
+
+    RAGEN v1 opens the first user message with the tag's prefix; v2 puts it in the system
+    message, marks a state that follows a turn with no valid action, and windows by
+    ``context_window_mode`` (module docstring)."""
+    v2 = settings.ragen_version == "v2"
     entries: list[tuple[int, Turn | None]] = [(i + 1, t) for i, t in enumerate(ep.turns)]
     if not for_update:
         entries.append((len(ep.turns) + 1, None))
     k = settings.max_context_window
-    if k is not None and k > 0:
+    if k is not None and k > 0 and not (v2 and settings.context_window_mode == "full"):
         entries = entries[-k:]
-    messages: list[Message] = [{"role": "system", "content": SYSTEM_PROMPT},
-                               {"role": "user", "content": ep.prompt.prefix}]
+    if v2 and settings.context_window_mode == "single_turn" and not for_update:
+        return _single_turn(ep, entries, settings)
+    system, first = ((SYSTEM_PROMPT + ep.prompt.prefix, "") if v2
+                     else (SYSTEM_PROMPT, ep.prompt.prefix))
+    messages: list[Message] = [{"role": "system", "content": system},
+                               {"role": "user", "content": first}]
     for pos, (number, turn) in enumerate(entries):
-        text = f"\nTurn {number}:\n"
-        if turn is None:
-            text += _state_text(ep.state, ep.actions_left, spec.max_tokens, settings.enable_think)
-        else:
-            text += _state_text(turn.state, turn.actions_left, spec.max_tokens,
-                                settings.enable_think)
+        text = f"\nTurn {number}:\n" + _entry_state(ep, number, turn, settings)
         messages[-1] = {"role": messages[-1]["role"],
                         "content": messages[-1]["content"] + text}
         if turn is not None:

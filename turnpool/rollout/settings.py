@@ -45,6 +45,21 @@ class TurnSettings:
     enable_think: bool = True
     max_context_window: int = -1
     format_penalty: float = -0.1
+    #: whose prompt layout and manager contract: "v1" (RAGEN-AI/RAGEN 5eb79b8: the env
+    #: instruction opens the first user message) or "v2" (mll-lab-nu/RAGEN: it goes into the
+    #: system message, and a turn after one with no valid action says so). Configs loaded by
+    #: `turnpool.ragen.config` default to v2; this dataclass keeps v1 for code built on it.
+    ragen_version: str = "v1"
+    #: v2's ``agent_proxy.context_window_mode``: "full" (every turn; v2 then ignores
+    #: ``max_context_window``), "limited_multi_turn" (the last ``max_context_window`` turns
+    #: as chat turns) or "single_turn" (one user message summarising them). v1 ignores it.
+    context_window_mode: str = "full"
+
+    def __post_init__(self) -> None:
+        if self.ragen_version not in ("v1", "v2"):
+            raise ValueError(f"ragen_version must be 'v1' or 'v2', got {self.ragen_version!r}")
+        if self.context_window_mode not in ("full", "limited_multi_turn", "single_turn"):
+            raise ValueError(f"unknown context_window_mode {self.context_window_mode!r}")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 from turnpool.policies.base import Message
 
 
@@ -59,6 +61,12 @@ class Turn:
     prompt_extends: bool | None = None
     #: "tokens" (ids in, ids out) or "chat" (the server tokenized a chat); None: no tokens
     token_path: str | None = None
+
+    @property
+    def manager_invalid_action(self) -> bool:
+        """No valid action at all in the reply (RAGEN v2's ``manager_invalid_action``): the
+        env never ran, and v2's next prompt says so."""
+        return self.n_valid == 0 and not self.executed
 
 
 #: Turn fields that exist only for token-level turns (left out of text-only JSONL).
@@ -206,12 +214,8 @@ def _jsonable(x: Any) -> Any:
         return int(x)
     if isinstance(x, float):
         return x if math.isfinite(x) else repr(x)
-    item = getattr(x, "item", None)  # numpy scalar
-    if callable(item):
-        return _jsonable(item())
-    tolist = getattr(x, "tolist", None)  # numpy array
-    if callable(tolist):
-        return _jsonable(tolist())
+    if isinstance(x, (np.generic, np.ndarray)):  # numpy scalars and arrays
+        return _jsonable(x.tolist())
     return repr(x)
 
 
