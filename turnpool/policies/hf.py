@@ -38,9 +38,11 @@ logger = logging.getLogger(__name__)
 class HFPolicy:
     """Batched generation with a local ``AutoModelForCausalLM``.
 
-    Example:
-        >>> policy = HFPolicy(model_path="path/to/model", max_new_tokens=32)  # doctest: +SKIP
-        >>> policy.generate([[{"role": "user", "content": "hi"}]])            # doctest: +SKIP
+    Example (a model folder such as `turnpool.policies.tiny_llm.build_tiny_model` writes; not
+    run as a doctest, loading a model takes seconds)::
+
+        policy = HFPolicy(model_path="path/to/model", max_new_tokens=32)
+        replies = policy.generate([[{"role": "user", "content": "hi"}]])
     """
 
     def __init__(

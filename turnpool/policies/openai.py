@@ -24,10 +24,15 @@ renders and tokenizes the whole chat itself every turn: each turn's ``prompt_ids
 whole prompt (``extends=False``, ``token_path="chat"`` on the turn) and a multi-turn episode
 gives one sample per turn (`turnpool.rollout.trajectory.Trajectory.token_samples`).
 
-Example:
-    >>> policy = OpenAIPolicy(base_url="http://127.0.0.1:8000/v1", model="qwen",
-    ...                       concurrency=8)                                   # doctest: +SKIP
-    >>> policy.generate([[{"role": "user", "content": "hi"}]])                # doctest: +SKIP
+Example (nothing listens on port 9 here: one attempt, then `PolicyUnreachable`)::
+
+    policy = OpenAIPolicy(base_url="http://127.0.0.1:8000/v1", model="qwen", concurrency=8)
+    replies = policy.generate([[{"role": "user", "content": "hi"}]])
+
+    >>> policy = OpenAIPolicy(base_url="http://127.0.0.1:9/v1", model="qwen", max_retries=0)
+    >>> policy.generate([[{"role": "user", "content": "hi"}]])
+    Traceback (most recent call last):
+    turnpool.policies.base.PolicyUnreachable: cannot reach the policy endpoint http://127.0.0.1:9/v1...
 """
 
 from __future__ import annotations

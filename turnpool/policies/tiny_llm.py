@@ -11,9 +11,13 @@ Randomness: all text comes from a ``numpy.random.Generator`` seeded from ``seed`
 initialised from a local ``torch.Generator``; the fine-tuning runs inside
 ``torch.random.fork_rng`` so the process-global torch RNG is left as it was.
 
-Example:
-    >>> from turnpool.policies.tiny_llm import build_tiny_model
-    >>> path = build_tiny_model("tiny-llama", sft_steps=100)   # doctest: +SKIP
+Example (the tokenizer alone takes well under a second; ``build_tiny_model("tiny-llama",
+sft_steps=100)`` writes the fine-tuned model folder in a few CPU-seconds)::
+
+    >>> from turnpool.policies.tiny_llm import build_tokenizer
+    >>> tok = build_tokenizer(seed=0)
+    >>> tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    '<|im_start|>user\\nhi<|im_end|>\\n'
 """
 
 from __future__ import annotations
