@@ -13,8 +13,6 @@ does not pay for ray or transformers:
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
 # command name -> "module:attribute" of a click.Command
@@ -42,8 +40,9 @@ class LazyGroup(click.Group):
         target = self._lazy.get(cmd_name)
         if target is None:
             return super().get_command(ctx, cmd_name)
-        module, _, attr = target.partition(":")
-        cmd = getattr(importlib.import_module(module), attr)
+        from turnpool.envs.registry import load_entry_point
+
+        cmd = load_entry_point(target)
         assert isinstance(cmd, click.Command)
         return cmd
 

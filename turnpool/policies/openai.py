@@ -78,6 +78,11 @@ class _Reply(str):
     tokens: TokenTurn | None = None
 
 
+def _tokens_of(reply: str) -> TokenTurn | None:
+    """The token ids a reply carries: none for a `FailedReply` or a reply without them."""
+    return reply.tokens if isinstance(reply, _Reply) else None
+
+
 class _Failure(Exception):
     def __init__(self, reason: str, retryable: bool, timeout: bool = False,
                  unreachable: bool = False) -> None:
@@ -241,7 +246,7 @@ class OpenAIPolicy:
         `FailedReply` as the text, so the collector sees a ``policy_error`` and never scores
         it."""
         if self.token_path == "chat":
-            return [getattr(reply, "tokens", None) or TokenTurn.text_only(reply)
+            return [_tokens_of(reply) or TokenTurn.text_only(reply)
                     for reply in self.generate(batch, contexts)]
         if len(prefixes) != len(batch):
             raise ValueError(f"{len(prefixes)} prefixes for {len(batch)} conversations")
@@ -261,7 +266,7 @@ class OpenAIPolicy:
             jobs.append((k, new, extends, self._completion_body(prompt, limit)))
         replies = self._run([(self.completions_url, body) for *_, body in jobs])
         for (k, new, extends, _), reply in zip(jobs, replies):
-            turn = getattr(reply, "tokens", None)
+            turn = _tokens_of(reply)
             out[k] = TokenTurn.text_only(reply) if turn is None else TokenTurn(
                 text=turn.text, prompt_ids=new, response_ids=turn.response_ids,
                 logprobs=turn.logprobs, extends=extends, path="tokens")

@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import MethodType
 from typing import Any
 
 import numpy as np
@@ -354,9 +355,11 @@ def teach_tool_calls(model: Any, tokenizer: Any, env_class: type, user_text: str
     )
 
     env = env_class()
-    names = sorted(n for n, _ in inspect.getmembers(env_class, predicate=inspect.isfunction)
-                   if not n.startswith("_") and n not in ("reset", "get_reward"))
-    tools = [getattr(env, n) for n in names]
+    methods = sorted((name, fn) for name, fn in inspect.getmembers(
+        env_class, predicate=inspect.isfunction)
+        if not name.startswith("_") and name not in ("reset", "get_reward"))
+    names = [name for name, _ in methods]
+    tools = [MethodType(fn, env) for _, fn in methods]
     template = (None if is_chat_template_prefix_preserving(tokenizer)
                 else get_training_chat_template(tokenizer))
     rng = np.random.default_rng([seed, 4])

@@ -81,19 +81,16 @@ def end_of_turn_ids(tokenizer: Any, extra: Iterable[int] = ()) -> frozenset[int]
     """Ids that end a reply: the tokenizer's eos, the end-of-turn tokens it knows
     (`END_OF_TURN_TOKENS`) and ``extra``."""
     ids = {int(i) for i in extra}
-    eos = getattr(tokenizer, "eos_token_id", None)
+    eos = tokenizer.eos_token_id
     if isinstance(eos, int):
         ids.add(eos)
-    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
-    unk = getattr(tokenizer, "unk_token_id", None)
-    if callable(convert):
-        for token in END_OF_TURN_TOKENS:
-            try:
-                tid = convert(token)
-            except (KeyError, ValueError, TypeError):
-                continue
-            if isinstance(tid, int) and tid >= 0 and tid != unk:
-                ids.add(tid)
+    for token in END_OF_TURN_TOKENS:
+        try:
+            tid = tokenizer.convert_tokens_to_ids(token)
+        except (KeyError, ValueError, TypeError):
+            continue
+        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
+            ids.add(tid)
     return frozenset(ids)
 
 
