@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,21 +44,3 @@ def shop_url() -> Iterator[str]:
     with ShopServer() as server:
         yield server.url
 
-
-_RAY_USE = re.compile(r"^\s*import ray\b|tests\.ray_cluster|backend=\"ray\"|\"ray\",", re.MULTILINE)
-
-
-@functools.cache
-def _uses_ray(path: Path) -> bool:
-    return bool(_RAY_USE.search(path.read_text(encoding="utf-8")))
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for ``pytest -n 2 --dist loadgroup`` (pytest-xdist; a plain run ignores them):
-    a module's tests run in one worker, so module-scoped fixtures (servers, pools) start once,
-    and every module that starts Ray shares one worker, so two Ray clusters never run at once
-    (each module still starts and stops its own, as `tests.ray_cluster` says)."""
-    for item in items:
-        path = Path(str(item.path))
-        group = "ray" if path.suffix == ".py" and _uses_ray(path) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))

@@ -108,14 +108,14 @@ class LeasedEnv:
         """Start a new episode (gives the previous env slot back first)."""
         self._give_back()
         spec = self.spec
-        pool = spec.leases()
-        slot = pool.lease()
+        leases = spec.leases()
+        slot = leases.lease()
         self._slot = slot
-        self._release = weakref.finalize(self, pool.release, slot)
+        self._release = weakref.finalize(self, leases.release, slot)
         self._reward, self._done, self._failure, self._actions = 0.0, False, None, 0
         self.tool_steps, self.invalid_calls = 0, []
         seed = seed_of_row(row, spec.seed_key)
-        obs, info, *_ = pool.submit_reset(slot, seed).result(spec.wait_s)
+        obs, info, *_ = leases.submit_reset(slot, seed).result(spec.wait_s)
         if info.get("error"):
             self._done, self._failure = True, failure_of(info)
             return f"The environment failed to start: {info['error']}"
@@ -184,9 +184,9 @@ def environment_factory(
         class_name: the class's name (TRL logs the env reward under it).
     """
     kwargs = dict(env_kwargs or {})
-    spec = TagSpec(tag=env_type, env_type=env_type, env_kwargs=kwargs,
-                   max_actions_per_traj=max_actions or 10)
-    names = make_env_prompt(spec, TurnSettings()).valid_names or ()
+    tag = TagSpec(tag=env_type, env_type=env_type, env_kwargs=kwargs,
+                  max_actions_per_traj=max_actions or 10)
+    names = make_env_prompt(tag, TurnSettings()).valid_names or ()
     desc = describe_env(env_type, kwargs)
     members: dict[str, Any] = {"__doc__": f"turnpool env {env_type!r} as a TRL environment."}
     taken = set(_RESERVED)

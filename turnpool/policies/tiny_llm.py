@@ -341,7 +341,7 @@ def fine_tune_replies(model: Any, tokenizer: Any, prompts: Sequence[str],
 
 def teach_tool_calls(model: Any, tokenizer: Any, env_class: type, user_text: str,
                      seeds: Sequence[int] = range(8), steps: int = 150, seed: int = 0) -> float:
-    """Fine-tune ``model`` to answer an `turnpool.integrations.trl.environment_factory`
+    """Fine-tune ``model`` to answer an `turnpool.integrations.trl_env.environment_factory`
     episode's first message with one Qwen-style ``<tool_call>`` JSON call of a random tool
     (of the env's tools, as TRL lists them: public methods other than ``reset`` and
     ``get_reward``, by name). Prompts are rendered as ``GRPOTrainer`` renders them: the row's
