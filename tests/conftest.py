@@ -26,16 +26,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), sft_steps=100, seed=0)
 
 
-@pytest.fixture(scope="session")
-def served_tiny_model(tiny_model_dir: Path) -> Iterator[str]:
-    """``transformers serve`` on `tiny_model_dir`: the base URL of its OpenAI-compatible API
-    (one server for the session; it keeps no state between requests)."""
-    from turnpool.policies.tiny_llm import transformers_server
-
-    with transformers_server(tiny_model_dir) as base_url:
-        yield base_url
-
-
 @pytest.fixture(scope="module")
 def shop_url() -> Iterator[str]:
     """A local WebShop server for the tests that run webshop envs on a pool."""
@@ -43,4 +33,3 @@ def shop_url() -> Iterator[str]:
 
     with ShopServer() as server:
         yield server.url
-

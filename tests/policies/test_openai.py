@@ -19,7 +19,7 @@ from turnpool.policies import make_policy
 from turnpool.policies.base import FailedReply, PolicyUnreachable
 from turnpool.policies.hf import HFPolicy
 from turnpool.policies.openai import OpenAIPolicy, PolicyRequestError
-from turnpool.policies.tiny_llm import sample_conversations
+from turnpool.policies.tiny_llm import sample_conversations, transformers_server
 from turnpool.rollout.projection import parse_response
 
 pytestmark = pytest.mark.timeout(180)
@@ -31,8 +31,9 @@ def prompts(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
 
 # ------------------------------------------------------------------ transformers serve
 @pytest.fixture(scope="module")
-def served_model(served_tiny_model: str) -> str:
-    return served_tiny_model
+def served_model(tiny_model_dir: Path) -> Iterator[str]:
+    with transformers_server(tiny_model_dir) as base_url:
+        yield base_url
 
 
 def test_openai_policy_against_transformers_serve(served_model: str,

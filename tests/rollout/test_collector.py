@@ -262,14 +262,17 @@ def test_full_rollout_with_a_local_hf_model(tiny_model_dir: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_full_rollout_through_transformers_serve(served_tiny_model: str) -> None:
-    policy = make_policy({"name": "openai", "base_url": served_tiny_model, "max_tokens": 48,
-                          "temperature": 0.0, "concurrency": 4, "timeout": 60})
-    try:
-        with _collector(*LLM_ROLLOUT, policy=policy) as col:
-            batch = col.collect()
-    finally:
-        policy.close()
+def test_full_rollout_through_transformers_serve(tiny_model_dir: Path) -> None:
+    from turnpool.policies.tiny_llm import transformers_server
+
+    with transformers_server(tiny_model_dir) as base_url:
+        policy = make_policy({"name": "openai", "base_url": base_url, "max_tokens": 48,
+                              "temperature": 0.0, "concurrency": 4, "timeout": 60})
+        try:
+            with _collector(*LLM_ROLLOUT, policy=policy) as col:
+                batch = col.collect()
+        finally:
+            policy.close()
     _check_llm_batch(batch, policy)
 
 
