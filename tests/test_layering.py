@@ -3,19 +3,24 @@ the finer rules within floors.
 
 The graph is read with ``ast`` from the source (imports inside functions count, so a lazy
 import cannot hide a dependency). Importing ``a.b.c`` also imports the packages ``a`` and
-``a.b``, so those edges count too. Floors, bottom up (`FLOORS`)::
+``a.b``, so those edges count too, except where they are the importing module's own parents:
+those are already being imported when it runs. A module that names its own parent package
+(``from a.b import name`` inside ``a.b.c``) needs that package's ``__init__`` to have run, so
+that edge counts, and ``a.b`` importing ``a.b.c`` back is a cycle. Floors, bottom up
+(`FLOORS`)::
 
     webshop  <-  envs  <-  worker  <-  backends  <-  pool  <-  policies  <-  rollout
              <-  serve, integrations  <-  ragen  <-  cli, bench
 
 A module may import its own floor and the floors below, never one above. ``turnpool/__init__.py``
-names its public objects as strings (imported on first use), so it adds no edge.
+imports the env core (``envs.base``, ``envs.registry``) and names its other public objects as
+strings (imported on first use), so its only edges reach the env floor.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -49,16 +54,15 @@ def _resolve(module: str, node: ast.ImportFrom) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-def _targets(module: str) -> Iterator[str]:
-    """Every turnpool module that importing ``module`` imports directly."""
-    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
+def _imports(source: str, module: str) -> Iterator[str]:
+    """The turnpool module each import statement of ``source`` names (the deepest one that
+    exists): ``from pkg import name`` names ``pkg.name`` when that is a module, else ``pkg``."""
+    for node in ast.walk(ast.parse(source)):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = _resolve(module, node)
-            # `from pkg import name` imports pkg.name when that is a module.
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
                      for a in node.names]
         for name in names:
@@ -66,18 +70,28 @@ def _targets(module: str) -> Iterator[str]:
                 continue
             while name and name not in MODULES:
                 name = name.rpartition(".")[0]
-            parts = name.split(".")
-            for k in range(1, len(parts) + 1):  # parent packages are imported first
-                yield ".".join(parts[:k])
+            yield name
+
+
+def _edges(module: str, named: Iterable[str]) -> set[str]:
+    """What importing ``module`` imports directly, given the modules its imports name.
+
+    Naming ``a.b.c`` imports ``a`` and ``a.b`` first. Those implied parents are left out
+    where they are ``module``'s own parents (already importing when ``module`` runs); a parent
+    that an import names itself is kept: it needs that package's ``__init__`` to have run."""
+    own = module.split(".")
+    parents = {".".join(own[:k]) for k in range(1, len(own))}
+    edges: set[str] = set()
+    for name in named:
+        parts = name.split(".")
+        implied = {".".join(parts[:k]) for k in range(1, len(parts))}
+        edges |= (implied - parents) | {name}
+    return edges - {module}
 
 
 def _graph() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {}
-    for module in MODULES:
-        own = module.split(".")
-        parents = {".".join(own[:k]) for k in range(1, len(own))}
-        graph[module] = {t for t in _targets(module) if t != module and t not in parents}
-    return graph
+    return {module: _edges(module, _imports(path.read_text(encoding="utf-8"), module))
+            for module, path in MODULES.items()}
 
 
 GRAPH = _graph()
@@ -131,6 +145,26 @@ def test_cycle_finder_finds_a_cycle() -> None:
     graph = {k: set(v) for k, v in GRAPH.items()}
     graph["turnpool.envs.base"].add("turnpool.pool.api")
     assert _cycle(graph) is not None
+
+
+def test_a_module_importing_its_own_parent_package_that_imports_it_back_is_a_cycle() -> None:
+    """A planted pair: ``pool/__init__`` imports ``pool.api`` and ``pool.api`` takes a name
+    from ``turnpool.pool`` (absolutely or as ``from . import``): both spellings close a
+    cycle, while ``pool.api`` importing a sibling adds no edge to its own package."""
+    package = _edges("turnpool.pool", _imports("from turnpool.pool.api import EnvPool\n",
+                                                "turnpool.pool"))
+    assert package == {"turnpool.pool.api"}
+    sibling = _edges("turnpool.pool.api",
+                     _imports("from turnpool.pool.dispatch import Dispatcher\n",
+                              "turnpool.pool.api"))
+    assert sibling == {"turnpool.pool.dispatch"}
+    assert _cycle({"turnpool.pool": package, "turnpool.pool.api": sibling}) is None
+    for source in ("from turnpool.pool import helper\n", "from . import helper\n",
+                   "import turnpool.pool\n"):
+        parent = _edges("turnpool.pool.api", _imports(source, "turnpool.pool.api"))
+        assert parent == {"turnpool.pool"}, source
+        found = _cycle({"turnpool.pool": package, "turnpool.pool.api": parent})
+        assert found == ["turnpool.pool", "turnpool.pool.api", "turnpool.pool"], source
 
 
 #: The floors, bottom up: a module imports only from its own floor and those below.

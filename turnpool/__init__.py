@@ -10,11 +10,10 @@ Public names are imported lazily so that ``import turnpool`` stays cheap and opt
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from turnpool.envs.base import TextEnv
-from turnpool.envs.registry import make, register, registered
+from turnpool.envs.registry import load_entry_point, make, register, registered
 
 __version__ = "0.1.0"
 
@@ -43,6 +42,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'turnpool' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = load_entry_point(f"{module}:{name}")
     globals()[name] = value
     return value

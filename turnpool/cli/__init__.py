@@ -17,8 +17,6 @@ exit code of docs/reliability.md, the same in every command.
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
 # command name -> "module:attribute" of a click.Command
@@ -46,8 +44,9 @@ class LazyGroup(click.Group):
         target = self._lazy.get(cmd_name)
         if target is None:
             return super().get_command(ctx, cmd_name)
-        module, _, attr = target.partition(":")
-        cmd = getattr(importlib.import_module(module), attr)
+        from turnpool.envs.registry import load_entry_point
+
+        cmd = load_entry_point(target)
         assert isinstance(cmd, click.Command)
         return cmd
 

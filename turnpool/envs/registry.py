@@ -17,6 +17,7 @@ import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FunctionType, MethodType
 from typing import Any
 
 from gymnasium.envs.registration import EnvSpec as GymEnvSpec
@@ -77,8 +78,7 @@ def resolve(name_or_entry_point: str) -> tuple[type[TextEnv], dict[str, Any]]:
             return found
         known = ", ".join(sorted(_REGISTRY))
         raise KeyError(f"unknown env {name_or_entry_point!r}; registered: {known}")
-    module_name, _, attr = entry.partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
+    cls = load_entry_point(entry)
     if ragen_adapter.is_ragen_style(cls):
         return ragen_adapter.RagenEnvAdapter, {"ragen_env": entry, **(spec.kwargs if spec else {})}
     return cls, dict(spec.kwargs) if spec else {}
@@ -174,11 +174,23 @@ def build_target(env: EnvTarget, kwargs: dict[str, Any] | None = None
 
 
 def target_name(env: EnvTarget) -> str:
-    """A short readable name for an env target (a factory's ``__name__``)."""
+    """A short readable name for an env target (a class's or function's qualified name, else
+    the name of the callable's type)."""
     if isinstance(env, str):
         return env
-    return str(getattr(env, "__qualname__", None) or getattr(env, "__name__", None)
-               or type(env).__name__)
+    if isinstance(env, type | FunctionType | MethodType):
+        return env.__qualname__
+    return type(env).__name__
+
+
+def load_entry_point(entry: str) -> Any:
+    """The object an entry point ``"package.module:name"`` names, its module imported now.
+
+    The one place where a name given as text becomes an object: the env registry, the policy
+    kinds, the CLI's lazy commands and ``turnpool``'s lazy public names all resolve here."""
+    module_name, _, attr = entry.partition(":")
+    # getattr: the attribute's name is data (the entry point's text), not known to the code
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def make(name_or_entry_point: EnvTarget, **kwargs: Any) -> TextEnv:

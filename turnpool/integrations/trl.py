@@ -3,18 +3,9 @@
 Two ways in, both over turnpool's pool (envs in worker processes, ``step_timeout`` enforced,
 faults isolated) instead of env code running in the trainer's process:
 
-* `environment_factory` returns a class for ``GRPOTrainer(environment_factory=...)``. TRL
-  builds instances with no arguments, calls ``reset(**row)`` before each rollout and exposes
-  the public methods as tools. Each instance leases one env slot from this process's pool
-  (`turnpool.integrations.leases.shared_leases`) on ``reset``, gives the previous one back
-  first, and gives it back when the instance goes away. A discrete env's actions become one
-  tool each (``up()``, ``left()``, ...); other envs get one ``act(action: str)`` tool.
-  ``get_reward()`` returns the episode's reward sum, or None for a failed env (TRL then
-  leaves the rollout unscored instead of scoring it 0). The dataset row's ``seed`` column
-  (or, without one, a digest of the row) is the episode's seed, so the repeated rows of a
-  GRPO group share their start state. ``reset`` tells the model its tools (`tool_prompt`;
-  RAGEN texts' ``<answer>`` sentences are dropped), a call the env cannot take is answered
-  with the reason and recorded in ``invalid_calls``, and ``tool_steps`` counts env steps.
+* `environment_factory` (`turnpool.integrations.trl_env`, importable from here) returns a
+  class for ``GRPOTrainer(environment_factory=...)``: each instance leases one env slot and
+  exposes the env's actions as tools.
 
 * `TurnpoolRollout` is a ``rollout_func``: it runs turnpool's multi-turn collector with the
   trainer's model as the policy (TRL's own vLLM client in ``vllm_mode="server"``, else
@@ -32,233 +23,31 @@ faults isolated) instead of env code running in the trainer's process:
 
 from __future__ import annotations
 
-import hashlib
 import json
-import keyword
 import logging
-import re
-import weakref
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from turnpool.integrations.leases import shared_leases
+from turnpool.integrations.trl_env import (
+    environment_factory,
+    seed_of_row,
+    tool_prompt,
+    without_answer_format,
+)
 from turnpool.policies.base import Message, TokenTurn, TurnContext
 from turnpool.policies.hf import HFPolicy
 from turnpool.policies.tokens import ChatRenderer, continue_chat, turn_limit
 from turnpool.pool import EnvPool
-from turnpool.pool.slots import SlotEngine
 from turnpool.rollout.collector import TrajectoryCollector, build_pool
-from turnpool.rollout.prompts import describe_env, make_env_prompt
 from turnpool.rollout.settings import CollectorSettings, TagSpec, TurnSettings
 from turnpool.rollout.trajectory import Trajectory
-from turnpool.worker.protocol import Failure
+from turnpool.worker.protocol import failure_of
 
 log = logging.getLogger(__name__)
 
-#: Longest action text a tool call may pass to an env (LLM text is hostile).
-MAX_ACTION_CHARS = 4096
-#: Seconds a tool call waits for its env beyond the pool's own ``step_timeout``.
-WAIT_MARGIN_S = 60.0
-_RESERVED = {"reset", "get_reward"}
-
-
-def seed_of_row(row: Mapping[str, Any], key: str = "seed") -> int:
-    """The episode seed for a dataset row: its ``key`` column, else a digest of the row (so
-    identical rows, such as a GRPO group's, get the same seed in every process)."""
-    if key in row and row[key] is not None:
-        return int(row[key])
-    text = json.dumps(row, sort_keys=True, default=repr, ensure_ascii=False)
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:4],
-                          "big")
-
-
-def failure_of(trajectory: Trajectory) -> str | None:
-    """The failure class of a failed trajectory (None when it did not fail)."""
-    if trajectory.error is None:
-        return None
-    return Failure.of(trajectory.failure).value
-
-
-def _tool_name(action: str, taken: set[str]) -> str:
-    name = re.sub(r"\W+", "_", action.strip().lower()).strip("_") or "action"
-    if name[0].isdigit() or keyword.iskeyword(name) or name in _RESERVED:
-        name = f"action_{name}"
-    base, k = name, 2
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    taken.add(name)
-    return name
-
-
-def environment_factory(
-    env_type: str, env_kwargs: Mapping[str, Any] | None = None, *, capacity: int = 64,
-    pool_options: Mapping[str, Any] | None = None, seed_key: str = "seed",
-    max_actions: int | None = None, class_name: str | None = None,
-) -> type:
-    """A class for ``GRPOTrainer(environment_factory=...)`` over turnpool env ``env_type``.
-
-    Args:
-        env_type: a registered env name or ``"module:Class"``.
-        env_kwargs: the env's constructor arguments.
-        capacity: env slots in this process's pool (at least TRL's generation batch size).
-        pool_options: `turnpool.pool.EnvPool` keyword arguments (``backend``,
-            ``num_workers``, ``step_timeout``, ...).
-        seed_key: the dataset column holding the episode seed.
-        max_actions: actions one episode may take (default: unlimited; the env's own
-            termination still applies).
-        class_name: the class's name (TRL logs the env reward under it).
-    """
-    kwargs = dict(env_kwargs or {})
-    options = dict(pool_options or {})
-    spec = TagSpec(tag=env_type, env_type=env_type, env_kwargs=kwargs,
-                   max_actions_per_traj=max_actions or 10)
-    prompt = make_env_prompt(spec, TurnSettings())
-    desc = describe_env(env_type, kwargs)
-    names = prompt.valid_names
-    taken = set(_RESERVED)
-    tool_names = [_tool_name(action, taken) for action in names or ()]
-    intro = tool_prompt(env_type, desc.instruction, desc.grid_vocab, tool_names, max_actions)
-    wait_s = float(options.get("step_timeout") or 0.0) + WAIT_MARGIN_S
-
-    def leases() -> SlotEngine:
-        return shared_leases(env_type, kwargs, capacity, options)
-
-    def __init__(self: Any) -> None:
-        self._slot = None
-        self._reward = 0.0
-        self._done = False
-        self._failure = None
-        self._actions = 0
-        self._release = None
-        self.tool_steps = 0  # env steps taken through tool calls
-        self.invalid_calls = []  # why each rejected call was rejected (list of str)
-
-    def reset(self: Any, **row: Any) -> str:
-        """Start a new episode (gives the previous env slot back first)."""
-        self._give_back()
-        pool = leases()
-        slot = pool.lease()
-        self._slot = slot
-        self._release = weakref.finalize(self, pool.release, slot)
-        self._reward, self._done, self._failure, self._actions = 0.0, False, None, 0
-        self.tool_steps, self.invalid_calls = 0, []
-        obs, info, *_ = pool.submit_reset(slot, seed_of_row(row, seed_key)).result(wait_s)
-        if info.get("error"):
-            self._done, self._failure = True, Failure.of(info.get("failure")).value
-            return f"The environment failed to start: {info['error']}"
-        return f"{intro}\n{without_answer_format(obs)}"
-
-    def get_reward(self: Any) -> float | None:
-        """The episode's reward so far; None when the env failed (TRL leaves it unscored)."""
-        return None if self._failure is not None else float(self._reward)
-
-    def _give_back(self: Any) -> None:
-        if self._release is not None:
-            self._release()
-        self._slot, self._release = None, None
-
-    def _act(self: Any, action: Any) -> str:
-        if self._slot is None:
-            return self._reject("no episode is running")
-        if self._done:
-            return self._reject("the episode is over; no more actions are accepted")
-        if not isinstance(action, str) or not action.strip():
-            return self._reject(f"the action must be non-empty text, got {type(action).__name__}")
-        if max_actions is not None and self._actions >= max_actions:
-            self._done = True
-            return "The action budget is spent; the episode is over."
-        future = leases().submit_step(self._slot, [str(action)[:MAX_ACTION_CHARS]])
-        try:
-            res = future.result(timeout=wait_s)
-        except FutureTimeout:  # the pool had no step_timeout: give up on this env here
-            self._done, self._failure = True, "timeout"
-            return f"The environment failed: no answer after {wait_s:.0f} s"
-        self._actions += 1
-        self.tool_steps += 1
-        self._reward += float(res.reward_sum)
-        if res.error:
-            self._done = True
-            self._failure = Failure.of(res.info.get("failure")).value
-            return f"The environment failed: {res.error}"
-        self._done = bool(res.terminated or res.truncated)
-        text = f"{without_answer_format(res.obs)}\nReward: {res.reward_sum}"
-        if res.info.get("action_is_valid") is False:
-            self.invalid_calls.append(f"not a valid action: {str(action)[:80]!r}")
-            text += "\nThat action was not valid."
-        return text + ("\nThe episode is over." if self._done else "")
-
-    def _reject(self: Any, reason: str) -> str:
-        self.invalid_calls.append(reason[:200])
-        return f"Invalid call: {reason}."
-
-    members: dict[str, Any] = {"__init__": __init__, "reset": reset, "get_reward": get_reward,
-                               "_give_back": _give_back, "_act": _act, "_reject": _reject,
-                               "__doc__": f"turnpool env {env_type!r} as a TRL environment."}
-    if names:
-        taken = set(_RESERVED)
-        for action in names:
-            members[_tool_name(action, taken)] = _action_tool(action, env_type)
-    else:
-        members["act"] = _text_tool(env_type, desc.instruction)
-    name = class_name or re.sub(r"\W", "", env_type.title()) + "Env"
-    cls = type(name, (), members)
-    cls.__module__ = __name__
-    return cls
-
-
-_ANSWER_FORMAT = re.compile(r"[^.\n?!]*<answer>.*?</answer>[^.\n]*\.?[ \t]*")
-
-
-def without_answer_format(text: str) -> str:
-    """``text`` without the sentences that ask for ``<answer>`` tags (RAGEN envs' texts do):
-    a tool-calling model acts through its tools."""
-    return _ANSWER_FORMAT.sub("", text)
-
-
-def tool_prompt(env_type: str, instruction: str, grid_vocab: Mapping[str, str] | None,
-                tool_names: Sequence[str], max_actions: int | None) -> str:
-    """What an `environment_factory` episode tells the model first: the env's rules (without
-    the ``<answer>`` format of text rollouts), its symbols, and the tools to call."""
-    rules = re.split(r"\s*Answer with\b", instruction, maxsplit=1)[0].strip()
-    lines = [rules] if rules else [f"You are playing the {env_type} environment."]
-    if grid_vocab:
-        lines.append("Symbols: " + ", ".join(f"{k} {v}" for k, v in grid_vocab.items()))
-    if tool_names:
-        calls = ", ".join(f"{n}()" for n in tool_names)
-        lines.append(f"Act by calling the tools {calls}: one call per action. Each call "
-                     f"returns the new state, the reward and whether the episode is over.")
-    else:
-        lines.append("Act by calling the tool act(action) with one action per call. Each call "
-                     "returns the new state, the reward and whether the episode is over.")
-    if max_actions is not None:
-        lines.append(f"You may take up to {max_actions} actions.")
-    return "\n".join(lines)
-
-
-def _action_tool(action: str, env_type: str) -> Callable[[Any], str]:
-    def tool(self: Any) -> str:
-        return str(self._act(action))
-
-    tool.__name__ = tool.__qualname__ = _tool_name(action, set(_RESERVED))
-    tool.__doc__ = (f"Take the action {action!r} in the {env_type} environment.\n\n"
-                    f"Returns:\n    The new observation, the reward and whether the episode "
-                    f"is over.\n")
-    tool.__annotations__ = {"return": str}
-    return tool
-
-
-def _text_tool(env_type: str, instruction: str) -> Callable[[Any, str], str]:
-    def act(self: Any, action: str) -> str:
-        return str(self._act(action))
-
-    rules = re.split(r"\s*Answer with\b", instruction, maxsplit=1)[0]
-    act.__doc__ = (f"Take one action in the {env_type} environment.\n\n"
-                   f"Args:\n    action: The action text ({rules[:200].strip() or 'free text'}"
-                   f").\n\nReturns:\n    The new observation, the reward and whether the episode "
-                   f"is over.\n")
-    act.__annotations__ = {"action": str, "return": str}
-    return act
+__all__ = ["TurnpoolRollout", "VLLMClientPolicy", "check_whole_groups", "environment_factory",
+           "generation_kwargs", "seed_of_row", "tokenizer_of", "tool_prompt", "trainer_sampling",
+           "turnpool_reward", "without_answer_format"]
 
 
 # ---------------------------------------------------------------------- rollout_func
@@ -281,7 +70,7 @@ def check_whole_groups(args: Any, num_processes: int) -> None:
     procs = max(1, int(num_processes))
     g = int(args.num_generations)
     per_device = int(args.per_device_train_batch_size)
-    steps = int(getattr(args, "steps_per_generation", None) or 1)
+    steps = int(args.steps_per_generation or 1)
     per_proc = per_device * steps
     if per_proc % g:
         raise ValueError(
@@ -291,9 +80,9 @@ def check_whole_groups(args: Any, num_processes: int) -> None:
             f"num_generations = {g}. Raise steps_per_generation (e.g. to "
             f"{steps * _steps_for(per_proc, g)}) or per_device_train_batch_size, or lower "
             f"num_generations")
-    g_eval = int(getattr(args, "num_generations_eval", None) or g)
-    eval_batch = int(getattr(args, "per_device_eval_batch_size", 0) or 0)
-    if getattr(args, "eval_strategy", "no") not in ("no", None) and eval_batch % g_eval:
+    g_eval = int(args.num_generations_eval or g)
+    eval_batch = int(args.per_device_eval_batch_size or 0)
+    if args.eval_strategy not in ("no", None) and eval_batch % g_eval:
         raise ValueError(
             f"TurnpoolRollout needs whole GRPO groups on every process: "
             f"per_device_eval_batch_size = {eval_batch} is not a multiple of "
@@ -311,17 +100,28 @@ def _steps_for(per_device: int, group: int) -> int:
 def trainer_sampling(trainer: Any) -> dict[str, Any]:
     """``generate`` keyword arguments from a GRPOTrainer's sampling settings (``top_k``,
     ``min_p``, ``repetition_penalty``, then ``generation_kwargs`` over them)."""
-    args = getattr(trainer, "args", None)
-    out: dict[str, Any] = {}
-    for key in ("top_k", "min_p", "repetition_penalty"):
-        value = getattr(trainer, key, getattr(args, key, None))
-        if value is not None:
-            out[key] = value
+    chosen = {"top_k": trainer.top_k, "min_p": trainer.min_p,
+              "repetition_penalty": trainer.repetition_penalty}
+    out = {key: value for key, value in chosen.items() if value is not None}
     if out.get("top_k") == 0:  # TRL: 0 disables top-k, HF generate wants None
         out.pop("top_k")
-    extra = getattr(args, "generation_kwargs", None) or {}
-    out.update(json.loads(extra) if isinstance(extra, str) else dict(extra))
+    out.update(generation_kwargs(trainer.args))
     return out
+
+
+def generation_kwargs(args: Any) -> dict[str, Any]:
+    """A GRPOConfig's ``generation_kwargs`` as a dict (the command line gives it as JSON)."""
+    extra = args.generation_kwargs or {}
+    return dict(json.loads(extra) if isinstance(extra, str) else extra)
+
+
+def tokenizer_of(processing_class: Any) -> Any:
+    """The tokenizer of a trainer's ``processing_class``: itself, or a processor's own."""
+    from transformers import ProcessorMixin
+
+    if isinstance(processing_class, ProcessorMixin):
+        return processing_class.tokenizer
+    return processing_class
 
 
 class VLLMClientPolicy:
@@ -490,7 +290,7 @@ class TurnpoolRollout:
         pool = self._pool(n_groups, g)
         first = self.tags[0]
         tags = [TagSpec(**{**first.__dict__, "n_groups": n_groups})]
-        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        tokenizer = tokenizer_of(trainer.processing_class)
         model = trainer.accelerator.unwrap_model(trainer.model)
         budget = int(trainer.max_completion_length)
         policy = self.policy_for(trainer, model, tokenizer, budget)
@@ -512,20 +312,18 @@ class TurnpoolRollout:
     def policy_for(self, trainer: Any, model: Any, tokenizer: Any, budget: int) -> Any:
         """TRL's vLLM client in server mode, else HF ``generate`` on the training model;
         either way with the trainer's sampling settings and ``chat_template_kwargs``."""
-        template_kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
+        template_kwargs = dict(trainer.chat_template_kwargs or {})
         sampling = trainer_sampling(trainer)
-        if getattr(trainer, "use_vllm", False):
-            if getattr(trainer, "vllm_mode", "server") != "server":
+        if trainer.use_vllm:
+            if trainer.vllm_mode != "server":
                 raise ValueError("TurnpoolRollout generates with vLLM in server mode only "
                                  "(vllm_mode='server'); colocate mode is not supported yet")
-            args = getattr(trainer, "args", None)
-            extra = getattr(args, "generation_kwargs", None) or {}
             return VLLMClientPolicy(
                 trainer.vllm_generation.vllm_client, tokenizer,
                 max_new_tokens=int(self.max_new_tokens or budget),
                 temperature=float(trainer.temperature), top_p=float(trainer.top_p),
                 sampling=sampling,
-                generation_kwargs=json.loads(extra) if isinstance(extra, str) else extra,
+                generation_kwargs=generation_kwargs(trainer.args),
                 template_kwargs=template_kwargs)
         return HFPolicy.from_model(
             model, tokenizer, max_new_tokens=int(self.max_new_tokens or budget),
@@ -541,7 +339,7 @@ class TurnpoolRollout:
             "prompt_ids", "completion_ids", "logprobs", "env_mask", "turnpool_score",
             "turnpool_success", "turnpool_failure", "turnpool_num_turns")}
         for t in trajectories:
-            failure = failure_of(t)
+            failure = None if t.error is None else failure_of({"failure": t.failure}).value
             if t.has_tokens:
                 # verbatim history: one sample per episode; a prompt cut to the model's input
                 # limit starts a new one, and only the first is trained (it is exact)

@@ -37,10 +37,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
+from omegaconf import Container, OmegaConf
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
     AgentLoopMetrics,
@@ -53,10 +55,10 @@ from turnpool.integrations.leases import shared_leases
 from turnpool.policies.tokens import ChatRenderer
 from turnpool.pool import TurnResult
 from turnpool.pool.slots import PoolTimeout, SlotEngine
-from turnpool.rollout.episode import apply_turn, plan_turn, start_episode
-from turnpool.rollout.prompts import build_messages, make_env_prompt
+from turnpool.rollout.episode import EpisodeState, apply_turn, plan_turn, start_episode
+from turnpool.rollout.prompts import EnvPrompt, build_messages, make_env_prompt
 from turnpool.rollout.settings import TagSpec, TurnSettings
-from turnpool.worker.protocol import Failure
+from turnpool.worker.protocol import failure_of
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +72,15 @@ _SLOTS: dict[tuple[int, int], asyncio.Semaphore] = {}
 
 
 def _plain(x: Any) -> Any:
-    to_container = getattr(x, "_metadata", None)
-    if to_container is not None:
-        from omegaconf import OmegaConf
-
+    """An OmegaConf node as plain dicts and lists; anything else as it is."""
+    if isinstance(x, Container):
         return OmegaConf.to_container(x, resolve=True)
     return x
 
 
 def loop_options(config: Any, row: Mapping[str, Any]) -> dict[str, Any]:
     """The trainer config's ``turnpool`` section over `DEFAULTS`, then the row's overrides."""
-    section = _plain(config.get("turnpool", None) if hasattr(config, "get") else None) or {}
+    section = _plain(config.get("turnpool", None) if isinstance(config, Mapping) else None) or {}
     opts = {**DEFAULTS, **dict(section)}
     extra = _plain(row.get("extra_info")) or {}
     for key in ("env_type", "env_kwargs", "seed"):
@@ -126,88 +126,126 @@ class TurnpoolAgentLoop(AgentLoopBase):
 
     async def _play(self, leases: SlotEngine, slot: int, seed: int, opts: dict[str, Any],
                     sampling_params: dict[str, Any], wait_s: float) -> AgentLoopOutput:
-        settings = TurnSettings(action_sep=str(opts["action_sep"]),
-                                max_actions_per_turn=int(opts["max_actions_per_turn"]),
-                                enable_think=bool(opts["enable_think"]),
-                                max_context_window=-1,
-                                format_penalty=float(opts["format_penalty"]))
-        env_type = str(opts["env_type"])
-        spec = TagSpec(tag=env_type, env_type=env_type, env_kwargs=dict(opts["env_kwargs"] or {}),
-                       max_actions_per_traj=int(opts["max_actions_per_traj"]))
-        prompt = make_env_prompt(spec, settings)
-        metrics = {"generate_sequences": 0.0, "tool_calls": 0.0}
+        settings, prompt = _turn_settings(opts)
         tokenizer: Any = self.tokenizer
-        renderer = ChatRenderer(tokenizer, _plain(getattr(self, "apply_chat_template_kwargs",
-                                                          None)) or {})
+        renderer = ChatRenderer(tokenizer, _plain(self.apply_chat_template_kwargs) or {})
         obs, info, *_ = await leases.reset(slot, seed, timeout=wait_s)
         ep = start_episode(prompt, slot, 0, seed, obs, info)
-        budget = int(self.rollout_config.response_length)
+        seq = _Sequence(budget=int(self.rollout_config.response_length))
         request_id = uuid4().hex
-        prompt_ids: list[int] | None = None
-        response: list[int] = []
-        mask: list[int] = []
-        logprobs: list[float] = []
-        turns = 0
         end = "max_turn"
         for _ in range(int(opts["max_turn"])):
             if ep.done:
                 break
             messages = build_messages(ep, settings)
-            if prompt_ids is None:
-                prompt_ids = self._cap_text_prompt_length(renderer.first(messages))
-            else:
-                new = renderer.extend(messages, response)
-                if len(response) + len(new) >= budget:
-                    end = "response_length"  # no room left for the next turn's reply
-                    break
-                response += new
-                mask += [0] * len(new)
-                logprobs += [0.0] * len(new)
+            if seq.prompt_ids is None:
+                seq.prompt_ids = self._cap_text_prompt_length(renderer.first(messages))
+            elif not seq.add_env(renderer.extend(messages, seq.response)):
+                end = "response_length"  # no room left for the next turn's reply
+                break
             t0 = time.perf_counter()
             out = await self.server_manager.generate(
-                request_id=request_id, prompt_ids=prompt_ids + response,
+                request_id=request_id, prompt_ids=seq.prompt_ids + seq.response,
                 sampling_params=sampling_params)
-            metrics["generate_sequences"] += time.perf_counter() - t0
-            ids = [int(i) for i in out.token_ids][: budget - len(response)]
-            lps = list(out.log_probs or [])
-            response += ids
-            mask += [1] * len(ids)
-            logprobs += (lps + [0.0] * len(ids))[: len(ids)]
-            turns += 1
-            reply = str(tokenizer.decode(ids, skip_special_tokens=True))
-            plan = plan_turn(ep, reply, settings)
-            result: TurnResult | None = None
+            seq.generate_s += time.perf_counter() - t0
+            ids = seq.add_sampled(out.token_ids, out.log_probs)
+            plan = plan_turn(ep, str(tokenizer.decode(ids, skip_special_tokens=True)), settings)
+            result = None
             if plan.to_execute:
-                t0 = time.perf_counter()
-                try:
-                    result = await leases.step(slot, list(plan.to_execute), timeout=wait_s)
-                except PoolTimeout:  # the pool had no step_timeout: stop waiting
-                    result = TurnResult(obs="", reward_sum=0.0, terminated=False,
-                                        truncated=True, info={"failure": "timeout"},
-                                        n_executed=0,
-                                        error=f"no answer from the env after {wait_s:.0f} s")
-                metrics["tool_calls"] += time.perf_counter() - t0
+                result = await _env_turn(leases, slot, plan.to_execute, wait_s, seq)
             apply_turn(ep, plan, result, settings)
-            if len(response) >= budget and not ep.done:
+            if seq.full and not ep.done:
                 end = "response_length"
                 break
-        failure = None
-        if ep.error is not None:
-            last = ep.turns[-1].info if ep.turns else info
-            failure = Failure.of(last.get("failure")).value
-            mask = [0] * len(mask)
-        score = sum(t.reward for t in ep.turns) + ep.penalty
-        extra = {"turnpool_failure": failure, "turnpool_success": bool(ep.success),
-                 "turnpool_seed": seed, "turnpool_end": ep.end_reason if ep.done else end,
-                 "turnpool_error": ep.error}
-        return AgentLoopOutput(
-            prompt_ids=prompt_ids or [int(tokenizer.eos_token_id)],
-            response_ids=response[:budget], response_mask=mask[:budget],
-            response_logprobs=logprobs[:budget], reward_score=float(score),
-            num_turns=2 * turns + 1, metrics=AgentLoopMetrics(
-                generate_sequences=metrics["generate_sequences"],
-                tool_calls=metrics["tool_calls"]),
-            extra_fields=extra)
+        return _output(ep, info, seq, seed, ep.end_reason if ep.done else end,
+                       int(tokenizer.eos_token_id))
+
+
+@dataclass
+class _Sequence:
+    """One episode's token sequence as verl trains it: the first prompt, then the replies and
+    the env/template tokens between them (``mask`` 1 on sampled tokens), and timings."""
+
+    budget: int
+    prompt_ids: list[int] | None = None
+    response: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: int = 0
+    generate_s: float = 0.0
+    tool_s: float = 0.0
+
+    @property
+    def full(self) -> bool:
+        return len(self.response) >= self.budget
+
+    def add_env(self, ids: list[int]) -> bool:
+        """Append the env's (unsampled) tokens; False, adding nothing, when the next reply
+        would have no room left."""
+        if len(self.response) + len(ids) >= self.budget:
+            return False
+        self.response += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        return True
+
+    def add_sampled(self, token_ids: Sequence[int], log_probs: Sequence[float] | None
+                    ) -> list[int]:
+        """Append a reply, cut to the budget; its ids."""
+        ids = [int(i) for i in token_ids][: self.budget - len(self.response)]
+        self.response += ids
+        self.mask += [1] * len(ids)
+        self.logprobs += (list(log_probs or []) + [0.0] * len(ids))[: len(ids)]
+        self.turns += 1
+        return ids
+
+
+def _turn_settings(opts: Mapping[str, Any]) -> tuple[TurnSettings, EnvPrompt]:
+    """The turn settings and env prompt of the options (`loop_options`)."""
+    settings = TurnSettings(action_sep=str(opts["action_sep"]),
+                            max_actions_per_turn=int(opts["max_actions_per_turn"]),
+                            enable_think=bool(opts["enable_think"]),
+                            max_context_window=-1,
+                            format_penalty=float(opts["format_penalty"]))
+    env_type = str(opts["env_type"])
+    spec = TagSpec(tag=env_type, env_type=env_type, env_kwargs=dict(opts["env_kwargs"] or {}),
+                   max_actions_per_traj=int(opts["max_actions_per_traj"]))
+    return settings, make_env_prompt(spec, settings)
+
+
+async def _env_turn(leases: SlotEngine, slot: int, actions: Sequence[str], wait_s: float,
+                    seq: _Sequence) -> TurnResult:
+    """One env step of ``actions``; a pool without ``step_timeout`` is given up on after
+    ``wait_s`` (a failed turn, failure class ``timeout``)."""
+    t0 = time.perf_counter()
+    try:
+        return await leases.step(slot, list(actions), timeout=wait_s)
+    except PoolTimeout:  # the pool had no step_timeout: stop waiting
+        return TurnResult(obs="", reward_sum=0.0, terminated=False, truncated=True,
+                          info={"failure": "timeout"}, n_executed=0,
+                          error=f"no answer from the env after {wait_s:.0f} s")
+    finally:
+        seq.tool_s += time.perf_counter() - t0
+
+
+def _output(ep: EpisodeState, info: Mapping[str, Any], seq: _Sequence, seed: int, end: str,
+            eos: int) -> AgentLoopOutput:
+    """verl's record of the episode; a failed one is marked and masked out (all zeros)."""
+    failure = None
+    mask = seq.mask
+    if ep.error is not None:
+        failure = failure_of(dict(ep.turns[-1].info if ep.turns else info)).value
+        mask = [0] * len(mask)
+    score = sum(t.reward for t in ep.turns) + ep.penalty
+    extra = {"turnpool_failure": failure, "turnpool_success": bool(ep.success),
+             "turnpool_seed": seed, "turnpool_end": end, "turnpool_error": ep.error}
+    budget = seq.budget
+    return AgentLoopOutput(
+        prompt_ids=seq.prompt_ids or [eos], response_ids=seq.response[:budget],
+        response_mask=mask[:budget], response_logprobs=seq.logprobs[:budget],
+        reward_score=float(score), num_turns=2 * seq.turns + 1,
+        metrics=AgentLoopMetrics(generate_sequences=seq.generate_s, tool_calls=seq.tool_s),
+        extra_fields=extra)
 
 
 def _slots(leases: SlotEngine) -> asyncio.Semaphore:

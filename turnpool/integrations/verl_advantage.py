@@ -16,6 +16,7 @@ importing ``turnpool.integrations.verl`` registers it too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ def turnpool_grpo_advantage(token_level_rewards: torch.Tensor, response_mask: to
                             norm_adv_by_std_in_grpo: bool = True, config: Any = None,
                             **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's GRPO outcome advantage over the healthy rows only; failed rows get 0."""
-    if config is not None and hasattr(config, "get"):
+    if isinstance(config, Mapping):  # verl's AlgoConfig (a Mapping) or an OmegaConf section
         norm_adv_by_std_in_grpo = bool(config.get("norm_adv_by_std_in_grpo",
                                                   norm_adv_by_std_in_grpo))
     keep = healthy_rows(response_mask)

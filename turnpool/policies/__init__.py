@@ -18,11 +18,11 @@ Adding a policy is one module with a class taking keyword options and one ``_KIN
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import logging
 from typing import Any
 
+from turnpool.envs.registry import load_entry_point
 from turnpool.policies.base import Message, Policy, PolicyStats, TurnContext
 
 _KINDS: dict[str, str] = {
@@ -43,8 +43,7 @@ def policy_names() -> list[str]:
 
 
 def _policy_class(name: str) -> Any:
-    module_name, _, attr = _KINDS[name].partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    return load_entry_point(_KINDS[name])
 
 
 def _option_names(name: str) -> set[str]:

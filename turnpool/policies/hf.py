@@ -35,12 +35,26 @@ from turnpool.policies.tokens import ChatRenderer, check_history_mode, continue_
 logger = logging.getLogger(__name__)
 
 
+def _torch_dtype(name: str) -> Any:
+    """The torch dtype named ``name`` (``"float32"``, ``"bfloat16"``, ...)."""
+    import torch
+
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+             "float64": torch.float64}.get(name)
+    if dtype is None:
+        raise ValueError(f"dtype must be 'auto', 'float32', 'float16', 'bfloat16' or "
+                         f"'float64', got {name!r}")
+    return dtype
+
+
 class HFPolicy:
     """Batched generation with a local ``AutoModelForCausalLM``.
 
-    Example:
-        >>> policy = HFPolicy(model_path="path/to/model", max_new_tokens=32)  # doctest: +SKIP
-        >>> policy.generate([[{"role": "user", "content": "hi"}]])            # doctest: +SKIP
+    Example (a model folder such as `turnpool.policies.tiny_llm.build_tiny_model` writes; not
+    run as a doctest, loading a model takes seconds)::
+
+        policy = HFPolicy(model_path="path/to/model", max_new_tokens=32)
+        replies = policy.generate([[{"role": "user", "content": "hi"}]])
     """
 
     def __init__(
@@ -81,7 +95,7 @@ class HFPolicy:
         self.template_kwargs = dict(template_kwargs or {})
         self.history = check_history_mode(history)
         model: Any = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=dtype if dtype == "auto" else getattr(torch, dtype),
+            self.model_path, dtype=dtype if dtype == "auto" else _torch_dtype(dtype),
             local_files_only=True)
         self.model: Any = model.to(self.device).eval()
 

@@ -24,10 +24,15 @@ renders and tokenizes the whole chat itself every turn: each turn's ``prompt_ids
 whole prompt (``extends=False``, ``token_path="chat"`` on the turn) and a multi-turn episode
 gives one sample per turn (`turnpool.rollout.trajectory.Trajectory.token_samples`).
 
-Example:
-    >>> policy = OpenAIPolicy(base_url="http://127.0.0.1:8000/v1", model="qwen",
-    ...                       concurrency=8)                                   # doctest: +SKIP
-    >>> policy.generate([[{"role": "user", "content": "hi"}]])                # doctest: +SKIP
+Example (nothing listens on port 9 here: one attempt, then `PolicyUnreachable`)::
+
+    policy = OpenAIPolicy(base_url="http://127.0.0.1:8000/v1", model="qwen", concurrency=8)
+    replies = policy.generate([[{"role": "user", "content": "hi"}]])
+
+    >>> policy = OpenAIPolicy(base_url="http://127.0.0.1:9/v1", model="qwen", max_retries=0)
+    >>> policy.generate([[{"role": "user", "content": "hi"}]])
+    Traceback (most recent call last):
+    turnpool.policies.base.PolicyUnreachable: cannot reach the policy endpoint http://127.0.0.1:9/v1...
 """
 
 from __future__ import annotations
@@ -71,6 +76,11 @@ class _Reply(str):
     """A reply text that also carries the server's token ids (when it sent them)."""
 
     tokens: TokenTurn | None = None
+
+
+def _tokens_of(reply: str) -> TokenTurn | None:
+    """The token ids a reply carries: none for a `FailedReply` or a reply without them."""
+    return reply.tokens if isinstance(reply, _Reply) else None
 
 
 class _Failure(Exception):
@@ -236,7 +246,7 @@ class OpenAIPolicy:
         `FailedReply` as the text, so the collector sees a ``policy_error`` and never scores
         it."""
         if self.token_path == "chat":
-            return [getattr(reply, "tokens", None) or TokenTurn.text_only(reply)
+            return [_tokens_of(reply) or TokenTurn.text_only(reply)
                     for reply in self.generate(batch, contexts)]
         if len(prefixes) != len(batch):
             raise ValueError(f"{len(prefixes)} prefixes for {len(batch)} conversations")
@@ -256,7 +266,7 @@ class OpenAIPolicy:
             jobs.append((k, new, extends, self._completion_body(prompt, limit)))
         replies = self._run([(self.completions_url, body) for *_, body in jobs])
         for (k, new, extends, _), reply in zip(jobs, replies):
-            turn = getattr(reply, "tokens", None)
+            turn = _tokens_of(reply)
             out[k] = TokenTurn.text_only(reply) if turn is None else TokenTurn(
                 text=turn.text, prompt_ids=new, response_ids=turn.response_ids,
                 logprobs=turn.logprobs, extends=extends, path="tokens")

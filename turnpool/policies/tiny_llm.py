@@ -11,9 +11,13 @@ Randomness: all text comes from a ``numpy.random.Generator`` seeded from ``seed`
 initialised from a local ``torch.Generator``; the fine-tuning runs inside
 ``torch.random.fork_rng`` so the process-global torch RNG is left as it was.
 
-Example:
-    >>> from turnpool.policies.tiny_llm import build_tiny_model
-    >>> path = build_tiny_model("tiny-llama", sft_steps=100)   # doctest: +SKIP
+Example (the tokenizer alone takes well under a second; ``build_tiny_model("tiny-llama",
+sft_steps=100)`` writes the fine-tuned model folder in a few CPU-seconds)::
+
+    >>> from turnpool.policies.tiny_llm import build_tokenizer
+    >>> tok = build_tokenizer(seed=0)
+    >>> tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    '<|im_start|>user\\nhi<|im_end|>\\n'
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import MethodType
 from typing import Any
 
 import numpy as np
@@ -336,7 +341,7 @@ def fine_tune_replies(model: Any, tokenizer: Any, prompts: Sequence[str],
 
 def teach_tool_calls(model: Any, tokenizer: Any, env_class: type, user_text: str,
                      seeds: Sequence[int] = range(8), steps: int = 150, seed: int = 0) -> float:
-    """Fine-tune ``model`` to answer an `turnpool.integrations.trl.environment_factory`
+    """Fine-tune ``model`` to answer an `turnpool.integrations.trl_env.environment_factory`
     episode's first message with one Qwen-style ``<tool_call>`` JSON call of a random tool
     (of the env's tools, as TRL lists them: public methods other than ``reset`` and
     ``get_reward``, by name). Prompts are rendered as ``GRPOTrainer`` renders them: the row's
@@ -350,9 +355,11 @@ def teach_tool_calls(model: Any, tokenizer: Any, env_class: type, user_text: str
     )
 
     env = env_class()
-    names = sorted(n for n, _ in inspect.getmembers(env_class, predicate=inspect.isfunction)
-                   if not n.startswith("_") and n not in ("reset", "get_reward"))
-    tools = [getattr(env, n) for n in names]
+    methods = sorted((name, fn) for name, fn in inspect.getmembers(
+        env_class, predicate=inspect.isfunction)
+        if not name.startswith("_") and name not in ("reset", "get_reward"))
+    names = [name for name, _ in methods]
+    tools = [MethodType(fn, env) for _, fn in methods]
     template = (None if is_chat_template_prefix_preserving(tokenizer)
                 else get_training_chat_template(tokenizer))
     rng = np.random.default_rng([seed, 4])

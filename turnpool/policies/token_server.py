@@ -23,9 +23,11 @@ Every generation is appended to `TokenServer.log` (``prompt_ids``, ``token_ids``
 to compare with what a client recorded. Requests are bounded (body size, prompt and reply
 lengths); the server binds loopback only.
 
-Example:
-    >>> with TokenServer(model, tokenizer) as server:                      # doctest: +SKIP
-    ...     policy = OpenAIPolicy(server.url, tokenizer=tokenizer, return_token_ids=True)
+Example (``model`` and ``tokenizer`` loaded from `turnpool.policies.tiny_llm.build_tiny_model`'s
+folder; not run as a doctest, building the model takes seconds)::
+
+    with TokenServer(model, tokenizer) as server:
+        policy = OpenAIPolicy(server.url, tokenizer=tokenizer, return_token_ids=True)
 """
 
 from __future__ import annotations

@@ -81,30 +81,34 @@ def end_of_turn_ids(tokenizer: Any, extra: Iterable[int] = ()) -> frozenset[int]
     """Ids that end a reply: the tokenizer's eos, the end-of-turn tokens it knows
     (`END_OF_TURN_TOKENS`) and ``extra``."""
     ids = {int(i) for i in extra}
-    eos = getattr(tokenizer, "eos_token_id", None)
+    eos = tokenizer.eos_token_id
     if isinstance(eos, int):
         ids.add(eos)
-    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
-    unk = getattr(tokenizer, "unk_token_id", None)
-    if callable(convert):
-        for token in END_OF_TURN_TOKENS:
-            try:
-                tid = convert(token)
-            except (KeyError, ValueError, TypeError):
-                continue
-            if isinstance(tid, int) and tid >= 0 and tid != unk:
-                ids.add(tid)
+    for token in END_OF_TURN_TOKENS:
+        try:
+            tid = tokenizer.convert_tokens_to_ids(token)
+        except (KeyError, ValueError, TypeError):
+            continue
+        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
+            ids.add(tid)
     return frozenset(ids)
 
 
 class ChatRenderer:
     """Messages to token ids for one tokenizer and template, turn by turn.
 
-    Example (``tok`` any HF tokenizer with a chat template):
-        >>> r = ChatRenderer(tok)                                          # doctest: +SKIP
-        >>> seq = r.first(chat)                 # the first prompt          # doctest: +SKIP
-        >>> seq += reply_ids                    # what the model sampled    # doctest: +SKIP
-        >>> seq += r.extend(chat + [asst, env_msg], reply_ids)             # doctest: +SKIP
+    Example (the tiny offline tokenizer; any HF tokenizer with a chat template works):
+        >>> from turnpool.policies.tiny_llm import build_tokenizer
+        >>> tok = build_tokenizer(seed=0)
+        >>> r = ChatRenderer(tok)
+        >>> chat = [{"role": "user", "content": "Push the box."}]
+        >>> seq = r.first(chat)                                   # the first prompt
+        >>> seq += tok.encode("<answer>Up</answer>", add_special_tokens=False)  # sampled
+        >>> chat += [{"role": "assistant", "content": "<answer>Up</answer>"},
+        ...          {"role": "user", "content": "Done."}]       # the reply, the env's answer
+        >>> seq += r.extend(chat, seq)                            # only the new turn's ids
+        >>> seq == r.first(chat)            # here the same ids as rendering the whole chat
+        True
     """
 
     def __init__(self, tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None,

@@ -61,52 +61,64 @@ def create_app(catalog_path: str | None = None, latency_ms: float = 0.0) -> Fast
     app = FastAPI(title="turnpool webshop", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.shop = shop
     add_ragen_routes(app)  # RAGEN's WebShop on its small set, under /ragen/
-    human_ids = itertools.count()
-    delay = max(0.0, float(latency_ms)) / 1000.0
+    _add_agent_api(app, shop, max(0.0, float(latency_ms)) / 1000.0)
+    _add_pages(app, shop)
+    return app
 
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status)
 
-    def wants(request: Request) -> str:
-        fmt = request.query_params.get("format", "")
-        if fmt in ("text", "html", "json"):
-            return fmt
-        accept = request.headers.get("accept", "")
-        if "text/html" in accept:
-            return "html"
-        if "application/json" in accept:
-            return "json"
-        return "text"
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
 
-    def payload(page: Page, out: Outcome | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"page": page.text, "kind": page.kind, "actions": page.actions}
-        if out is not None:
-            body.update(valid=out.valid, effective=out.effective, done=out.done,
-                        reward=out.reward, info=out.info)
-        return body
 
-    def render(request: Request, sid: str, page: Page, out: Outcome | None = None) -> Response:
-        fmt = wants(request)
-        if fmt == "html":
-            return HTMLResponse(render_html(sid, page, out))
-        if fmt == "json":
-            return JSONResponse(payload(page, out))
-        return PlainTextResponse(page.text + "\n\nAvailable actions: " + ", ".join(page.actions))
+def _wants(request: Request) -> str:
+    """The reply format a request asks for: ``?format=``, else its ``Accept`` header, else
+    text."""
+    fmt = request.query_params.get("format", "")
+    if fmt in ("text", "html", "json"):
+        return fmt
+    accept = request.headers.get("accept", "")
+    if "text/html" in accept:
+        return "html"
+    if "application/json" in accept:
+        return "json"
+    return "text"
 
-    async def body_of(request: Request) -> dict[str, Any] | None:
-        size = request.headers.get("content-length", "")
-        if size.isdigit() and int(size) > _MAX_BODY:
-            return None
-        raw = await request.body()
-        if len(raw) > _MAX_BODY:
-            return None
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            return None
-        return data if isinstance(data, dict) else None
 
-    # ------------------------------------------------------------------ agent API
+def _payload(page: Page, out: Outcome | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"page": page.text, "kind": page.kind, "actions": page.actions}
+    if out is not None:
+        body.update(valid=out.valid, effective=out.effective, done=out.done,
+                    reward=out.reward, info=out.info)
+    return body
+
+
+def _render(request: Request, sid: str, page: Page, out: Outcome | None = None) -> Response:
+    fmt = _wants(request)
+    if fmt == "html":
+        return HTMLResponse(render_html(sid, page, out))
+    if fmt == "json":
+        return JSONResponse(_payload(page, out))
+    return PlainTextResponse(page.text + "\n\nAvailable actions: " + ", ".join(page.actions))
+
+
+async def _body_of(request: Request) -> dict[str, Any] | None:
+    """The request's JSON object, None when it is not one or is over `_MAX_BODY` bytes."""
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > _MAX_BODY:
+        return None
+    raw = await request.body()
+    if len(raw) > _MAX_BODY:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _add_agent_api(app: FastAPI, shop: Shop, delay: float) -> None:
+    """The JSON agent API under ``/api/``; ``delay`` seconds before each reset and step reply."""
+
     @app.get("/api/meta")
     async def meta() -> dict[str, Any]:
         return {"n_goals": len(shop.catalog.goals), "n_products": len(shop.catalog.products),
@@ -114,74 +126,76 @@ def create_app(catalog_path: str | None = None, latency_ms: float = 0.0) -> Fast
 
     @app.post("/api/reset")
     async def api_reset(request: Request) -> Response:
-        data = await body_of(request)
+        data = await _body_of(request)
         if data is None:
-            return error(400, "body must be a JSON object under 64 KiB")
+            return _error(400, "body must be a JSON object under 64 KiB")
         sid, goal = data.get("session"), data.get("goal")
         if not isinstance(sid, str) or not _SESSION_ID.match(sid):
-            return error(400, "session must match [A-Za-z0-9_.:-]{1,128}")
+            return _error(400, "session must match [A-Za-z0-9_.:-]{1,128}")
         if not isinstance(goal, int) or not 0 <= goal < len(shop.catalog.goals):
-            return error(400, f"goal must be an int in 0..{len(shop.catalog.goals) - 1}")
+            return _error(400, f"goal must be an int in 0..{len(shop.catalog.goals) - 1}")
         drop = data.get("drop")
         if isinstance(drop, str) and drop != sid:
             shop.drop(drop)
         page = shop.reset(sid, goal)
         if delay:
             await asyncio.sleep(delay)
-        return JSONResponse(payload(page))
+        return JSONResponse(_payload(page))
 
     @app.post("/api/step")
     async def api_step(request: Request) -> Response:
-        data = await body_of(request)
+        data = await _body_of(request)
         if data is None:
-            return error(400, "body must be a JSON object under 64 KiB")
+            return _error(400, "body must be a JSON object under 64 KiB")
         sid = data.get("session")
         if not isinstance(sid, str) or not shop.has(sid):
-            return error(404, f"unknown session {str(sid)[:128]!r}")
+            return _error(404, f"unknown session {str(sid)[:128]!r}")
         out = shop.step(sid, data.get("action"))  # type: ignore[arg-type]
         if delay:
             await asyncio.sleep(delay)
-        return JSONResponse(payload(out.page, out))
+        return JSONResponse(_payload(out.page, out))
 
     @app.get("/api/page")
     async def api_page(session: str = "") -> Response:
         if not shop.has(session):
-            return error(404, f"unknown session {session[:128]!r}")
-        return JSONResponse(payload(shop.page(session)))
+            return _error(404, f"unknown session {session[:128]!r}")
+        return JSONResponse(_payload(shop.page(session)))
 
     @app.delete("/api/session/{sid}")
     async def api_drop(sid: str) -> dict[str, bool]:
         return {"dropped": shop.drop(sid)}
 
-    # ------------------------------------------------------------------ pages for people
+
+def _add_pages(app: FastAPI, shop: Shop) -> None:
+    """The pages for people: ``/`` starts a session, ``/s/{sid}`` shows and acts on it."""
+    human_ids = itertools.count()
+
     @app.get("/")
     async def index(request: Request, goal: int = -1) -> Response:
         n = len(shop.catalog.goals)
         sid = f"web-{next(human_ids)}"
         shop.reset(sid, goal % n if goal >= 0 else 0)
-        fmt = wants(request)
+        fmt = _wants(request)
         suffix = "" if fmt == "html" else f"?format={fmt}"
         return RedirectResponse(f"/s/{sid}{suffix}", status_code=303)
 
     @app.get("/s/{sid}")
     async def show(request: Request, sid: str, goal: int = 0) -> Response:
         if not _SESSION_ID.match(sid):
-            return error(400, "bad session id")
+            return _error(400, "bad session id")
         if not shop.has(sid):
             shop.reset(sid, goal % len(shop.catalog.goals))
-        return render(request, sid, shop.page(sid))
+        return _render(request, sid, shop.page(sid))
 
     @app.get("/s/{sid}/act")
     async def act(request: Request, sid: str, action: str = "", q: str = "") -> Response:
         if not _SESSION_ID.match(sid) or not shop.has(sid):
-            return error(404, "unknown session")
+            return _error(404, "unknown session")
         out = shop.step(sid, action if action else f"search[{q}]")
-        if wants(request) == "html":  # post/redirect/get: a reload shows, never re-acts
+        if _wants(request) == "html":  # post/redirect/get: a reload shows, never re-acts
             keep = "?format=html" if request.query_params.get("format") == "html" else ""
             return RedirectResponse(f"/s/{sid}{keep}", status_code=303)
-        return render(request, sid, out.page, out)
-
-    return app
+        return _render(request, sid, out.page, out)
 
 
 # ---------------------------------------------------------------------- HTML
