@@ -169,7 +169,7 @@ def test_a_module_importing_its_own_parent_package_that_imports_it_back_is_a_cyc
 
 #: The floors, bottom up: a module imports only from its own floor and those below.
 FLOORS: list[tuple[str, ...]] = [
-    ("turnpool.extras",),            # optional imports as one-line errors; imports nothing
+    ("turnpool.extras", "turnpool.listen"),  # one-line import errors; sockets: import nothing
     ("turnpool.sandbox",),           # runs untrusted programs; imports nothing of turnpool
     ("turnpool.webshop",),           # the shop the WebShop env talks to
     ("turnpool.envs",),
@@ -195,6 +195,7 @@ def _floor(module: str) -> int | None:
 #: ``"a.b.*"`` is it and everything below it. The first matching rule wins.
 ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("turnpool.extras", ()),
+    ("turnpool.listen", ()),
     ("turnpool.sandbox", ("turnpool.sandbox.*",)),
     ("turnpool.webshop", ("turnpool.webshop.*",)),
     ("turnpool.envs", ("turnpool.envs.*", "turnpool.webshop.*", "turnpool.sandbox.*")),
@@ -208,11 +209,10 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("turnpool.rollout", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
                           "turnpool.worker.protocol", "turnpool.policies.*",
                           "turnpool.rollout.*")),
-    # the OpenEnv server: a pool behind a wire protocol (bind_socket is the shop's)
+    # the OpenEnv server: a pool behind a wire protocol
     ("turnpool.serve", ("turnpool", "turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
                         "turnpool.worker.protocol", "turnpool.rollout",
-                        "turnpool.rollout.prompts", "turnpool.serve.*", "turnpool.webshop",
-                        "turnpool.webshop.server")),
+                        "turnpool.rollout.prompts", "turnpool.serve.*")),
     ("turnpool.integrations", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
                                "turnpool.worker.protocol", "turnpool.policies.*",
                                "turnpool.rollout.*", "turnpool.integrations.*")),
@@ -220,7 +220,7 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
 
 
 #: Modules every floor may import (they import nothing of turnpool themselves).
-EVERYWHERE = ("turnpool.extras",)
+EVERYWHERE = ("turnpool.extras", "turnpool.listen")
 
 
 def _allows(allowed: tuple[str, ...], target: str) -> bool:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import turnpool.serve.ws as ws
 from turnpool.extras import require
+from turnpool.listen import UvicornThread, bind_socket
 from turnpool.serve.app import Peers, app_for
 from turnpool.serve.engine import PoolEngine, ServeSettings
 from turnpool.serve.service import Service
@@ -40,21 +40,6 @@ def check_bind(host: str, token: str | None, allow_remote: bool) -> None:
                               "(--allow-remote) and a token to mean it")
     if not token:
         raise PermissionError(f"listening on {host} needs a token")
-
-
-def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening TCP socket; ``port=0`` picks a free one."""
-    # IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on accepted connections; without it a
-    # keep-alive reply waits ~40 ms for a delayed ACK (Nagle).
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -99,33 +84,6 @@ def run_app(service: Service, sockets: list[socket.socket],
             peers: FrontPeers | None = None) -> None:
     """Serve ``service`` on already bound ``sockets`` until uvicorn exits."""
     uvicorn_server(service, peers).run(sockets=sockets)
-
-
-class UvicornThread:
-    """A uvicorn ``server`` run on a daemon thread over an already bound socket (which it
-    owns from here on); `stop` is idempotent and bounded."""
-
-    def __init__(self, server: Any, sock: socket.socket, name: str) -> None:
-        self._sock = sock
-        self.host, self.port = sock.getsockname()[:2]
-        self.url = f"http://{self.host}:{self.port}"
-        self._server = server
-        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                                        name=f"{name}-{self.port}", daemon=True)
-        self._thread.start()
-        self._stopped = False
-
-    def stop(self, timeout: float) -> bool:
-        """Ask the server to exit and wait up to ``timeout`` s; False if already stopped."""
-        if self._stopped:
-            return False
-        self._stopped = True
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("%s thread did not stop within %.1f s", self._thread.name, timeout)
-        self._sock.close()
-        return True
 
 
 class TurnpoolServer:

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import re
-import socket
 import threading
 from typing import Any
 from urllib.parse import quote
@@ -41,6 +40,7 @@ from fastapi.responses import (
     Response,
 )
 
+from turnpool.listen import UvicornThread, bind_socket
 from turnpool.webshop.catalog import load_catalog
 from turnpool.webshop.ragen_web import add_ragen_routes
 from turnpool.webshop.shop import MAX_ACTION_CHARS, Outcome, Page, Shop
@@ -244,51 +244,12 @@ def render_html(sid: str, page: Page, out: Outcome | None = None) -> str:
 
 
 # ---------------------------------------------------------------------- running it
-def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening TCP socket; ``port=0`` picks a free one."""
-    # IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on accepted connections; without it a
-    # keep-alive reply waits ~40 ms for a delayed ACK (Nagle).
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    return sock
-
-
 def _uvicorn_server(app: Any) -> Any:
     import uvicorn
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                             timeout_keep_alive=300, loop="asyncio")
     return uvicorn.Server(config)
-
-
-class UvicornThread:
-    """A uvicorn ``server`` run on a daemon thread over an already bound socket (which it
-    owns from here on); `stop` is idempotent and bounded. The shop and ``turnpool serve``
-    both run this way in tests and benchmarks."""
-
-    def __init__(self, server: Any, sock: socket.socket, name: str) -> None:
-        self._sock = sock
-        self.host, self.port = sock.getsockname()[:2]
-        self.url = f"http://{self.host}:{self.port}"
-        self._server = server
-        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                                        name=f"{name}-{self.port}", daemon=True)
-        self._thread.start()
-        self._stopped = False
-
-    def stop(self, timeout: float) -> bool:
-        """Ask the server to exit and wait up to ``timeout`` s; False if already stopped."""
-        if self._stopped:
-            return False
-        self._stopped = True
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("%s thread did not stop within %.1f s", self._thread.name, timeout)
-        self._sock.close()
-        return True
 
 
 class ShopServer:
