@@ -18,9 +18,9 @@ from turnpool.ragen.state_manager import EnvStateManager
 pytestmark = pytest.mark.timeout(300)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ragen_v2" / "manager"
-#: traces whose envs turnpool already plays as RAGEN v2 does; ``frozen_lake`` and ``bandit``
-#: (v2's FrozenLake ``p``/``success_rate`` and Bandit arm names) join once those envs follow v2
-NATIVE = ["sokoban", "countdown"]
+#: every recorded trace: a v2 config builds FrozenLake with v2's ``p``/``success_rate`` and
+#: Bandit with v2's arm names and per-instance ``internal_seed`` (train envs, then val)
+NATIVE = ["sokoban", "countdown", "frozen_lake", "bandit"]
 #: the train seed each trace was recorded with (val uses ``seed.val``)
 SEEDS = {"sokoban": 7, "countdown": 3, "frozen_lake": 11, "bandit": 5}
 
@@ -72,8 +72,10 @@ def test_state_manager_matches_ragen_v2_manager(name: str, tmp_path: Path) -> No
     replay(name, tmp_path)
 
 
-def test_v2_trace_is_the_same_on_the_process_backend(tmp_path: Path) -> None:
-    replay("sokoban", tmp_path, "process")
+@pytest.mark.parametrize("name", ["sokoban", "bandit"])
+def test_v2_trace_is_the_same_on_the_process_backend(name: str, tmp_path: Path) -> None:
+    """Bandit: group members numbered apart each reset themselves in the workers too."""
+    replay(name, tmp_path, "process")
 
 
 def write_v2_configs(dest: Path) -> list[str]:
@@ -281,3 +283,32 @@ def test_an_env_kwarg_the_env_does_not_have_warns_naming_tag_env_and_key() -> No
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigWarning)
         rollout_plan(load_config({}))  # the packaged configs' keys are all known
+
+
+def _two_modes(**tp: Any) -> dict[str, Any]:
+    def es(n: int) -> dict[str, Any]:
+        return {"env_groups": n, "group_size": 2,
+                "env_configs": {"tags": ["Bandit", "FrozenLake"], "n_groups": [n - 1, 1]}}
+    return {"es_manager": {"train": es(3), "val": es(2)}, "turnpool": tp,
+            "custom_envs": {"FrozenLake": {"env_config": {"is_slippery": True}}}}
+
+
+def test_a_v2_config_numbers_bandits_across_train_then_val_and_adds_v2_defaults() -> None:
+    from turnpool.ragen.config import load_config, rollout_plan
+
+    cfg = load_config(_two_modes())
+    train, val = rollout_plan(cfg, "train"), rollout_plan(cfg, "val")
+    assert [m["internal_seed"] for m in train.tags[0].member_kwargs] == [0, 1, 2, 3]
+    assert [m["internal_seed"] for m in val.tags[0].member_kwargs] == [4, 5]
+    assert train.tags[1].member_kwargs == ()  # FrozenLake is not numbered
+    assert train.tags[0].env_kwargs["split"] == "train"
+    lake = train.tags[1].env_kwargs
+    assert (lake["p"], lake["success_rate"], lake["is_slippery"]) == (0.9, 0.8, True)
+
+
+def test_a_v1_config_builds_envs_as_before() -> None:
+    from turnpool.ragen.config import load_config, rollout_plan
+
+    plan = rollout_plan(load_config(_two_modes(ragen_version="v1")), "val")
+    assert [t.member_kwargs for t in plan.tags] == [(), ()]
+    assert "split" not in plan.tags[0].env_kwargs and "p" not in plan.tags[1].env_kwargs

@@ -29,7 +29,7 @@ import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -52,6 +52,9 @@ from turnpool.rollout.settings import (
     TagSpec,
     TurnSettings,
 )
+
+if TYPE_CHECKING:
+    from turnpool.envs.base import TextEnv
 
 __all__ = ["PACKAGED_DIR", "ConfigError", "ConfigWarning", "load_config", "pool_options",
            "policy_options", "rollout_plan", "to_yaml", "user_sets"]
@@ -403,6 +406,47 @@ def _is_ragen_class(env_type: str) -> bool:
     return "ragen_env" in defaults
 
 
+def _env_class(env_type: str) -> type[TextEnv] | None:
+    """The class ``env_type`` builds (None when it cannot be resolved here: the build says
+    why)."""
+    from turnpool.envs.registry import resolve
+
+    try:
+        cls, _ = resolve(env_type)
+    except (ImportError, ValueError, KeyError, AttributeError):
+        return None
+    return cls
+
+
+def _instance_numbers(cfg: DictConfig, mode: str) -> list[tuple[dict[str, Any], ...]]:
+    """RAGEN v2's per-class instance numbers for ``mode``'s envs, one tuple per tag entry
+    (empty where the class is not numbered, `TextEnv.ragen_v2_instance_kwarg`). v2's
+    ``LLMAgentProxy`` builds the train manager's envs, then the val manager's, in one
+    process, and a class counter runs on across both."""
+    custom = _section(cfg, "custom_envs") or {}
+    counts: dict[type[TextEnv], int] = {}
+    out: list[tuple[dict[str, Any], ...]] = []
+    for m in ("train", "val"):
+        section = cfg.es_manager.get(m)
+        if section is None:
+            continue
+        size = int(section.group_size)
+        n_groups = _n_groups(section, f"es_manager.{m}", lambda _k: "the loaded config")
+        for tag, n in zip(section.env_configs.tags, n_groups):
+            cls = _env_class(str(custom[tag]["env_type"]))
+            key = cls.ragen_v2_instance_kwarg if cls is not None else None
+            members: tuple[dict[str, Any], ...] = ()
+            if cls is not None and key is not None:
+                first = counts.get(cls, 0)
+                members = tuple({key: first + j} for j in range(n * size))
+                counts[cls] = first + n * size
+            if m == mode:
+                out.append(members)
+        if m == mode:
+            break
+    return out
+
+
 def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
     """The typed view of a loaded config for ``mode`` ("train" or "val")."""
     if mode not in ("train", "val"):
@@ -413,10 +457,16 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
     mode_cfg = cfg.es_manager[mode]
     n_groups = _n_groups(mode_cfg, f"es_manager.{mode}", lambda _k: "the loaded config")
     fallback_tokens = _max_tokens_fallback(cfg)
+    tp = _section(cfg, "turnpool") or {}
+    v2 = str(tp.get("ragen_version", "v2")) == "v2"
+    numbered = _instance_numbers(cfg, mode) if v2 else []
     tags: list[TagSpec] = []
-    for tag, n in zip(es[mode]["env_configs"]["tags"], n_groups):
+    for k, (tag, n) in enumerate(zip(es[mode]["env_configs"]["tags"], n_groups)):
         c = custom[tag]
+        cls = _env_class(str(c["env_type"]))
         env_kwargs = dict(c.get("env_config") or {})
+        if v2 and cls is not None:  # RAGEN v2's config dataclass defaults, then the config
+            env_kwargs = {**cls.ragen_v2_defaults, **env_kwargs}
         warn_unknown_env_kwargs(tag, str(c["env_type"]), env_kwargs)
         if "mode" not in env_kwargs and "split" not in env_kwargs \
                 and _reset_takes_mode(str(c["env_type"])):
@@ -430,10 +480,10 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
             env_instruction=c.get("env_instruction"),
             max_tokens=int(c.get("max_tokens") or fallback_tokens),
             grid_vocab=c.get("grid_vocab"), action_lookup=c.get("action_lookup"),
+            member_kwargs=numbered[k] if numbered else (),
         ))
     rn = ap.get("reward_normalization") or {}
     fg = _section(cfg, "algorithm.filter_groups") or {}
-    tp = _section(cfg, "turnpool") or {}
     col = tp.get("collector") or {}
     seeds = _section(cfg, "seed") or {}
     enable = bool(fg.get("enable", False))
