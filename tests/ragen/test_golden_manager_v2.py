@@ -89,16 +89,16 @@ def write_v2_configs(dest: Path) -> list[str]:
 def test_every_ragen_v2_config_loads_untouched_as_v2(tmp_path: Path) -> None:
     import warnings
 
-    from turnpool.ragen.config import ConfigWarning, load_config, rollout_plan
+    from turnpool.ragen.config import load_config, rollout_plan
 
     names = write_v2_configs(tmp_path)
     assert len(names) == 19
     for name in names:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", ConfigWarning)  # every key is known
+            warnings.simplefilter("error")  # every key is known: no warning of any kind
             cfg = load_config(tmp_path / name)
+            plan = rollout_plan(cfg, "val")
         assert cfg.turnpool.ragen_version == "v2", name
-        plan = rollout_plan(cfg, "val")
         assert plan.collector.turn.ragen_version == "v2"
     base = rollout_plan(load_config(tmp_path / "base.yaml"))
     assert base.collector.turn.max_actions_per_turn == 2  # v2's base value, not v1's 5
@@ -270,19 +270,30 @@ def test_collector_reports_v2_metrics_from_the_episodes() -> None:
     assert second[0]["role"] == "system" and second[1]["content"].startswith("\nTurn 1:")
 
 
-def test_an_env_kwarg_the_env_does_not_have_warns_naming_tag_env_and_key() -> None:
+def test_an_env_kwarg_the_env_does_not_have_warns_once_naming_env_and_key() -> None:
+    """The env's construction warns (`TextEnv.extra_kwargs`), once for a tag's many envs;
+    loading the config does not warn a second time."""
     import warnings
 
-    from turnpool.ragen.config import ConfigWarning, load_config, rollout_plan
+    from turnpool.ragen.config import load_config, rollout_plan
 
-    cfg = load_config({"custom_envs": {"SimpleSokoban": {"env_config": {
-        "dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 100, "box_colour": "red"}}}})
-    with pytest.warns(ConfigWarning, match=r"custom_envs\.SimpleSokoban\.env_config\."
-                                           r"box_colour: env 'sokoban' \(SokobanEnv\)"):
-        rollout_plan(cfg)
+    cfg = {"es_manager": {"train": {"env_groups": 2, "group_size": 2, "env_configs": {
+               "tags": ["FrozenLake"], "n_groups": [2]}}},
+           "custom_envs": {"FrozenLake": {"env_config": {"success_rate": 0.8,
+                                                         "slipery": True}}},
+           "turnpool": {"backend": "sequential"}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        rollout_plan(load_config(cfg))
+        assert caught == []
+        with EnvStateManager(cfg) as es:
+            es.reset(seed=1)
+    msgs = [str(w.message) for w in caught]
+    assert msgs == ["FrozenLakeEnv: unknown env kwarg 'slipery' ignored"]
     with warnings.catch_warnings():
-        warnings.simplefilter("error", ConfigWarning)
-        rollout_plan(load_config({}))  # the packaged configs' keys are all known
+        warnings.simplefilter("error")
+        with EnvStateManager(load_config({"turnpool": {"backend": "sequential"}})) as es:
+            es.reset(seed=1)  # the packaged configs' keys are all known
 
 
 def _two_modes(**tp: Any) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -350,39 +349,6 @@ def _parallel_friendly_workers(cfg: DictConfig) -> int:
     return max((n for n in asks if n > 1), default=0)
 
 
-#: kwargs every env accepts without naming them (TextEnv reads ``render_mode``; the facade
-#: passes ``mode`` / ``split`` to envs that read the manager's mode)
-_ALWAYS_ACCEPTED = frozenset({"render_mode", "mode", "split"})
-
-
-def warn_unknown_env_kwargs(tag: str, env_type: str, env_kwargs: Mapping[str, Any]) -> None:
-    """Warn (`ConfigWarning`, naming the tag, the env and the key) for each
-    ``custom_envs.<tag>.env_config`` key the env's constructor does not name: such keys
-    are swallowed by ``**config`` and silently change nothing. Envs whose constructor names
-    no keyword at all, and RAGEN classes through the adapter (their own config dataclass
-    rejects unknown keys when built), are not checked."""
-    import inspect
-
-    from turnpool.envs.registry import resolve
-
-    try:
-        cls, defaults = resolve(env_type)
-    except (ImportError, ValueError, KeyError, AttributeError):
-        return  # reported where the env is built
-    if "ragen_env" in defaults:  # a RAGEN class through the adapter
-        return
-    params = inspect.signature(cls.__init__).parameters
-    named = {n for n, p in params.items()
-             if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    if not named:
-        return
-    for key in env_kwargs:
-        if key not in named and key not in _ALWAYS_ACCEPTED and key not in defaults:
-            warnings.warn(f"custom_envs.{tag}.env_config.{key}: env {env_type!r} "
-                          f"({cls.__name__}) has no setting {key!r}; it is ignored",
-                          ConfigWarning, stacklevel=3)
-
-
 def _reset_takes_mode(env_type: str) -> bool:
     """Whether RAGEN's env of this type reads the manager's mode at reset (WebShop's split):
     such env classes say so with ``ragen_reset_mode = True`` and get ``mode=`` as a kwarg."""
@@ -467,7 +433,6 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
         env_kwargs = dict(c.get("env_config") or {})
         if v2 and cls is not None:  # RAGEN v2's config dataclass defaults, then the config
             env_kwargs = {**cls.ragen_v2_defaults, **env_kwargs}
-        warn_unknown_env_kwargs(tag, str(c["env_type"]), env_kwargs)
         if "mode" not in env_kwargs and "split" not in env_kwargs \
                 and _reset_takes_mode(str(c["env_type"])):
             env_kwargs["mode"] = mode
