@@ -10,6 +10,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.ragen.test_golden_es import BUNDLED_COUNTDOWN, encode
@@ -323,3 +324,51 @@ def test_a_v1_config_builds_envs_as_before() -> None:
     plan = rollout_plan(load_config(_two_modes(ragen_version="v1")), "val")
     assert [t.member_kwargs for t in plan.tags] == [(), ()]
     assert "split" not in plan.tags[0].env_kwargs and "p" not in plan.tags[1].env_kwargs
+
+
+def _game_2048_config() -> dict[str, Any]:
+    return {"es_manager": {"train": {"env_groups": 2, "group_size": 1, "env_configs": {
+                "tags": ["game_2048"], "n_groups": [2]}}},
+            "custom_envs": {"game_2048": {"env_type": "game_2048",
+                                          "max_actions_per_traj": 20}},
+            "agent_proxy": {"max_turn": 4, "max_actions_per_turn": 2},
+            "seed": {"train": 3}, "turnpool": {"backend": "sequential"}}
+
+
+def test_a_v2_rollout_over_game_2048_reports_max_tile_and_final_score() -> None:
+    """The native 2048 env reports RAGEN v2's ``grid`` and ``score``: the manager and the
+    collector turn them into ``{tag}/max_tile`` (the last grid's largest tile) and
+    ``{tag}/final_score`` (the last score)."""
+    from turnpool.ragen.config import load_config, rollout_plan
+    from turnpool.rollout.collector import TrajectoryCollector
+
+    moves = ["Up", "Left", "Down", "Right"]
+    with EnvStateManager(_game_2048_config()) as es:
+        es.reset()
+        for k in range(4):
+            es.step([{"env_id": i, "actions": [moves[(k + i) % 4], moves[(k + i + 1) % 4]],
+                      "llm_response": "", "llm_raw_response": ""} for i in range(2)])
+        assert es.rollout_cache is not None
+        states = es.get_rollout_states()
+    for s in states:
+        infos = [h["info"] for h in s["history"] if "info" in h]
+        assert s["metrics"]["game_2048/max_tile"] == int(np.max(infos[-1]["grid"])) >= 4
+        assert s["metrics"]["game_2048/final_score"] == float(infos[-1]["score"]) > 0
+
+    class Actor:
+        def generate(self, batch: list[Any], contexts: list[Any] | None = None) -> list[str]:
+            assert contexts is not None
+            return [f"<think>t</think><answer>{moves[c.turn % 4]} || {moves[(c.turn + 1) % 4]}"
+                    "</answer>" for c in contexts]
+
+        def close(self) -> None:
+            pass
+
+    with TrajectoryCollector.from_plan(rollout_plan(load_config(_game_2048_config())),
+                                       Actor()) as col:
+        batch = col.collect(seed=3)
+    last = [[t.info for t in tr.turns if "grid" in t.info][-1] for tr in batch.trajectories]
+    assert batch.metrics["game_2048/max_tile"] == pytest.approx(
+        np.mean([np.max(i["grid"]) for i in last])) and batch.metrics["game_2048/max_tile"] >= 4
+    assert batch.metrics["game_2048/final_score"] == pytest.approx(
+        np.mean([float(i["score"]) for i in last])) and batch.metrics["game_2048/final_score"] > 0
