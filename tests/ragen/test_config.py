@@ -229,7 +229,9 @@ def test_full_ragen_config_loads_and_unowned_sections_stay_unresolved(
     assert p.collector.turn.max_actions_per_turn == 1
     v = rollout_plan(bandit, "val")
     assert [(t.tag, t.n_groups) for t in v.tags] == [("Bandit", 256), ("BanditTest", 256)]
-    assert v.tags[0].env_kwargs == {"lo_arm_name": "Phoenix", "hi_arm_name": "Dragon"}
+    # nothing marks this config as v1, so it runs as v2: v2's Bandit defaults come first
+    assert v.tags[0].env_kwargs == {"split": "train", "lo_arm_name": "Phoenix",
+                                    "hi_arm_name": "Dragon"}
 
 
 def test_config_object_from_hydra_is_accepted(ragen_dir: Path) -> None:

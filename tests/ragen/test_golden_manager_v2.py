@@ -10,6 +10,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.ragen.test_golden_es import BUNDLED_COUNTDOWN, encode
@@ -18,9 +19,9 @@ from turnpool.ragen.state_manager import EnvStateManager
 pytestmark = pytest.mark.timeout(300)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ragen_v2" / "manager"
-#: traces whose envs turnpool already plays as RAGEN v2 does; ``frozen_lake`` and ``bandit``
-#: (v2's FrozenLake ``p``/``success_rate`` and Bandit arm names) join once those envs follow v2
-NATIVE = ["sokoban", "countdown"]
+#: every recorded trace: a v2 config builds FrozenLake with v2's ``p``/``success_rate`` and
+#: Bandit with v2's arm names and per-instance ``internal_seed`` (train envs, then val)
+NATIVE = ["sokoban", "countdown", "frozen_lake", "bandit"]
 #: the train seed each trace was recorded with (val uses ``seed.val``)
 SEEDS = {"sokoban": 7, "countdown": 3, "frozen_lake": 11, "bandit": 5}
 
@@ -72,8 +73,10 @@ def test_state_manager_matches_ragen_v2_manager(name: str, tmp_path: Path) -> No
     replay(name, tmp_path)
 
 
-def test_v2_trace_is_the_same_on_the_process_backend(tmp_path: Path) -> None:
-    replay("sokoban", tmp_path, "process")
+@pytest.mark.parametrize("name", ["sokoban", "bandit"])
+def test_v2_trace_is_the_same_on_the_process_backend(name: str, tmp_path: Path) -> None:
+    """Bandit: group members numbered apart each reset themselves in the workers too."""
+    replay(name, tmp_path, "process")
 
 
 def write_v2_configs(dest: Path) -> list[str]:
@@ -87,16 +90,16 @@ def write_v2_configs(dest: Path) -> list[str]:
 def test_every_ragen_v2_config_loads_untouched_as_v2(tmp_path: Path) -> None:
     import warnings
 
-    from turnpool.ragen.config import ConfigWarning, load_config, rollout_plan
+    from turnpool.ragen.config import load_config, rollout_plan
 
     names = write_v2_configs(tmp_path)
     assert len(names) == 19
     for name in names:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", ConfigWarning)  # every key is known
+            warnings.simplefilter("error")  # every key is known: no warning of any kind
             cfg = load_config(tmp_path / name)
+            plan = rollout_plan(cfg, "val")
         assert cfg.turnpool.ragen_version == "v2", name
-        plan = rollout_plan(cfg, "val")
         assert plan.collector.turn.ragen_version == "v2"
     base = rollout_plan(load_config(tmp_path / "base.yaml"))
     assert base.collector.turn.max_actions_per_turn == 2  # v2's base value, not v1's 5
@@ -268,16 +271,104 @@ def test_collector_reports_v2_metrics_from_the_episodes() -> None:
     assert second[0]["role"] == "system" and second[1]["content"].startswith("\nTurn 1:")
 
 
-def test_an_env_kwarg_the_env_does_not_have_warns_naming_tag_env_and_key() -> None:
+def test_an_env_kwarg_the_env_does_not_have_warns_once_naming_env_and_key() -> None:
+    """The env's construction warns (`TextEnv.extra_kwargs`), once for a tag's many envs;
+    loading the config does not warn a second time."""
     import warnings
 
-    from turnpool.ragen.config import ConfigWarning, load_config, rollout_plan
+    from turnpool.ragen.config import load_config, rollout_plan
 
-    cfg = load_config({"custom_envs": {"SimpleSokoban": {"env_config": {
-        "dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 100, "box_colour": "red"}}}})
-    with pytest.warns(ConfigWarning, match=r"custom_envs\.SimpleSokoban\.env_config\."
-                                           r"box_colour: env 'sokoban' \(SokobanEnv\)"):
-        rollout_plan(cfg)
+    cfg = {"es_manager": {"train": {"env_groups": 2, "group_size": 2, "env_configs": {
+               "tags": ["FrozenLake"], "n_groups": [2]}}},
+           "custom_envs": {"FrozenLake": {"env_config": {"success_rate": 0.8,
+                                                         "slipery": True}}},
+           "turnpool": {"backend": "sequential"}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        rollout_plan(load_config(cfg))
+        assert caught == []
+        with EnvStateManager(cfg) as es:
+            es.reset(seed=1)
+    msgs = [str(w.message) for w in caught]
+    assert msgs == ["FrozenLakeEnv: unknown env kwarg 'slipery' ignored"]
     with warnings.catch_warnings():
-        warnings.simplefilter("error", ConfigWarning)
-        rollout_plan(load_config({}))  # the packaged configs' keys are all known
+        warnings.simplefilter("error")
+        with EnvStateManager(load_config({"turnpool": {"backend": "sequential"}})) as es:
+            es.reset(seed=1)  # the packaged configs' keys are all known
+
+
+def _two_modes(**tp: Any) -> dict[str, Any]:
+    def es(n: int) -> dict[str, Any]:
+        return {"env_groups": n, "group_size": 2,
+                "env_configs": {"tags": ["Bandit", "FrozenLake"], "n_groups": [n - 1, 1]}}
+    return {"es_manager": {"train": es(3), "val": es(2)}, "turnpool": tp,
+            "custom_envs": {"FrozenLake": {"env_config": {"is_slippery": True}}}}
+
+
+def test_a_v2_config_numbers_bandits_across_train_then_val_and_adds_v2_defaults() -> None:
+    from turnpool.ragen.config import load_config, rollout_plan
+
+    cfg = load_config(_two_modes())
+    train, val = rollout_plan(cfg, "train"), rollout_plan(cfg, "val")
+    assert [m["internal_seed"] for m in train.tags[0].member_kwargs] == [0, 1, 2, 3]
+    assert [m["internal_seed"] for m in val.tags[0].member_kwargs] == [4, 5]
+    assert train.tags[1].member_kwargs == ()  # FrozenLake is not numbered
+    assert train.tags[0].env_kwargs["split"] == "train"
+    lake = train.tags[1].env_kwargs
+    assert (lake["p"], lake["success_rate"], lake["is_slippery"]) == (0.9, 0.8, True)
+
+
+def test_a_v1_config_builds_envs_as_before() -> None:
+    from turnpool.ragen.config import load_config, rollout_plan
+
+    plan = rollout_plan(load_config(_two_modes(ragen_version="v1")), "val")
+    assert [t.member_kwargs for t in plan.tags] == [(), ()]
+    assert "split" not in plan.tags[0].env_kwargs and "p" not in plan.tags[1].env_kwargs
+
+
+def _game_2048_config() -> dict[str, Any]:
+    return {"es_manager": {"train": {"env_groups": 2, "group_size": 1, "env_configs": {
+                "tags": ["game_2048"], "n_groups": [2]}}},
+            "custom_envs": {"game_2048": {"env_type": "game_2048",
+                                          "max_actions_per_traj": 20}},
+            "agent_proxy": {"max_turn": 4, "max_actions_per_turn": 2},
+            "seed": {"train": 3}, "turnpool": {"backend": "sequential"}}
+
+
+def test_a_v2_rollout_over_game_2048_reports_max_tile_and_final_score() -> None:
+    """The native 2048 env reports RAGEN v2's ``grid`` and ``score``: the manager and the
+    collector turn them into ``{tag}/max_tile`` (the last grid's largest tile) and
+    ``{tag}/final_score`` (the last score)."""
+    from turnpool.ragen.config import load_config, rollout_plan
+    from turnpool.rollout.collector import TrajectoryCollector
+
+    moves = ["Up", "Left", "Down", "Right"]
+    with EnvStateManager(_game_2048_config()) as es:
+        es.reset()
+        for k in range(4):
+            es.step([{"env_id": i, "actions": [moves[(k + i) % 4], moves[(k + i + 1) % 4]],
+                      "llm_response": "", "llm_raw_response": ""} for i in range(2)])
+        assert es.rollout_cache is not None
+        states = es.get_rollout_states()
+    for s in states:
+        infos = [h["info"] for h in s["history"] if "info" in h]
+        assert s["metrics"]["game_2048/max_tile"] == int(np.max(infos[-1]["grid"])) >= 4
+        assert s["metrics"]["game_2048/final_score"] == float(infos[-1]["score"]) > 0
+
+    class Actor:
+        def generate(self, batch: list[Any], contexts: list[Any] | None = None) -> list[str]:
+            assert contexts is not None
+            return [f"<think>t</think><answer>{moves[c.turn % 4]} || {moves[(c.turn + 1) % 4]}"
+                    "</answer>" for c in contexts]
+
+        def close(self) -> None:
+            pass
+
+    with TrajectoryCollector.from_plan(rollout_plan(load_config(_game_2048_config())),
+                                       Actor()) as col:
+        batch = col.collect(seed=3)
+    last = [[t.info for t in tr.turns if "grid" in t.info][-1] for tr in batch.trajectories]
+    assert batch.metrics["game_2048/max_tile"] == pytest.approx(
+        np.mean([np.max(i["grid"]) for i in last])) and batch.metrics["game_2048/max_tile"] >= 4
+    assert batch.metrics["game_2048/final_score"] == pytest.approx(
+        np.mean([float(i["score"]) for i in last])) and batch.metrics["game_2048/final_score"] > 0

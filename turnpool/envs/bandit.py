@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from turnpool.envs.base import TextEnv
 
@@ -70,6 +71,7 @@ class BanditEnv(TextEnv):
     #: what RAGEN's env reports in ``info`` (the RAGEN facade shows only these)
     ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
     ragen_v2_defaults = {"split": "train"}  # noqa: RUF012
+    ragen_v2_instance_kwarg = "internal_seed"
     #: RAGEN's action_lookup (filled in by its env) is accepted and unused
     extra_kwargs = frozenset({"action_lookup"})
 
@@ -102,8 +104,20 @@ class BanditEnv(TextEnv):
                                        self.start + 1: self.hi_arm_name}
         self.done = False
         self._text = ""
+        self.action_space = spaces.Discrete(2, start=self.start)
+
+    def set_state(self, state: Any) -> None:
+        """Refuses another ``internal_seed``'s snapshot: group members numbered apart start
+        from different states, so the pool resets each one itself."""
+        if state.get("internal_seed") != self.internal_seed:
+            raise ValueError("a snapshot of a Bandit with another internal_seed")
+        super().set_state(state)
 
     def action_lookup_for_episode(self) -> dict[int, str]:
+        """The episode's id -> arm map; with a ``split`` none before the first reset (the
+        names are drawn then), so code that asks early accepts any word and the env decides."""
+        if self.split is not None and not self._text:
+            return {}
         return dict(self.lookup)
 
     def _reset(self, seed: int, options: dict[str, Any]) -> str:

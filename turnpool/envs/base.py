@@ -115,6 +115,10 @@ class TextEnv(gymnasium.Env[str, Any]):
     #: RAGEN v2's config-dataclass defaults where they differ from this class's own (a RAGEN
     #: v2 config builds the env with these under its ``env_config``).
     ragen_v2_defaults: ClassVar[dict[str, Any]] = {}
+    #: The kwarg that takes RAGEN v2's per-process instance number of this class (its class
+    #: counter: how many envs of the class its process built before this one, train manager
+    #: first, then val); a RAGEN v2 config numbers the envs so. ``None``: not numbered.
+    ragen_v2_instance_kwarg: ClassVar[str | None] = None
     #: Whether the class draws from the process-global ``random`` / ``numpy.random`` state
     #: (RAGEN classes that seed it): two such envs on threads of one process interleave
     #: their draws, so the thread backend refuses them.

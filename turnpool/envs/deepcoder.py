@@ -275,6 +275,8 @@ class DeepCoderEnv(TextEnv):
     """RAGEN v2's DeepCoder env over `turnpool.sandbox`."""
 
     ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
+    #: read from ``self.config`` (the data path's alias); any other unnamed key warns
+    extra_kwargs = frozenset({"dataset_path"})
     #: RAGEN v2's env_instruction for its DeepCoder tag
     instruction = ("You are solving a coding task. Provide a complete Python function solution "
                    "only. Format: <answer>...</answer>")

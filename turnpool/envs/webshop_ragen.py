@@ -83,6 +83,8 @@ class RagenWebShopEnv(TextEnv):
     #: to turnpool's envs as the ``mode`` kwarg (`turnpool.ragen.config.rollout_plan`).
     ragen_reset_mode = True
     ragen_v2_defaults = {"binarize_reward": True}  # noqa: RUF012
+    #: every key it reads is named; any other warns (`TextEnv.extra_kwargs`)
+    extra_kwargs = frozenset()
     instruction = (
         "You are browsing an online shop. Based on the instruction, buy a product that close "
         "to the production description. You need to search, read the search results, pick a "

@@ -93,6 +93,10 @@ class EnvGroupSpec:
     env_type: EnvTarget
     n_groups: int
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: per-env kwargs over ``env_kwargs``, one mapping per env of the block in order (empty:
+    #: every env gets ``env_kwargs``); RAGEN v2's per-instance numbers (Bandit's
+    #: ``internal_seed``) travel here
+    member_kwargs: Sequence[Mapping[str, Any]] = ()
 
 
 class EnvPool:
@@ -165,10 +169,15 @@ class EnvPool:
                 raise ValueError(f"n_groups must be >= 0 for tag {spec.tag!r}")
             entry, kwargs = _entry_point(spec.env_type, spec.env_kwargs)
             first = len(builds)
+            members = list(spec.member_kwargs)
+            if members and len(members) != spec.n_groups * self.group_n:
+                raise ValueError(f"tag {spec.tag!r}: member_kwargs has {len(members)} entries "
+                                 f"for {spec.n_groups * self.group_n} envs")
             for _ in range(spec.n_groups):
                 for _ in range(self.group_n):
                     lazy = bool(lazy_build) and len(builds) > first
-                    builds.append(EnvBuild(len(builds), entry, kwargs, lazy))
+                    own = {**kwargs, **members[len(builds) - first]} if members else kwargs
+                    builds.append(EnvBuild(len(builds), entry, own, lazy))
                     self.group_ids.append(group)
                     self.tags.append(spec.tag)
                     self.env_types.append(target_name(spec.env_type))

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -52,6 +51,9 @@ from turnpool.rollout.settings import (
     TagSpec,
     TurnSettings,
 )
+
+if TYPE_CHECKING:
+    from turnpool.envs.base import TextEnv
 
 __all__ = ["PACKAGED_DIR", "ConfigError", "ConfigWarning", "load_config", "pool_options",
            "policy_options", "rollout_plan", "to_yaml", "user_sets"]
@@ -347,39 +349,6 @@ def _parallel_friendly_workers(cfg: DictConfig) -> int:
     return max((n for n in asks if n > 1), default=0)
 
 
-#: kwargs every env accepts without naming them (TextEnv reads ``render_mode``; the facade
-#: passes ``mode`` / ``split`` to envs that read the manager's mode)
-_ALWAYS_ACCEPTED = frozenset({"render_mode", "mode", "split"})
-
-
-def warn_unknown_env_kwargs(tag: str, env_type: str, env_kwargs: Mapping[str, Any]) -> None:
-    """Warn (`ConfigWarning`, naming the tag, the env and the key) for each
-    ``custom_envs.<tag>.env_config`` key the env's constructor does not name: such keys
-    are swallowed by ``**config`` and silently change nothing. Envs whose constructor names
-    no keyword at all, and RAGEN classes through the adapter (their own config dataclass
-    rejects unknown keys when built), are not checked."""
-    import inspect
-
-    from turnpool.envs.registry import resolve
-
-    try:
-        cls, defaults = resolve(env_type)
-    except (ImportError, ValueError, KeyError, AttributeError):
-        return  # reported where the env is built
-    if "ragen_env" in defaults:  # a RAGEN class through the adapter
-        return
-    params = inspect.signature(cls.__init__).parameters
-    named = {n for n, p in params.items()
-             if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    if not named:
-        return
-    for key in env_kwargs:
-        if key not in named and key not in _ALWAYS_ACCEPTED and key not in defaults:
-            warnings.warn(f"custom_envs.{tag}.env_config.{key}: env {env_type!r} "
-                          f"({cls.__name__}) has no setting {key!r}; it is ignored",
-                          ConfigWarning, stacklevel=3)
-
-
 def _reset_takes_mode(env_type: str) -> bool:
     """Whether RAGEN's env of this type reads the manager's mode at reset (WebShop's split):
     such env classes say so with ``ragen_reset_mode = True`` and get ``mode=`` as a kwarg."""
@@ -403,6 +372,47 @@ def _is_ragen_class(env_type: str) -> bool:
     return "ragen_env" in defaults
 
 
+def _env_class(env_type: str) -> type[TextEnv] | None:
+    """The class ``env_type`` builds (None when it cannot be resolved here: the build says
+    why)."""
+    from turnpool.envs.registry import resolve
+
+    try:
+        cls, _ = resolve(env_type)
+    except (ImportError, ValueError, KeyError, AttributeError):
+        return None
+    return cls
+
+
+def _instance_numbers(cfg: DictConfig, mode: str) -> list[tuple[dict[str, Any], ...]]:
+    """RAGEN v2's per-class instance numbers for ``mode``'s envs, one tuple per tag entry
+    (empty where the class is not numbered, `TextEnv.ragen_v2_instance_kwarg`). v2's
+    ``LLMAgentProxy`` builds the train manager's envs, then the val manager's, in one
+    process, and a class counter runs on across both."""
+    custom = _section(cfg, "custom_envs") or {}
+    counts: dict[type[TextEnv], int] = {}
+    out: list[tuple[dict[str, Any], ...]] = []
+    for m in ("train", "val"):
+        section = cfg.es_manager.get(m)
+        if section is None:
+            continue
+        size = int(section.group_size)
+        n_groups = _n_groups(section, f"es_manager.{m}", lambda _k: "the loaded config")
+        for tag, n in zip(section.env_configs.tags, n_groups):
+            cls = _env_class(str(custom[tag]["env_type"]))
+            key = cls.ragen_v2_instance_kwarg if cls is not None else None
+            members: tuple[dict[str, Any], ...] = ()
+            if cls is not None and key is not None:
+                first = counts.get(cls, 0)
+                members = tuple({key: first + j} for j in range(n * size))
+                counts[cls] = first + n * size
+            if m == mode:
+                out.append(members)
+        if m == mode:
+            break
+    return out
+
+
 def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
     """The typed view of a loaded config for ``mode`` ("train" or "val")."""
     if mode not in ("train", "val"):
@@ -413,11 +423,16 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
     mode_cfg = cfg.es_manager[mode]
     n_groups = _n_groups(mode_cfg, f"es_manager.{mode}", lambda _k: "the loaded config")
     fallback_tokens = _max_tokens_fallback(cfg)
+    tp = _section(cfg, "turnpool") or {}
+    v2 = str(tp.get("ragen_version", "v2")) == "v2"
+    numbered = _instance_numbers(cfg, mode) if v2 else []
     tags: list[TagSpec] = []
-    for tag, n in zip(es[mode]["env_configs"]["tags"], n_groups):
+    for k, (tag, n) in enumerate(zip(es[mode]["env_configs"]["tags"], n_groups)):
         c = custom[tag]
+        cls = _env_class(str(c["env_type"]))
         env_kwargs = dict(c.get("env_config") or {})
-        warn_unknown_env_kwargs(tag, str(c["env_type"]), env_kwargs)
+        if v2 and cls is not None:  # RAGEN v2's config dataclass defaults, then the config
+            env_kwargs = {**cls.ragen_v2_defaults, **env_kwargs}
         if "mode" not in env_kwargs and "split" not in env_kwargs \
                 and _reset_takes_mode(str(c["env_type"])):
             env_kwargs["mode"] = mode
@@ -430,10 +445,10 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
             env_instruction=c.get("env_instruction"),
             max_tokens=int(c.get("max_tokens") or fallback_tokens),
             grid_vocab=c.get("grid_vocab"), action_lookup=c.get("action_lookup"),
+            member_kwargs=numbered[k] if numbered else (),
         ))
     rn = ap.get("reward_normalization") or {}
     fg = _section(cfg, "algorithm.filter_groups") or {}
-    tp = _section(cfg, "turnpool") or {}
     col = tp.get("collector") or {}
     seeds = _section(cfg, "seed") or {}
     enable = bool(fg.get("enable", False))

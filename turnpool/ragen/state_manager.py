@@ -49,7 +49,7 @@ Example:
     >>> [e["status"].seed for e in es.envs]   # entries exist before the first reset
     [None, None]
     >>> cache = es.reset()
-    >>> out = es.step([{"env_id": 0, "actions": ["dragon"], "llm_response": "",
+    >>> out = es.step([{"env_id": 0, "actions": ["Youtuber"], "llm_response": "",
     ...                 "llm_raw_response": ""}])
     >>> out, es.envs[0]["status"].terminated   # env 0 is done after one pull
     ([], True)

@@ -458,7 +458,8 @@ def build_pool(tags: Sequence[TagSpec], group_size: int,
                pool_options: Mapping[str, Any] | None = None, seed: int = 0) -> EnvPool:
     """An `EnvPool` laid out like RAGEN's ``es_manager`` (tags in order, ``n_groups`` each);
     ``pool_options`` are EnvPool keyword arguments (absent: EnvPool's own defaults)."""
-    specs = [EnvGroupSpec(t.tag, t.env_type, t.n_groups, dict(t.env_kwargs)) for t in tags]
+    specs = [EnvGroupSpec(t.tag, t.env_type, t.n_groups, dict(t.env_kwargs), t.member_kwargs)
+             for t in tags]
     return EnvPool.from_specs(specs, group_n=group_size, seed=seed, **dict(pool_options or {}))
 
 
@@ -467,4 +468,5 @@ def _tags_from_pool(pool: EnvPool) -> list[TagSpec]:
         raise ValueError("pass tags=[TagSpec(...)] for a pool without specs or built from "
                          "env factories")
     return [TagSpec(tag=s.tag, env_type=str(s.env_type), n_groups=s.n_groups,
-                    env_kwargs=dict(s.env_kwargs)) for s in pool.specs]
+                    env_kwargs=dict(s.env_kwargs),
+                    member_kwargs=tuple(dict(m) for m in s.member_kwargs)) for s in pool.specs]

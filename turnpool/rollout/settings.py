@@ -34,6 +34,8 @@ class TagSpec:
     max_tokens: int = DEFAULT_MAX_TOKENS
     grid_vocab: dict[str, str] | None = None
     action_lookup: dict[int, str] | None = None
+    #: per-env kwargs over ``env_kwargs``, one per env of the tag (`EnvGroupSpec.member_kwargs`)
+    member_kwargs: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
