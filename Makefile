@@ -47,10 +47,13 @@ browser:
 	  fi; \
 	fi
 
+# Two pytest workers, one test file each at a time (--dist loadfile keeps a module's fixtures,
+# Ray's runtime among them, in one worker): most tests wait on processes, sockets and servers,
+# so two workers share two cores well.
 test: $(VENV)/.dev browser
 	$(VENV)/bin/ruff check turnpool tests
 	$(VENV)/bin/mypy
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check turnpool tests
