@@ -9,8 +9,10 @@ those are already being imported when it runs. A module that names its own paren
 that edge counts, and ``a.b`` importing ``a.b.c`` back is a cycle. Floors, bottom up
 (`FLOORS`)::
 
-    webshop  <-  envs  <-  worker  <-  backends  <-  pool  <-  policies  <-  rollout
-             <-  serve, integrations  <-  ragen  <-  cli, bench
+    extras, listen  <-  sandbox  <-  webshop  <-  envs  <-  worker  <-  backends  <-  pool
+             <-  policies  <-  rollout  <-  serve, integrations  <-  ragen  <-  cli, bench
+
+(``extras`` and ``listen`` import nothing of turnpool; every floor may import them.)
 
 A module may import its own floor and the floors below, never one above. ``turnpool/__init__.py``
 imports the env core (``envs.base``, ``envs.registry``) and names its other public objects as

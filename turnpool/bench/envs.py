@@ -477,7 +477,7 @@ def render(report: dict[str, Any]) -> list[Any]:
     for name, secs in rf["start_s"].items():
         facade.add_row(f"start: {name}, s", _fmt(secs, 3))
 
-    table = Table(title="issue goals (measured on a shared machine: noisy)")
+    table = Table(title="goals (measured on a shared machine: noisy)")
     for col in ("goal", "target", "measured", "met"):
         table.add_column(col)
     for g in report["goals"]:
