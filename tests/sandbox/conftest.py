@@ -15,11 +15,9 @@ FAST = Limits(wall=2.0, cpu=1.0, memory=256 << 20, output=1 << 20, file_size=1 <
               disk=4 << 20, procs=16, files=32)
 
 
-def sandbox_processes(box: Sandbox) -> set[int]:
-    """Host pids of every process in the sandbox's user namespace, its server included."""
-    pid = box.server_pid
-    assert pid is not None
-    ns = os.readlink(f"/proc/{pid}/ns/user")
+def userns_members(ns: str) -> set[int]:
+    """Host pids of every process in the user namespace ``ns`` (a ``/proc/<pid>/ns/user``
+    link text)."""
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -29,6 +27,13 @@ def sandbox_processes(box: Sandbox) -> set[int]:
             except OSError:
                 continue  # exited meanwhile, or not ours to read
     return found
+
+
+def sandbox_processes(box: Sandbox) -> set[int]:
+    """Host pids of every process in the sandbox's user namespace, its server included."""
+    pid = box.server_pid
+    assert pid is not None
+    return userns_members(os.readlink(f"/proc/{pid}/ns/user"))
 
 
 @pytest.fixture(scope="session")

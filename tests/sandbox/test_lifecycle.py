@@ -13,23 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox.conftest import FAST
+from tests.sandbox.conftest import FAST, userns_members
 from turnpool import EnvPool
 from turnpool.sandbox import Outcome, Sandbox, SandboxError, SandboxUnavailable, core
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _userns_members(ns: str) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.readlink(entry / "ns" / "user") == ns:
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def _wait_for(predicate, timeout: float = 15.0) -> bool:  # type: ignore[no-untyped-def]
@@ -47,10 +35,10 @@ def test_close_leaves_no_process_and_is_idempotent() -> None:
     pid = box.server_pid
     assert pid is not None
     ns = os.readlink(f"/proc/{pid}/ns/user")
-    assert len(_userns_members(ns)) == 2
+    assert len(userns_members(ns)) == 2
     box.close()
     box.close()
-    assert not _userns_members(ns)
+    assert not userns_members(ns)
     with pytest.raises(SandboxError):
         box.run(["python", "-c", "pass"])
 
@@ -74,10 +62,10 @@ def test_a_sigkilled_parent_leaves_no_sandbox_process() -> None:
         assert child.stdout is not None
         server = int(child.stdout.readline())
         ns = os.readlink(f"/proc/{server}/ns/user")
-        assert _wait_for(lambda: len(_userns_members(ns)) >= 4)  # A, B, the run's R and P
+        assert _wait_for(lambda: len(userns_members(ns)) >= 4)  # A, B, the run's R and P
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
-        assert _wait_for(lambda: not _userns_members(ns)), _userns_members(ns)
+        assert _wait_for(lambda: not userns_members(ns)), userns_members(ns)
     finally:
         child.kill()
         child.wait(timeout=30)
@@ -97,7 +85,7 @@ def test_a_run_past_the_step_timeout_fails_as_a_timeout_and_leaves_nothing() -> 
         ours = os.readlink("/proc/self/ns/user")
         sandboxes = {_ns_of(p) for p in _children(os.getpid())} - {ours, None} - before
         assert sandboxes  # the workers' sandbox servers, in namespaces of their own
-    assert _wait_for(lambda: not any(_userns_members(ns) for ns in sandboxes))
+    assert _wait_for(lambda: not any(userns_members(ns) for ns in sandboxes))
 
 
 def _ns_of(pid: int) -> str | None:
