@@ -37,6 +37,7 @@ from turnpool.pool.requests import (
     keeping,
     reset_requests,
     restore_request,
+    spans_of,
     step_requests,
 )
 from turnpool.pool.table import EnvTable
@@ -46,6 +47,7 @@ from turnpool.worker.protocol import (
     Op,
     ResetRequest,
     ResetResult,
+    StepRequest,
     TurnResult,
     WorkerLost,
     as_turn_results,
@@ -76,15 +78,8 @@ class Dispatcher:
         self.table = EnvTable(backend.slices, num_envs)
         self._seq = 0
         self._queues: list[deque[Pending]] = [deque() for _ in backend.slices]
-        # Fast path for whole-pool calls: worker w's envs are all_ids[a:b].
-        self._spans: list[tuple[int, int]] | None = None
-        flat = [i for ids in backend.slices for i in ids]
-        if flat == list(range(num_envs)):
-            pos = 0
-            self._spans = []
-            for ids in backend.slices:
-                self._spans.append((pos, pos + len(ids)))
-                pos += len(ids)
+        # Fast path for whole-pool calls: each worker's envs are a span of all ids.
+        self._spans = spans_of(backend.slices, num_envs)
 
     @property
     def replay(self) -> ReplayLog:
@@ -140,7 +135,11 @@ class Dispatcher:
             now = time.monotonic()
             wake = end
             for w in active:
-                due = self._check(w, now)
+                # `_check`, but a worker with no stragglers (the common case) in one call
+                due = self._check(w, now) if late[w] else self._head_check(w, now)
+                if isinstance(due, Fault):
+                    self._recover(w, due)
+                    due = now
                 if due is not None and (wake is None or due < wake):
                     wake = due
             waiting = [w for w in active if queues[w] or late[w]]
@@ -251,24 +250,25 @@ class Dispatcher:
     def _receive(self, worker: int) -> None:
         queue = self._queues[worker]
         try:
-            reply = decode(self.backend.recv(worker))
+            # a `WorkerReply`, unpacked (C-level: no attribute lookup per field)
+            seq, op, payload, failure, error = decode(self.backend.recv(worker))
         except WorkerLost as exc:
             self._recover(worker, Fault(str(exc) or "worker died", Failure.WORKER_LOST))
             return
-        if reply.op is Op.LATE:
-            self._late_results(worker, reply.seq, reply.payload)
+        if op is Op.LATE:
+            self._late_results(worker, seq, payload)
             return
-        if not queue or reply.seq != queue[0].seq:
-            log.debug("discarding a stale reply (seq %d) from worker %d", reply.seq, worker)
+        if not queue or seq != queue[0].seq:
+            log.debug("discarding a stale reply (seq %d) from worker %d", seq, worker)
             return
         head = queue.popleft()
-        if reply.failure is not None:  # the request failed as a whole: every env of it did
+        if failure is not None:  # the request failed as a whole: every env of it did
             for k, i in enumerate(head.env_ids):
-                self._fail(head, k, i, f"worker error: {reply.error}", reply.failure)
-        elif reply.op is Op.PARTIAL:
-            self._partial(worker, head, reply.payload)
+                self._fail(head, k, i, f"worker error: {error}", failure)
+        elif op is Op.PARTIAL:
+            self._partial(worker, head, payload)
         else:
-            self._complete(worker, head, reply.payload)
+            self._complete(worker, head, payload)
         if queue:
             self._send(worker, queue[0])
 
@@ -276,13 +276,14 @@ class Dispatcher:
         ids = head.env_ids
         ticket = head.ticket
         table = self.table
-        if head.op.is_turn:
+        request = head.request
+        if type(request) is StepRequest:
             assert ticket is not None
             wire, failed = payload
             results = as_turn_results(wire)
             for k in failed:
                 table.fail(ids[k], results[k].error, Failure.of(results[k].failure))
-            table.stepped(worker, ids, head.actions(), head.op is Op.STEP1)
+            table.replay.stepped(worker, ids, request.actions, request.single)  # = table.stepped
             positions = head.positions
             if not ticket.is_async and isinstance(positions, range) and positions.step == 1:
                 ticket.out[positions.start:positions.stop] = results
@@ -291,7 +292,6 @@ class Dispatcher:
                 for i, pos, r in zip(ids, positions, results):
                     self._deliver(ticket, pos, i, r)
         elif head.op is Op.RESET:
-            request = head.request
             assert ticket is not None and isinstance(request, ResetRequest)
             started: dict[int, int] = {}
             for i, pos, s, r in zip(ids, head.positions, request.seeds, payload):

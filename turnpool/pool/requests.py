@@ -13,11 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnpool.worker.protocol import (
+    STEP_OPS,
     Op,
     RequestRecord,
     ResetRequest,
     RestoreRequest,
     StepRequest,
+    step_request,
 )
 
 
@@ -40,10 +42,11 @@ class Pending:
     __slots__ = ("seq", "request", "op", "env_ids", "ticket", "positions", "clock", "retried")
 
     def __init__(self, request: RequestRecord, ticket: Ticket | None,
-                 positions: Sequence[int]) -> None:
+                 positions: Sequence[int], op: Op | None = None) -> None:
         self.seq = 0
         self.request = request
-        self.op: Op = request.op
+        #: ``request.op`` (a caller that knows it passes it: the hot path saves the lookup)
+        self.op: Op = request.op if op is None else op
         self.env_ids: Sequence[int] = request.env_ids
         self.ticket = ticket
         self.positions = positions
@@ -90,24 +93,43 @@ def split(env_ids: Sequence[int], owner: Sequence[int], skip: Callable[[int], bo
     return per_worker, skipped
 
 
+#: Worker ``w`` of a pool whose workers hold contiguous env ids holds ``span`` (a range,
+#: never empty): ``(w, span)`` per worker, built once per pool (`spans_of`)
+Spans = list[tuple[int, range]]
+
+
+def spans_of(slices: Sequence[Sequence[int]], num_envs: int) -> Spans | None:
+    """Each non-empty worker's span when the slices are ``0 .. num_envs - 1`` in order, else
+    None.
+
+    >>> spans_of([[0, 1], [], [2]], 3), spans_of([[1], [0]], 2)
+    ([(0, range(0, 2)), (2, range(2, 3))], None)
+    """
+    if [i for ids in slices for i in ids] != list(range(num_envs)):
+        return None
+    out, pos = [], 0
+    for w, ids in enumerate(slices):
+        if ids:
+            out.append((w, range(pos, pos + len(ids))))
+        pos += len(ids)
+    return out
+
+
 def step_requests(ticket: Ticket, action_lists: list[Any], single: bool,
-                  owner: Sequence[int], spans: list[tuple[int, int]] | None,
+                  owner: Sequence[int], spans: Spans | None,
                   failed: Callable[[int], bool] | None
                   ) -> tuple[list[tuple[int, Pending]], list[tuple[int, int]]]:
-    """One step request per worker for the envs of ``ticket``; ``spans`` (worker w's envs are
-    ``a .. b - 1``) for a whole-pool call with no failed env: a range and a list slice per
-    worker, no per-env work. Also ``(position, env_id)`` of the ``failed`` envs (no request)."""
-    if spans is not None:
-        out = []
-        for w, (a, b) in enumerate(spans):
-            if a < b:
-                span = range(a, b)
-                out.append((w, Pending(StepRequest(span, action_lists[a:b], single), ticket,
-                                       span)))
-        return out, []
+    """One step request per worker for the envs of ``ticket``; ``spans`` (`spans_of`) for a
+    whole-pool call with no failed env: a range and a list slice per worker, no per-env work.
+    Also ``(position, env_id)`` of the ``failed`` envs (no request)."""
+    op = STEP_OPS[single]
+    if spans is not None:  # the hot path: no Python call per worker but `Pending`
+        return [(w, Pending(step_request((span, action_lists[span.start:span.stop], single)),
+                            ticket, span, op))
+                for w, span in spans], []
     per_worker, skipped = split(ticket.env_ids, owner, failed)
-    return [(w, Pending(StepRequest(wids, [action_lists[p] for p in wpos], single), ticket,
-                        wpos))
+    return [(w, Pending(step_request((wids, [action_lists[p] for p in wpos], single)),
+                        ticket, wpos, op))
             for w, (wids, wpos) in per_worker.items()], skipped
 
 

@@ -154,7 +154,7 @@ class StepRequest(NamedTuple):
 
     @property
     def op(self) -> Op:
-        return Op.STEP1 if self.single else Op.STEP
+        return STEP_OPS[self.single]
 
     @property
     def payload(self) -> Any:
@@ -211,6 +211,14 @@ class WorkerReply(NamedTuple):
 
 
 _as_worker_reply = partial(tuple.__new__, WorkerReply)
+#: `StepRequest.op` by ``single``: ``STEP_OPS[single]`` (read per request on the hot path)
+STEP_OPS = (Op.STEP, Op.STEP1)
+
+
+#: ``step_request((env_ids, actions, single))`` is ``StepRequest(env_ids, actions, single)``
+#: at C speed (a NamedTuple's ``__new__`` is Python code): the pool builds one per worker
+#: per call.
+step_request = partial(tuple.__new__, StepRequest)
 
 
 def encode(seq: int, request: RequestRecord) -> Request:
@@ -219,6 +227,8 @@ def encode(seq: int, request: RequestRecord) -> Request:
     >>> encode(7, StepRequest(range(2), ["a", "b"], single=True))
     (7, <Op.STEP1: 3>, (range(0, 2), ['a', 'b']))
     """
+    if type(request) is StepRequest:  # the hot case: no property call per field
+        return (seq, STEP_OPS[request[2]], request[:2])
     return (seq, request.op, request.payload)
 
 
