@@ -123,10 +123,14 @@ def step_requests(ticket: Ticket, action_lists: list[Any], single: bool,
     whole-pool call with no failed env: a range and a list slice per worker, no per-env work.
     Also ``(position, env_id)`` of the ``failed`` envs (no request)."""
     op = STEP_OPS[single]
-    if spans is not None:  # the hot path: no Python call per worker but `Pending`
-        return [(w, Pending(step_request((span, action_lists[span.start:span.stop], single)),
-                            ticket, span, op))
-                for w, span in spans], []
+    if spans is not None:
+        # the hot path: no Python call per worker but `Pending` (a loop: a comprehension is
+        # a call of its own before Python 3.12)
+        out = []
+        for w, span in spans:
+            out.append((w, Pending(step_request((span, action_lists[span.start:span.stop],
+                                                 single)), ticket, span, op)))
+        return out, []
     per_worker, skipped = split(ticket.env_ids, owner, failed)
     return [(w, Pending(step_request((wids, [action_lists[p] for p in wpos], single)),
                         ticket, wpos, op))
