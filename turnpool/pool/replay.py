@@ -41,6 +41,16 @@ class ReplayLog:
             self._mark[i] = start
         self._compact(worker, broken)
 
+    def restored(self, worker: int, env_id: int, seed: int, turns: Sequence[Sequence[Any]],
+                 broken: Collection[int]) -> None:
+        """Env ``env_id`` of ``worker`` was put in the state of an episode of ``seed`` after
+        ``turns`` (a restore or fork): recorded as that episode, so a lost worker brings it
+        back by the same replay."""
+        self.seeds[env_id] = seed
+        self._mark[env_id] = len(self._log[worker])
+        self._log[worker].extend(([env_id], [list(acts)], False) for acts in turns)
+        self._compact(worker, broken)
+
     def mark(self, env_id: int) -> int:
         """Where env ``env_id``'s episode starts in its worker's log."""
         return self._mark[env_id]
