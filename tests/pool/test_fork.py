@@ -8,6 +8,7 @@ four: every (obs, reward, done, info) must be equal, as text, to env 0's.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -149,3 +150,17 @@ def test_a_restored_env_survives_the_loss_of_its_worker_exactly(env_type: str) -
                 _text(obs[1], rewards[1], dones[1], infos[1])
             if dones[0]:
                 break
+
+
+def test_bench_fork_reports_every_env_and_place(tmp_path: Any) -> None:
+    from click.testing import CliRunner
+
+    from turnpool.cli.bench import bench
+    out = tmp_path / "fork.json"
+    result = CliRunner().invoke(bench, ["fork", "--env", "countdown", "--forks", "5",
+                                        "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["env"], r["place"]) for r in rows] == [("countdown", "in-process"),
+                                                      ("countdown", "process")]
+    assert all(r["p50_us"] <= r["p99_us"] and r["snapshot_bytes"] > 0 for r in rows)
