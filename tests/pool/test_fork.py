@@ -164,3 +164,15 @@ def test_bench_fork_reports_every_env_and_place(tmp_path: Any) -> None:
     assert [(r["env"], r["place"]) for r in rows] == [("countdown", "in-process"),
                                                       ("countdown", "process")]
     assert all(r["p50_us"] <= r["p99_us"] and r["snapshot_bytes"] > 0 for r in rows)
+
+
+def test_repeated_forks_do_not_grow_the_replay_log() -> None:
+    with _pool("sokoban", "sequential") as pool:
+        pool.reset(seed=2)
+        pool.step(["Up"], env_ids=[0])
+        pool.fork(0, [1])
+        held = pool._dispatch.table.replay.held(pool.owner_of(1))
+        for _ in range(50):
+            pool.fork(0, [1])
+        assert pool._dispatch.table.replay.held(pool.owner_of(1)) == held
+        assert pool.snapshot([1])[0].turns == (("Up",),)
