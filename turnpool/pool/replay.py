@@ -5,9 +5,9 @@ Its other envs are rebuilt in the replacement worker by reset (same seed) + repl
 actions recorded since that reset (`Op.RESTORE`); deterministic envs make this exact, so
 their results for the step are as if nothing happened. The log is compacted at every reset,
 so it only holds the live episodes' turns. An env restored or forked mid-episode
-(`turnpool.pool.branch`) keeps the turns that led there as its own prefix, before its mark. The env table (`turnpool.pool.table.EnvTable`)
-holds one `ReplayLog` as its episode part; the `Dispatcher` decides when to restore; this
-module only remembers.
+(`turnpool.pool.branch`) keeps the turns that led there as its own prefix, before its mark.
+The env table (`turnpool.pool.table.EnvTable`) holds one `ReplayLog` as its episode part; the
+`Dispatcher` decides when to restore; this module only remembers.
 """
 
 from __future__ import annotations
