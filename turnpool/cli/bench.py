@@ -1,5 +1,5 @@
-"""``turnpool bench envs|pool|rollout|webshop|serve|serve-soak|soak|hol|tokens|sandbox``: each
-benchmark is imported only when run."""
+"""``turnpool bench envs|pool|rollout|webshop|serve|serve-soak|soak|hol|tokens|sandbox|fork``:
+each benchmark is imported only when run."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ _BENCHES: dict[str, str] = {
     "tokens": "turnpool.bench.tokens:command",
     "sandbox": "turnpool.bench.sandbox:command",
     "ragen-threads": "turnpool.bench.ragen_threads:command",
+    "fork": "turnpool.bench.fork:command",
 }
 
 

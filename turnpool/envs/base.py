@@ -123,6 +123,9 @@ class TextEnv(gymnasium.Env[str, Any]):
     #: (RAGEN classes that seed it): two such envs on threads of one process interleave
     #: their draws, so the thread backend refuses them.
     uses_global_rng: ClassVar[bool] = False
+    #: Whether ``get_state`` / ``set_state`` capture the whole episode, so the pool branches
+    #: the env by state (`EnvPool.fork`); false: by seed + action replay (wrapped envs).
+    snapshot_by_state: ClassVar[bool] = True
     metadata: dict[str, Any] = {"render_modes": ["text"], "render_fps": 1}  # noqa: RUF012
 
     def __init__(self, **config: Any) -> None:

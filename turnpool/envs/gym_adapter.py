@@ -71,6 +71,9 @@ class GymTextEnv(TextEnv):
             processes.
     """
 
+    #: the wrapped env's internals are not ours to copy: branch by seed + action replay
+    snapshot_by_state = False
+
     def __init__(self, gym_id: str | None = None, *, env: gymnasium.Env[Any, Any] | None = None,
                  obs_to_text: Callable[[Any], str] | None = None, **gym_kwargs: Any) -> None:
         render_mode = gym_kwargs.pop("render_mode", None)

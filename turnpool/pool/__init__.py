@@ -11,6 +11,7 @@ on the backends, which stand on the worker floor (``turnpool/worker/``).
 from __future__ import annotations
 
 from turnpool.pool.api import EnvConstructionError, EnvError, EnvGroupSpec, EnvPool
+from turnpool.pool.branch import Snapshot
 from turnpool.worker.protocol import TurnResult
 
-__all__ = ["EnvConstructionError", "EnvError", "EnvGroupSpec", "EnvPool", "TurnResult"]
+__all__ = ["EnvConstructionError", "EnvError", "EnvGroupSpec", "EnvPool", "Snapshot", "TurnResult"]

@@ -52,7 +52,9 @@ from typing import Any
 from turnpool.backends import start_backend
 from turnpool.backends.base import Backend
 from turnpool.envs.registry import EnvTarget, build_target, target_name
+from turnpool.pool import branch
 from turnpool.pool.arguments import check_arguments, check_int
+from turnpool.pool.branch import Snapshot
 from turnpool.pool.dispatch import Dispatcher
 from turnpool.pool.requests import Ticket
 from turnpool.pool.table import EnvRecord
@@ -203,6 +205,8 @@ class EnvPool:
                 f"cannot build env {env_id} (tag {self.tags[env_id]!r}, type "
                 f"{self.env_types[env_id]!r}, kwargs {kwargs!r}): {cause}"
                 + (f" ({more} more env(s) failed too)" if more else "")) from None
+        #: per env, what it is (entry point and kwargs): a snapshot restores only into the same
+        self._env_keys = [f"{b.entry_point}({b.kwargs!r})" for b in builds]
         self._closed = False
         self._finalizer = weakref.finalize(self, self._backend.close)
         self._dispatch = Dispatcher(self._backend, len(builds), self.step_timeout,
@@ -362,6 +366,28 @@ class EnvPool:
             raise IndexError(f"env id {bad[0]} out of range [0, {n})")
         self._dispatch.table.forget(ids)
 
+    # ------------------------------------------------------------------ branching
+    def snapshot(self, env_ids: Sequence[int]) -> list[Snapshot]:
+        """Each env's state mid-episode as a `Snapshot` value (picklable; restore it into
+        any env of the same type, in this pool or another). ValueError for an unknown env,
+        one with no live episode or a finished one."""
+        return branch.snapshot(self._dispatch, self._env_keys, self._branch_ids(env_ids))
+
+    def restore(self, env_ids: Sequence[int], snapshots: Sequence[Snapshot]
+                ) -> tuple[list[str], list[dict[str, Any]]]:
+        """Put each env in its snapshot's state; returns ``(obs, infos)`` (the current
+        observation). Its next steps equal the snapshotted env's byte for byte. ValueError
+        for a foreign snapshot or one of another env type."""
+        return branch.restore(self._dispatch, self._env_keys, self._branch_ids(env_ids),
+                              snapshots)
+
+    def fork(self, src_id: int, dst_ids: Sequence[int]
+             ) -> tuple[list[str], list[dict[str, Any]]]:
+        """Copy env ``src_id`` mid-episode into each of ``dst_ids`` (on any worker): each
+        continues exactly as the source would. Returns the destinations' ``(obs, infos)``."""
+        src = self._branch_ids([src_id])[0]
+        return branch.fork(self._dispatch, self._env_keys, src, self._branch_ids(dst_ids))
+
     @property
     def in_flight(self) -> frozenset[int]:
         """Env ids whose `step_async` results have not been polled yet."""
@@ -400,6 +426,17 @@ class EnvPool:
         busy = self._dispatch.table.busy(ids)
         if busy:
             raise RuntimeError(f"envs {sorted(busy)[:5]} are still in flight; poll() first")
+
+    def _branch_ids(self, env_ids: Sequence[int]) -> list[int]:
+        """The ids of a branching call: ValueError for an unknown one (their results are
+        values, not per-env records, so a bad id is bad input, not an index)."""
+        self._check_open()
+        ids = [int(i) for i in env_ids]
+        for i in ids:
+            if not 0 <= i < self.num_envs:
+                raise ValueError(f"unknown env id {i}: the pool has envs [0, {self.num_envs})")
+        self._check_ids(ids)
+        return ids
 
     def _ids(self, env_ids: Sequence[int] | None, n_actions: int) -> list[int]:
         self._check_open()

@@ -301,10 +301,15 @@ class Dispatcher:
                     table.fail(i, r.error, Failure.of(r.failure), episode_lost=True)
                 self._deliver(ticket, pos, i, r)
             table.started(worker, started)
-        else:  # Op.RESTORE
+        elif head.op is Op.RESTORE:
             for i, err in zip(ids, payload):
                 if err is not None:
                     table.fail(i, f"restore failed: {err}", Failure.WORKER_LOST)
+        else:  # Op.SNAPSHOT / Op.LOAD (synchronous): `turnpool.pool.branch` reads them
+            assert ticket is not None
+            for pos, r in zip(head.positions, payload):
+                ticket.out[pos] = r
+            ticket.remaining -= len(payload)
 
     def _partial(self, worker: int, head: Pending, payload: Any) -> None:
         """The worker answered ``head`` except its stalled envs, which become stragglers."""

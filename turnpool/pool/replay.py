@@ -4,9 +4,10 @@ When a worker dies or is killed past its deadline, only the env it was running i
 Its other envs are rebuilt in the replacement worker by reset (same seed) + replay of the
 actions recorded since that reset (`Op.RESTORE`); deterministic envs make this exact, so
 their results for the step are as if nothing happened. The log is compacted at every reset,
-so it only holds the live episodes' turns. The env table (`turnpool.pool.table.EnvTable`)
-holds one `ReplayLog` as its episode part; the `Dispatcher` decides when to restore; this
-module only remembers.
+so it only holds the live episodes' turns. An env restored or forked mid-episode
+(`turnpool.pool.branch`) keeps the turns that led there as its own prefix, before its mark.
+The env table (`turnpool.pool.table.EnvTable`) holds one `ReplayLog` as its episode part; the
+`Dispatcher` decides when to restore; this module only remembers.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class ReplayLog:
         # env, where in its worker's log its current episode starts.
         self._log: list[list[tuple[Any, Any, bool]]] = [[] for _ in self._slices]
         self._mark = [0] * num_envs
+        # Per env put in a mid-episode state (a restore or fork), the turns before its mark.
+        self._prefix: dict[int, Sequence[Sequence[Any]]] = {}
 
     def stepped(self, worker: int, env_ids: Sequence[int], actions: Sequence[Any],
                 single: bool) -> None:
@@ -39,6 +42,17 @@ class ReplayLog:
         for i, seed in seeds.items():
             self.seeds[i] = seed
             self._mark[i] = start
+            self._prefix.pop(i, None)
+        self._compact(worker, broken)
+
+    def restored(self, worker: int, env_id: int, seed: int, turns: Sequence[Sequence[Any]],
+                 broken: Collection[int]) -> None:
+        """Env ``env_id`` of ``worker`` was put in the state of an episode of ``seed`` after
+        ``turns`` (a restore or fork): recorded as that episode, so a lost worker brings it
+        back by the same replay."""
+        self.seeds[env_id] = seed
+        self._mark[env_id] = len(self._log[worker])
+        self._prefix[env_id] = turns  # kept aside: the worker's log does not grow per restore
         self._compact(worker, broken)
 
     def mark(self, env_id: int) -> int:
@@ -54,13 +68,14 @@ class ReplayLog:
         are not restored, and their turns no longer hold the worker's log back."""
         for i in env_ids:
             self.seeds[i] = None
+            self._prefix.pop(i, None)
         self._compact(worker, broken)
 
     def restore_items(self, worker: int, env_ids: list[int]
                       ) -> list[tuple[int, int, list[Any]]]:
         """`Op.RESTORE` items ``(env_id, seed, turns)`` bringing back ``env_ids`` (which must
         have a seed) as they are now."""
-        turns: dict[int, list[Any]] = {i: [] for i in env_ids}
+        turns: dict[int, list[Any]] = {i: list(self._prefix.get(i, ())) for i in env_ids}
         if env_ids:
             log = self._log[worker]
             for index in range(min(self._mark[i] for i in env_ids), len(log)):

@@ -128,6 +128,12 @@ class EnvTable:
             self.failed.pop(i, None)
         self.replay.started(worker, seeds, self.failed)
 
+    def restored(self, env_id: int, seed: int, turns: Sequence[Sequence[Any]]) -> None:
+        """Env ``env_id`` now plays an episode of ``seed`` after ``turns`` (a restore or a
+        fork); it is no longer failed."""
+        self.failed.pop(env_id, None)
+        self.replay.restored(self.owner[env_id], env_id, seed, turns, self.failed)
+
     def stepped(self, worker: int, env_ids: Sequence[int], actions: Sequence[Any],
                 single: bool) -> None:
         """``worker`` completed these envs' turns (one replay-log append)."""

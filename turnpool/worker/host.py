@@ -29,6 +29,7 @@ from turnpool.worker.protocol import (
     Reply,
     Request,
     ResetResult,
+    StateResult,
     WireTurn,
     error_reset,
     error_step,
@@ -60,6 +61,8 @@ class EnvHost:
         self.progress = progress or _no_progress
         #: lazy envs not built yet (they are at their first reset)
         self.unbuilt: set[int] = set()
+        #: envs whose episode is finished (a done turn), until their next reset or load
+        self.finished: set[int] = set()
         for env_id, b in self.builds.items():
             if b.lazy:
                 self.envs[env_id] = None
@@ -115,6 +118,7 @@ class EnvHost:
         """
         envs = self.envs
         broken = self.broken
+        finished = self.finished
         for k, (env_id, acts) in claim:
             at(env_id)
             env = envs.get(env_id)
@@ -146,6 +150,8 @@ class EnvHost:
                 failed.append(k)
                 results[k] = error_step(TIMED_OUT, n, failure="timeout")
                 continue
+            if terminated or truncated:
+                finished.add(env_id)
             info["terminated"] = terminated
             info["truncated"] = truncated
             results[k] = (obs, total, terminated, truncated, info, n, None)
@@ -164,6 +170,7 @@ class EnvHost:
             state: Any = None
             for env_id in env_ids:
                 self.progress(env_id)
+                self.finished.discard(env_id)
                 try:
                     env = self._fresh_if_broken(env_id)
                     if leader_out is None:
@@ -194,11 +201,7 @@ class EnvHost:
         for env_id, seed, turns in items:
             self.progress(env_id)
             try:
-                self.broken.add(env_id)  # forces a fresh instance
-                env = self._fresh_if_broken(env_id)
-                env.reset(seed=seed)
-                for acts in turns:
-                    _turn(env, acts)
+                self._replayed(env_id, seed, turns)
                 errors.append(None)
             except Exception as exc:
                 self.broken.add(env_id)
@@ -207,6 +210,49 @@ class EnvHost:
                 self.broken.add(env_id)
                 errors.append(TIMED_OUT)
         return errors
+
+    def snapshot(self, env_ids: Sequence[int]) -> list[StateResult]:
+        """`Op.SNAPSHOT`: each env's state (``None`` for a class branched by replay)."""
+        out: list[StateResult] = []
+        for env_id in env_ids:
+            self.progress(env_id)
+            env = self.envs.get(env_id)
+            if env is None or env_id in self.broken:
+                out.append(StateResult(None, False, "env has no live episode; reset it"))
+                continue
+            finished = env_id in self.finished
+            if finished or not type(env).snapshot_by_state:
+                out.append(StateResult(None, finished, None))
+                continue
+            try:
+                out.append(StateResult(env.get_state(), False, None))
+            except Exception as exc:
+                out.append(StateResult(None, False, short_error(exc)))
+        return out
+
+    def load(self, items: Sequence[tuple[int, int, Sequence[Sequence[Any]], Any]]
+             ) -> list[ResetResult]:
+        """`Op.LOAD`: put each env in a snapshot's state (by state, else by reset + replay);
+        answer its current observation."""
+        out: list[ResetResult] = []
+        for env_id, seed, turns, state in items:
+            self.progress(env_id)
+            try:
+                if state is None:
+                    env = self._replayed(env_id, seed, turns)
+                else:
+                    env = self._fresh_if_broken(env_id)
+                    env.set_state(state)
+                    self.finished.discard(env_id)
+                obs, _, _, _, info, _ = _turn(env, ())
+                out.append(ResetResult(obs, info, None))
+            except Exception as exc:
+                self.broken.add(env_id)
+                out.append(error_reset(short_error(exc)))
+            except StepInterrupted:
+                self.broken.add(env_id)
+                out.append(error_reset(TIMED_OUT, failure="timeout"))
+        return out
 
     def close(self, payload: Any = None) -> None:
         """`Op.CLOSE` (and the end of every worker): close every env."""
@@ -219,6 +265,18 @@ class EnvHost:
         self.envs.clear()
 
     # ------------------------------------------------------------------ helpers
+    def _replayed(self, env_id: int, seed: int, turns: Sequence[Sequence[Any]]) -> TextEnv:
+        """A fresh instance of env ``env_id`` reset with ``seed`` and its ``turns`` replayed
+        (each stops at its first done, as when they were played)."""
+        self.broken.add(env_id)  # forces a fresh instance
+        self.finished.discard(env_id)
+        env = self._fresh_if_broken(env_id)
+        env.reset(seed=seed)
+        for acts in turns:
+            if _turn(env, acts)[2:4] != (False, False):
+                self.finished.add(env_id)
+        return env
+
     def _fresh_if_broken(self, env_id: int) -> TextEnv:
         env = self.envs.get(env_id)
         if env is None or env_id in self.broken:
@@ -293,5 +351,7 @@ EnvHost._handlers = {
     Op.STEP: EnvHost.step,
     Op.STEP1: EnvHost.step1,
     Op.RESTORE: EnvHost.restore,
+    Op.SNAPSHOT: EnvHost.snapshot,
+    Op.LOAD: EnvHost.load,
     Op.CLOSE: EnvHost.close,
 }

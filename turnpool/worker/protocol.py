@@ -3,14 +3,12 @@
 The pool (``turnpool/pool/``) decides *what* is computed: groups, seeds, which env gets which
 actions, deadlines and fault recovery. A backend (``turnpool/backends/``) decides *where*: it
 places a fixed slice of env ids in each of its workers for the worker's whole life and moves
-one request to a worker and one reply back. Inside every worker an
-`turnpool.worker.host.EnvHost` answers the requests. This module is what all three share; it
-depends on nothing but the envs.
+one request to a worker and one reply back. Inside every worker an `EnvHost` answers the
+requests. This module is what all three share; it depends on nothing but the envs.
 
-The pool builds one typed record per request (`ResetRequest`, `StepRequest`,
-`RestoreRequest`, `CloseRequest`) and reads each reply as a `WorkerReply`; `encode` and
-`decode` are the one codec between those records and the wire. Failure classes are the
-`Failure` enum (a member is its string, so infos keep plain strings).
+The pool builds one typed record per request (``ResetRequest``, ``SnapshotRequest``, ...)
+and reads each reply as a `WorkerReply`; `encode` / `decode` are the one codec between those
+records and the wire. Failure classes are the `Failure` enum (a member is its string).
 
 Wire format (plain tuples; a process backend pickles them once per worker per call):
 
@@ -35,15 +33,16 @@ Wire format (plain tuples; a process backend pickles them once per worker per ca
   reset it with ``seed`` and replay its turns with the same stop-at-first-done rule (the pool
   uses this to bring back the innocent envs of a worker that was killed). Reply payload: one
   ``error`` (``None`` on success) per env.
+* `Op.SNAPSHOT`: payload ``[env_id, ...]``; reply: one `StateResult` per env.
+* `Op.LOAD`: payload ``[(env_id, seed, [turn, ...], state), ...]``: ``set_state``, or reset +
+  replay (as `Op.RESTORE`) where ``state`` is None; reply: a `ResetResult` per env (render).
 * `Op.CLOSE`: close every env; no reply is needed.
 * Replies only, from a process worker whose env stalled (`turnpool.worker.handoff`): an
   `Op.PARTIAL` reply to a step request carries ``(results, pending)``, where ``results`` has
   ``None`` at the envs still running and ``pending`` lists ``(index, since)`` for each of
-  them; each later arrives in an `Op.LATE` reply (same sequence number) whose
-  payload is ``[(env_id, wire_turn), ...]``.
+  them; each later arrives in an `Op.LATE` reply (same number): ``[(env_id, wire_turn)]``.
 
-A new op is one `Op` member (with its deadline in `Op.limit`), one request record here and one
-handler in `EnvHost`.
+A new op: one `Op` member (its deadline in `Op.limit`), one record here, one `EnvHost` handler.
 Backends never look inside payloads. Sequence numbers are chosen by the pool and echoed by the
 worker; the pool discards any reply whose number it is not waiting for (a late reply from a
 worker it gave up on).
@@ -80,6 +79,8 @@ class Op(enum.IntEnum):
     #: replies only, from a worker that hands a stalled step off (`turnpool.worker.handoff`)
     PARTIAL = 6
     LATE = 7
+    SNAPSHOT = 8  # branching (`turnpool.pool.branch`)
+    LOAD = 9
 
     @property
     def is_turn(self) -> bool:
@@ -117,10 +118,7 @@ Reply = tuple[int, Op, Any, "str | None", "str | None"]
 
 
 # ---------------------------------------------------------------------- typed records
-# One record per op the pool sends (immutable tuples: built per worker per call, so cheap);
-# `encode` is the one place a record becomes wire tuples and `decode` the one place a reply
-# tuple becomes a `WorkerReply`. A new op is one `Op`
-# member, one record here (``op``, ``env_ids``, ``payload``) and one host handler.
+# One record per op the pool sends (immutable tuples, with ``op``, ``env_ids``, ``payload``).
 class ResetRequest(NamedTuple):
     """`Op.RESET`: ``groups`` is ``[(seed, [env_id, ...]), ...]``, one entry per group slice."""
 
@@ -179,6 +177,36 @@ class RestoreRequest(NamedTuple):
         return self.items
 
 
+class SnapshotRequest(NamedTuple):
+    """`Op.SNAPSHOT`: the states of ``env_ids``."""
+    env_ids: list[int]
+
+    @property
+    def op(self) -> Op:
+        return Op.SNAPSHOT
+
+    @property
+    def payload(self) -> Any:
+        return self.env_ids
+
+
+class LoadRequest(NamedTuple):
+    """`Op.LOAD`: ``items`` is ``[(env_id, seed, turns, state or None), ...]``."""
+    items: list[tuple[int, int, Sequence[Sequence[Any]], Any]]
+
+    @property
+    def op(self) -> Op:
+        return Op.LOAD
+
+    @property
+    def env_ids(self) -> list[int]:
+        return [item[0] for item in self.items]
+
+    @property
+    def payload(self) -> Any:
+        return self.items
+
+
 class CloseRequest(NamedTuple):
     """`Op.CLOSE`: close every env of the worker (no reply needed)."""
 
@@ -196,7 +224,8 @@ class CloseRequest(NamedTuple):
 
 
 #: A request the pool sends (one record type per op)
-RequestRecord = ResetRequest | StepRequest | RestoreRequest | CloseRequest
+RequestRecord = (ResetRequest | StepRequest | RestoreRequest | SnapshotRequest | LoadRequest
+                 | CloseRequest)
 
 
 class WorkerReply(NamedTuple):
@@ -371,6 +400,14 @@ _as_turn_result = partial(tuple.__new__, TurnResult)
 def as_turn_results(wire: Sequence[Any]) -> list[TurnResult]:
     """The `TurnResult` records of a step reply (C-speed: no Python call per env)."""
     return list(map(_as_turn_result, wire))
+
+
+class StateResult(NamedTuple):
+    """An env's `Op.SNAPSHOT` answer: ``get_state()`` (None: branched by replay), done, error."""
+
+    state: Any
+    finished: bool
+    error: str | None
 
 
 class ResetResult(NamedTuple):

@@ -1,0 +1,124 @@
+"""Branching: snapshot an env mid-episode, restore it later or elsewhere, fork it.
+
+A `Snapshot` is a value (picklable, no server-side handle): the env's identity (entry point
+and kwargs), its episode seed, the turns it took since that reset (from the pool's replay
+log) and, for env classes whose ``snapshot_by_state`` is true, its ``get_state()``. Restoring
+sets that state (`Op.LOAD`); a class branched by replay (the gymnasium adapter: the wrapped
+env's internals are not ours to copy) is reset with the seed and replays the turns. Either
+way the env table records the restored env as "episode ``seed`` after ``turns``", so a lost
+worker brings it back by the usual replay, exactly. `fork` is a snapshot of the source loaded
+into each destination, on any worker.
+
+>>> from turnpool.pool import EnvPool
+>>> with EnvPool("sokoban", env_num=2, seed=3, backend="sequential") as pool:
+...     _ = pool.reset()
+...     _ = pool.step(["Up", "Down"])
+...     obs, infos = pool.fork(0, [1])
+...     later = pool.step(["Left", "Left"])
+...     snap = pool.snapshot([0])[0]
+>>> later[0][0] == later[0][1], snap.seed, len(snap.turns)
+(True, 3, 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from turnpool.pool.dispatch import Dispatcher
+from turnpool.pool.requests import Pending, Ticket, split
+from turnpool.worker.protocol import (
+    Failure,
+    LoadRequest,
+    ResetResult,
+    SnapshotRequest,
+    StateResult,
+)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One env's state mid-episode (opaque to callers: pass it to `EnvPool.restore`)."""
+
+    #: what the env is: entry point and kwargs (a snapshot restores only into the same)
+    env_key: str
+    seed: int
+    #: the turns since the reset with ``seed`` (each a tuple of actions)
+    turns: tuple[tuple[Any, ...], ...]
+    #: the env's ``get_state()``; None: restored by reset + replay of ``turns``
+    state: Any = None
+
+
+def snapshot(dispatch: Dispatcher, env_keys: Sequence[str], ids: list[int]) -> list[Snapshot]:
+    """`EnvPool.snapshot` of the (checked) ``ids``; ``env_keys``: what each env is.
+    ValueError for an env with no live episode or a finished one."""
+    table = dispatch.table
+    for i in ids:
+        if table.seeds[i] is None or i in table.failed:
+            why = table.failed.get(i, "no episode started")
+            raise ValueError(f"env {i} has no live episode to snapshot ({why}); reset it")
+    results: list[StateResult] = _run(dispatch, ids, lambda w, wids: SnapshotRequest(wids))
+    out = []
+    for i, r in zip(ids, results):
+        if r.error is not None:
+            raise ValueError(f"env {i} cannot be snapshot: {r.error}")
+        if r.finished:
+            raise ValueError(f"env {i}'s episode is finished; there is nothing to branch")
+        item = table.replay.restore_items(table.owner_of(i), [i])[0]
+        turns = tuple(tuple(acts) for acts in item[2])
+        out.append(Snapshot(env_keys[i], item[1], turns, r.state))
+    return out
+
+
+def restore(dispatch: Dispatcher, env_keys: Sequence[str], ids: list[int],
+            snapshots: Sequence[Snapshot]) -> tuple[list[str], list[dict[str, Any]]]:
+    """`EnvPool.restore` of the (checked) ``ids``: ValueError for a foreign snapshot or one of
+    another env type."""
+    snaps = list(snapshots)
+    if len(snaps) != len(ids):
+        raise ValueError(f"got {len(snaps)} snapshots for {len(ids)} envs")
+    for i, snap in zip(ids, snaps):
+        if not isinstance(snap, Snapshot):
+            raise ValueError(f"not a turnpool Snapshot: {type(snap).__name__}")
+        if snap.env_key != env_keys[i]:
+            raise ValueError(f"env {i} is {env_keys[i]}; the snapshot is of "
+                             f"{snap.env_key}")
+    by_id = dict(zip(ids, snaps))
+
+    def request(w: int, wids: list[int]) -> LoadRequest:
+        return LoadRequest([(i, by_id[i].seed, by_id[i].turns, by_id[i].state) for i in wids])
+
+    results: list[ResetResult] = _run(dispatch, ids, request)
+    table = dispatch.table
+    errors = {}
+    for i, r in zip(ids, results):
+        if r.error is None:
+            table.restored(i, by_id[i].seed, by_id[i].turns)
+        else:
+            table.fail(i, f"restore failed: {r.error}", Failure.of(r.failure),
+                       episode_lost=True)
+            errors[i] = r.error
+    if errors:
+        i, why = next(iter(errors.items()))
+        raise ValueError(f"env {i} could not be restored: {why} (it must be reset)")
+    return [r.obs for r in results], [r.info for r in results]
+
+
+def fork(dispatch: Dispatcher, env_keys: Sequence[str], src_id: int, dst_ids: list[int]
+         ) -> tuple[list[str], list[dict[str, Any]]]:
+    """`EnvPool.fork`: each of ``dst_ids`` continues exactly as ``src_id`` would."""
+    if src_id in dst_ids:
+        raise ValueError(f"env {src_id} cannot be both the source and a destination")
+    snap = snapshot(dispatch, env_keys, [src_id])[0]
+    return restore(dispatch, env_keys, dst_ids, [snap] * len(dst_ids))
+
+
+def _run(dispatch: Dispatcher, ids: list[int], request: Any) -> Any:
+    """Send ``request(worker, its env ids)`` to each worker holding some of ``ids`` and wait:
+    the replies' per-env results, aligned to ``ids``."""
+    ticket = Ticket(ids, is_async=False)
+    for w, (wids, wpos) in split(ids, dispatch.table.owner)[0].items():
+        dispatch.enqueue(w, Pending(request(w, wids), ticket, wpos))
+    dispatch.finish(ticket)
+    return ticket.out
