@@ -40,7 +40,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Union
 
-from turnpool.envs import datasets
+import turnpool.envs.datasets as datasets
 from turnpool.envs.base import TextEnv
 from turnpool.envs.safe_math import MAX_CHARS, evaluate
 

@@ -36,7 +36,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from turnpool.envs import datasets
+import turnpool.envs.datasets as datasets
 from turnpool.envs.base import TextEnv
 from turnpool.sandbox import (
     Limits,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from turnpool.envs import datasets
+import turnpool.envs.datasets as datasets
 from turnpool.envs.base import TextEnv
 
 logger = logging.getLogger(__name__)

@@ -68,7 +68,7 @@ def _spec_of(name: str) -> EnvSpec | None:
 def resolve(name_or_entry_point: str) -> tuple[type[TextEnv], dict[str, Any]]:
     """The env class and default kwargs for a registered name (or alias) or an entry point
     string; RAGEN env classes and ``REGISTERED_ENVS`` names go through the RAGEN adapter."""
-    from turnpool.envs import ragen_adapter
+    import turnpool.envs.ragen_adapter as ragen_adapter
 
     spec = _spec_of(name_or_entry_point)
     entry = spec.entry_point if spec else name_or_entry_point
@@ -110,7 +110,7 @@ def draws_from_global_rng(name_or_entry_point: str, kwargs: dict[str, Any]) -> s
 def _global_rng_user(name_or_entry_point: str, ragen_env: str) -> str | None:
     """`draws_from_global_rng` for one (entry point, wrapped RAGEN env), cached: a pool asks
     once per env."""
-    from turnpool.envs import ragen_adapter
+    import turnpool.envs.ragen_adapter as ragen_adapter
 
     try:
         cls, defaults = resolve(name_or_entry_point)

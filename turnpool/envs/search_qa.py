@@ -36,7 +36,7 @@ import urllib.request
 from collections import Counter
 from typing import Any
 
-from turnpool.envs import datasets
+import turnpool.envs.datasets as datasets
 from turnpool.envs.base import TextEnv
 
 BUNDLED = "search_qa_sample.jsonl"

@@ -49,10 +49,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import turnpool.pool.branch as branch
 from turnpool.backends import start_backend
 from turnpool.backends.base import Backend
 from turnpool.envs.registry import EnvTarget, build_target, target_name
-from turnpool.pool import branch
 from turnpool.pool.arguments import check_arguments, check_int
 from turnpool.pool.branch import Snapshot
 from turnpool.pool.dispatch import Dispatcher
