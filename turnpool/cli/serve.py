@@ -4,9 +4,13 @@
     turnpool serve --config serve.yaml --port 0         # settings from YAML, a free port
     turnpool serve --env sokoban --frontends 2          # two front processes on one port
     turnpool serve --env sokoban --host 0.0.0.0 --allow-remote --token "$TOKEN"  # opt-in only
+    turnpool serve --env sokoban --state-dir state/     # sessions survive a restart
 
 Any host other than loopback is refused unless both ``--allow-remote`` and ``--token`` are
-given.
+given. With ``--state-dir`` every session's seed and actions are journaled there
+(``--fsync``: how far to disk, `turnpool.serve.journal`), and a server started again on the
+same directory resumes every session first (`turnpool.serve.resume`): clients reconnect
+with their session id (``/ws?session_id=ID``, or the ``session_id`` they send over HTTP).
 
 The YAML holds `turnpool.serve.ServeSettings` fields (``env``, ``env_kwargs``, ``backend``,
 ``num_workers``, ``max_sessions``, ``step_timeout``, ``reset_timeout``, ``session_timeout``,
@@ -31,6 +35,8 @@ TOKEN_ENV = "TURNPOOL_SERVE_TOKEN"
 #: Not 8000: that is where vLLM and ``transformers serve`` listen by default, and so where
 #: the openai policy's examples point.
 DEFAULT_PORT = 8100
+#: `turnpool.serve.journal.FSYNC_POLICIES` (not imported: that loads the web stack)
+FSYNC_POLICIES = ("always", "batch", "never")
 
 
 def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
@@ -90,13 +96,23 @@ def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
               help="Allow binding a non-loopback interface.")
 @click.option("--token", default=None,
               help=f"Bearer token every client must send (or set ${TOKEN_ENV}).")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Journal every session here and resume the sessions it holds at start: "
+                   "a killed or restarted server loses none.")
+@click.option("--fsync", type=click.Choice(FSYNC_POLICIES), default="batch",
+              show_default=True,
+              help="With --state-dir: 'always' syncs each record before its reply (survives "
+                   "a machine crash), 'batch' every 0.1 s, 'never' leaves it to the OS; all "
+                   "survive a killed server.")
 def serve(env: str | None, config_path: Path | None, backend: str | None,
           num_workers: int | None, max_sessions: int | None, step_timeout: float | None,
           session_timeout: float | None, seed: int | None, frontends: int | None, host: str,
-          port: int, allow_remote: bool, token: str | None) -> None:
+          port: int, allow_remote: bool, token: str | None, state_dir: Path | None,
+          fsync: str) -> None:
     """Serve envs over OpenEnv's protocol (WebSocket /ws and HTTP); Ctrl-C stops it."""
     from turnpool.serve import check_bind
     from turnpool.serve import serve as run
+    from turnpool.serve.journal import JournalError
 
     token = token or os.environ.get(TOKEN_ENV) or None
     try:
@@ -117,8 +133,17 @@ def serve(env: str | None, config_path: Path | None, backend: str | None,
                    f"{settings.backend}{fronts}, at {url}  (OpenEnv: ws{url[4:]}/ws; status page: "
                    f"{url}/)", nl=True)
 
+    def resumed(report: Any) -> None:
+        lost = f"; {len(report.lost)} could not be resumed" if report.lost else ""
+        click.echo(f"turnpool serve: resumed {report.sessions} sessions from {state_dir} "
+                   f"({report.episodes} with an episode, {report.turns} turns replayed){lost}",
+                   err=True)
+
     try:
-        run(settings, host, port, token, on_ready=ready, allow_remote=allow_remote)
+        run(settings, host, port, token, on_ready=ready, allow_remote=allow_remote,
+            state_dir=state_dir, fsync=fsync, on_resumed=resumed)
+    except JournalError as exc:
+        raise UserError(str(exc), EXIT_USAGE) from exc
     except KeyboardInterrupt:  # Ctrl-C: the pool is already closed
         click.echo("turnpool serve: stopped")
     except OSError as exc:

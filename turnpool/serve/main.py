@@ -6,19 +6,30 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
 
 from turnpool.serve.engine import PoolEngine, ServeSettings
+from turnpool.serve.journal import FileJournal
+from turnpool.serve.resume import Resumed, open_journal
 from turnpool.serve.running import bind_socket, check_bind, exit_on_sigterm, run_app
 from turnpool.serve.service import Service
 
 
 def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
           token: str | None = None, on_ready: Callable[[str], None] | None = None,
-          allow_remote: bool = False) -> None:
+          allow_remote: bool = False, state_dir: Path | None = None, fsync: str = "batch",
+          on_resumed: Callable[[Resumed], None] | None = None) -> None:
     """Run the server in the foreground until interrupted (Ctrl-C / SIGTERM); the pool's
     workers (and, with ``settings.frontends > 1``, the front processes) are stopped on the
-    way out either way."""
+    way out either way. With ``state_dir`` every session is journaled there
+    (`turnpool.serve.journal`, ``fsync`` its policy) and the sessions it holds are resumed
+    before the server listens (``on_resumed`` hears how that went)."""
     check_bind(host, token, allow_remote)
+    if state_dir is not None and settings.frontends > 1:
+        raise ValueError("--state-dir journals the sessions of one front; it cannot be "
+                         "used with --frontends > 1 yet")
+    durable = Durable(state_dir, fsync, on_resumed) if state_dir is not None else None
     previous = None
     if threading.current_thread() is threading.main_thread():
         # uvicorn shuts down gracefully on SIGTERM and then re-raises it; this handler turns
@@ -28,25 +39,42 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
         if settings.frontends > 1:
             _serve_fronts(settings, host, port, token, on_ready, allow_remote)
         else:
-            _serve_one(settings, host, port, token, on_ready)
+            _serve_one(settings, host, port, token, on_ready, durable)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
+class Durable(NamedTuple):
+    """Where and how a server journals its sessions."""
+
+    state_dir: Path
+    fsync: str
+    on_resumed: Callable[[Resumed], None] | None
+
+
 def _serve_one(settings: ServeSettings, host: str, port: int, token: str | None,
-               on_ready: Callable[[str], None] | None) -> None:
+               on_ready: Callable[[str], None] | None, durable: Durable | None) -> None:
     engine = PoolEngine(settings)
+    journal: FileJournal | None = None
     try:
         sock = bind_socket(host, port)
         try:
+            service = Service(engine, token)
+            if durable is not None:
+                journal, resumed = open_journal(service.sessions, engine, durable.state_dir,
+                                                durable.fsync)
+                if durable.on_resumed is not None:
+                    durable.on_resumed(resumed)
             if on_ready is not None:
                 bound_host, bound_port = sock.getsockname()[:2]
                 on_ready(f"http://{bound_host}:{bound_port}")
-            run_app(Service(engine, token), [sock])
+            run_app(service, [sock], before_shutdown=journal.seal if journal else None)
         finally:
             sock.close()
     finally:
+        if journal is not None:
+            journal.close()
         engine.close()
 
 

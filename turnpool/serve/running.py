@@ -8,7 +8,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import turnpool.serve.ws as ws
@@ -16,6 +17,8 @@ from turnpool.extras import require
 from turnpool.listen import UvicornThread, bind_socket
 from turnpool.serve.app import Peers, app_for
 from turnpool.serve.engine import PoolEngine, ServeSettings
+from turnpool.serve.journal import FileJournal
+from turnpool.serve.resume import Resumed, open_journal
 from turnpool.serve.service import Service
 
 log = logging.getLogger(__name__)
@@ -59,10 +62,12 @@ class FrontPeers(Peers, ws.Placement, Protocol):
     def serve_passed_with(self, adopt: Callable[[bytes, int], Any]) -> None: ...
 
 
-def uvicorn_server(service: Service, peers: FrontPeers | None = None) -> Any:
+def uvicorn_server(service: Service, peers: FrontPeers | None = None,
+                   before_shutdown: Callable[[], None] | None = None) -> Any:
     """uvicorn over the app of ``service``, with `turnpool.serve.ws` as its ``http`` and
     ``ws`` protocols: ``/ws`` upgrades are served there, every other request by uvicorn's
-    own HTTP protocol."""
+    own HTTP protocol. ``before_shutdown`` runs when the server starts to shut down, before
+    it ends any connection (the session journal's `seal`: sessions outlive a restart)."""
     uvicorn = require("uvicorn", feature="turnpool serve", extra="serve")
     from uvicorn.config import HTTP_PROTOCOLS
     from uvicorn.importer import import_from_string
@@ -74,38 +79,64 @@ def uvicorn_server(service: Service, peers: FrontPeers | None = None) -> Any:
                             lifespan="on", timeout_keep_alive=300, loop="asyncio", http=entry,
                             ws=ws_class, timeout_graceful_shutdown=3, ws_ping_interval=None)
     server = uvicorn.Server(config)
+    if before_shutdown is not None:
+        server.shutdown = _first(before_shutdown, server.shutdown)
     if peers is not None:
         peers.serve_passed_with(
             lambda data, hops: ws.adopt(ws_class, server.server_state, data, hops))
     return server
 
 
+def _first(hook: Callable[[], None], shutdown: Callable[..., Awaitable[None]]
+           ) -> Callable[..., Awaitable[None]]:
+    """uvicorn's ``Server.shutdown`` with ``hook()`` run first."""
+    async def shutdown_after_hook(*args: Any, **kwargs: Any) -> None:
+        hook()
+        await shutdown(*args, **kwargs)
+    return shutdown_after_hook
+
+
 def run_app(service: Service, sockets: list[socket.socket],
-            peers: FrontPeers | None = None) -> None:
+            peers: FrontPeers | None = None,
+            before_shutdown: Callable[[], None] | None = None) -> None:
     """Serve ``service`` on already bound ``sockets`` until uvicorn exits."""
-    uvicorn_server(service, peers).run(sockets=sockets)
+    uvicorn_server(service, peers, before_shutdown).run(sockets=sockets)
 
 
 class TurnpoolServer:
     """``turnpool serve`` on ``host:port`` in a background thread; ``stop()`` is idempotent
-    and ends every worker of the pool (the server owns its engine)."""
+    and ends every worker of the pool (the server owns its engine). With ``state_dir``, its
+    sessions are journaled there and those it holds are resumed first (``resumed``)."""
 
     def __init__(self, settings: ServeSettings, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, allow_remote: bool = False) -> None:
+                 token: str | None = None, allow_remote: bool = False,
+                 state_dir: Path | None = None, fsync: str = "batch") -> None:
         check_bind(host, token, allow_remote)
         self.engine = PoolEngine(settings)
+        self.journal: FileJournal | None = None
+        self.resumed: Resumed | None = None
         try:
+            service = Service(self.engine, token)
+            if state_dir is not None:
+                self.journal, self.resumed = open_journal(service.sessions, self.engine,
+                                                          state_dir, fsync)
             sock = bind_socket(host, port)
-            self._runner = UvicornThread(uvicorn_server(Service(self.engine, token)), sock,
+            seal = self.journal.seal if self.journal is not None else None
+            self._runner = UvicornThread(uvicorn_server(service, before_shutdown=seal), sock,
                                          "turnpool-serve")
         except BaseException:
-            self.engine.close()
+            self._close()
             raise
         self.host, self.port, self.url = self._runner.host, self._runner.port, self._runner.url
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._runner.stop(timeout):
-            self.engine.close()
+            self._close()
+
+    def _close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+        self.engine.close()
 
     def __enter__(self) -> TurnpoolServer:
         return self

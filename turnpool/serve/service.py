@@ -75,6 +75,7 @@ class Service:
         session.started, session.done = True, False
         session.seed = out.seed
         session.episode_id = episode_id if episode_id is not None else uuid.uuid4().hex
+        self.sessions.journal.reset(session.id, session.seed)
         return payload(session, out.obs, None, False, False, out.info)
 
     async def step(self, session: Session, data: Any) -> dict[str, Any]:
@@ -93,6 +94,7 @@ class Service:
             raise ProtocolError("VALIDATION_ERROR", "no episode: send reset first")
         if session.done:
             raise ProtocolError("VALIDATION_ERROR", "the episode is over: send reset")
+        session.actions = actions
         return actions
 
     def stepped(self, session: Session, res: TurnResult, began: float) -> dict[str, Any]:
@@ -107,6 +109,7 @@ class Service:
             raise failed(res.failure, res.error, session)
         session.step_count += res.n_executed
         session.done = res.terminated or res.truncated
+        self.sessions.journal.step(session.id, session.actions)
         return payload(session, res.obs, res.reward_sum, res.terminated, res.truncated,
                        res.info, res.n_executed)
 

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from turnpool.pool.slots import PoolFull, PoolTimeout
 from turnpool.serve.engine import ServeSettings
 from turnpool.serve.errors import ProtocolError
+from turnpool.serve.journal import Journal, NullJournal
 
 #: Session kinds held across requests with no connection to end them (capped, reaped).
 HELD_KINDS = ("http", "mcp")
@@ -82,6 +83,10 @@ class Session:
     #: the call in flight (None: none), and the monotonic time after which it times out
     inflight: asyncio.Future[Any] | None = None
     deadline: float = 0.0
+    #: the actions of the last step asked (the journal records them once answered)
+    actions: list[Any] = field(default_factory=list)
+    #: brought back by a restarted server (`SessionTable.resume`)
+    resumed: bool = False
 
     @property
     def busy(self) -> bool:
@@ -101,6 +106,9 @@ class SessionTable:
         self._sessions: dict[str, Session] = {}
         self.refused = 0
         self.reaped = 0
+        #: where each session's changes are recorded (`turnpool.serve.journal`; a
+        #: `FileJournal` with ``--state-dir``)
+        self.journal: Journal = NullJournal()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -135,6 +143,17 @@ class SessionTable:
                                 active_sessions=len(self._sessions), max_sessions=cap) from None
         session = Session(self.id_prefix + uuid.uuid4().hex, slot, kind, websocket=peer)
         self._sessions[session.id] = session
+        if kind != "once":
+            self.journal.opened(session.id, kind)
+        self._changed()
+        return session
+
+    def resume(self, session_id: str, kind: str) -> Session:
+        """The session ``session_id`` of ``kind`` again, on a free slot, held by no one
+        (a restarted server's, `turnpool.serve.resume`; not recorded: the journal has it);
+        `PoolFull` when no slot is free."""
+        session = Session(session_id, self.slots.lease(), kind, resumed=True)
+        self._sessions[session_id] = session
         self._changed()
         return session
 
@@ -152,8 +171,12 @@ class SessionTable:
         return session
 
     def detach(self, session: Session, peer: Peer) -> None:
+        """``peer`` lets go of ``session``: a WebSocket session (one resumed after a restart
+        too) ends with its connection; a session held over HTTP/MCP stays."""
         if session.websocket is peer:
             session.websocket = None
+            if session.kind == "ws":
+                self.close(session)
 
     def close(self, session: Session) -> None:
         """End ``session`` and release its slot (idempotent)."""
@@ -162,6 +185,7 @@ class SessionTable:
         session.closed = True
         self._sessions.pop(session.id, None)
         self.slots.release(session.slot)
+        self.journal.closed(session.id)
         self._changed()
 
     def close_all(self) -> None:
@@ -185,9 +209,10 @@ class SessionTable:
     # ------------------------------------------------------------------ the one timer
     def idle_limit(self, session: Session) -> float | None:
         """Seconds ``session`` may stay idle (None: forever): a session a WebSocket holds
-        lives with its connection unless ``session_timeout`` is set; one held over HTTP/MCP
+        lives with its connection unless ``session_timeout`` is set; one held over HTTP/MCP,
+        and a WebSocket session resumed after a restart while its client has not come back,
         has ``http_session_timeout``."""
-        if session.kind in HELD_KINDS and session.websocket is None:
+        if session.websocket is None and (session.kind in HELD_KINDS or session.resumed):
             return self.settings.http_session_timeout
         return self.settings.session_timeout
 
