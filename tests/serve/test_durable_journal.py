@@ -194,3 +194,17 @@ def test_a_stopped_server_resumes_its_http_sessions_where_they_were(tmp_path: Pa
         unknown = httpx.get(server.url + "/state", params={"session_id": closed},
                             timeout=30)
         assert unknown.status_code >= 400
+
+
+def test_the_cli_refuses_a_state_dir_it_cannot_resume(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from turnpool.cli import main
+
+    _journal(tmp_path).close()  # a journal of bandit sessions
+    out = CliRunner().invoke(main, ["serve", "--env", "sokoban", "--backend", "sequential",
+                                    "--port", "0", "--state-dir", str(tmp_path)])
+    assert out.exit_code == 2 and "holds sessions of" in out.output
+    out = CliRunner().invoke(main, ["serve", "--env", "bandit", "--frontends", "2",
+                                    "--port", "0", "--state-dir", str(tmp_path)])
+    assert out.exit_code == 2 and "--frontends" in out.output

@@ -136,8 +136,8 @@ def serve(env: str | None, config_path: Path | None, backend: str | None,
     def resumed(report: Any) -> None:
         lost = f"; {len(report.lost)} could not be resumed" if report.lost else ""
         click.echo(f"turnpool serve: resumed {report.sessions} sessions from {state_dir} "
-                   f"({report.episodes} with an episode, {report.turns} turns replayed){lost}",
-                   err=True)
+                   f"in {report.seconds:.2f} s ({report.episodes} with an episode, "
+                   f"{report.turns} turns replayed){lost}", err=True)
 
     try:
         run(settings, host, port, token, on_ready=ready, allow_remote=allow_remote,

@@ -201,12 +201,15 @@ class FileJournal:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
         self.path = Path(state_dir) / FILE_NAME
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.env = _loads(dumps_bytes(env))  # as the header reads back
         self.fsync = fsync
         self.episode_of = episode_of or (lambda sid: None)
-        #: the live sessions, kept so that the file can be compacted
-        self.sessions = read(self.path, self.env)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            #: the live sessions, kept so that the file can be compacted
+            self.sessions = read(self.path, self.env)
+        except OSError as exc:
+            raise JournalError(f"cannot use the state directory {state_dir}: {exc}") from exc
         #: bytes of the file that rebuild each live session, and their sum
         self._live_bytes: dict[str, int] = {}
         self._live_total = 0
@@ -216,7 +219,10 @@ class FileJournal:
         self._dirty = False
         self._sealed = False
         self._stop = threading.Event()
-        self.compact()
+        try:
+            self.compact()
+        except OSError as exc:
+            raise JournalError(f"cannot write the journal {self.path}: {exc}") from exc
         self._syncer: threading.Thread | None = None
         if fsync == "batch":
             self._syncer = threading.Thread(target=self._sync_forever, daemon=True,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ class Resumed:
     turns: int = 0
     #: session ids that could not be brought back, and why
     lost: dict[str, str] = field(default_factory=dict)
+    #: seconds the resume took (reading the journal, resets and replay)
+    seconds: float = 0.0
 
 
 def env_identity(engine: PoolEngine) -> dict[str, Any]:
@@ -56,9 +59,11 @@ def open_journal(table: SessionTable, engine: PoolEngine, state_dir: Path,
         session = table.get(session_id)
         return session.episode_id if session is not None else None
 
+    began = time.perf_counter()
     journal = FileJournal(state_dir, env_identity(engine), fsync, episode_of)
     try:
         report = resume(table, engine, journal.sessions)
+        report.seconds = time.perf_counter() - began
         for sid in report.lost:
             journal.closed(sid)
     except BaseException:
