@@ -208,3 +208,76 @@ def test_the_cli_refuses_a_state_dir_it_cannot_resume(tmp_path: Path) -> None:
     out = CliRunner().invoke(main, ["serve", "--env", "bandit", "--frontends", "2",
                                     "--port", "0", "--state-dir", str(tmp_path)])
     assert out.exit_code == 2 and "--frontends" in out.output
+
+
+class Slots:
+    """A slot engine's lease book (what the session table needs of one)."""
+
+    capacity = 2
+
+    def __init__(self) -> None:
+        self.free = [0, 1]
+
+    def lease(self) -> int:
+        return self.free.pop()
+
+    def release(self, slot: int) -> None:
+        self.free.append(slot)
+
+    def abandon(self, slot: int) -> None:
+        pass
+
+
+class Peer:
+    def send(self, text: str) -> None:
+        pass
+
+    def end(self, code: int = 1000) -> None:
+        pass
+
+
+def test_a_resumed_websocket_session_waits_for_its_client_then_ends_with_it(
+        tmp_path: Path) -> None:
+    from turnpool.serve.sessions import SessionTable
+
+    table = SessionTable(Slots(), ServeSettings(http_session_timeout=5.0))
+    table.journal = _journal(tmp_path)
+    waiting = table.resume("w", "ws")
+    back = table.resume("b", "ws")
+    assert table.sweep(now=waiting.last_active + 4.0) == []
+    peer = Peer()
+    table.attach("b", peer)
+    assert table.sweep(now=waiting.last_active + 6.0) == [waiting]  # its client never came
+    assert table.get("b") is back  # a held WebSocket session has no idle limit
+    table.detach(back, peer)  # its connection ended: so did the session
+    assert table.get("b") is None and len(table) == 0
+    assert table.journal.sessions == {}  # type: ignore[attr-defined]
+
+
+def test_a_websocket_session_outlives_a_graceful_restart(tmp_path: Path) -> None:
+    from websockets.sync.client import connect
+
+    settings = ServeSettings(env="sokoban", max_sessions=2, backend="sequential")
+    server = TurnpoolServer(settings, state_dir=tmp_path)
+    try:
+        with connect(server.url.replace("http://", "ws://") + "/ws", open_timeout=30) as ws:
+            ws.send(json.dumps({"type": "reset", "data": {"seed": 21}}))
+            ws.recv(timeout=30)
+            ws.send(json.dumps({"type": "step", "data": {"action": "Left"}}))
+            ws.recv(timeout=30)
+            ws.send(json.dumps({"type": "state"}))
+            before = json.loads(ws.recv(timeout=30))["data"]
+            server.stop()  # its shutdown ends the connection; the journal keeps the session
+    finally:
+        server.stop()
+    with TurnpoolServer(settings, state_dir=tmp_path) as server:
+        url = server.url.replace("http://", "ws://") + f"/ws?session_id={before['session_id']}"
+        with connect(url, open_timeout=30) as ws:
+            ws.send(json.dumps({"type": "state"}))
+            assert json.loads(ws.recv(timeout=30))["data"] == before
+            ws.send(json.dumps({"type": "step", "data": {"action": "Up"}}))
+            got = json.loads(ws.recv(timeout=30))["data"]
+    env = turnpool.make("sokoban")
+    env.reset(seed=21)
+    env.step("Left")
+    assert got["observation"]["text"] == env.step("Up")[0]
