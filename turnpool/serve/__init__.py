@@ -8,8 +8,9 @@ isolation, enforced step timeouts, crash recovery and exact seeds. One module pe
 ``service`` (what each OpenEnv message does), ``codec`` (WebSocket frames), ``ws`` (the one
 ``/ws`` path, straight from the socket), ``app`` (the HTTP routes), ``status`` / ``metrics`` /
 ``page`` (what the server says about itself), ``mcp``, ``running`` (uvicorn, the background
-`TurnpoolServer`), ``main`` (the foreground ``serve``) and ``fronts`` (several front
-processes on one port). Nothing here imports WebShop code.
+`TurnpoolServer`), ``main`` (the foreground ``serve``), ``fronts`` (several front
+processes on one port) and ``journal`` / ``resume`` (``--state-dir``: sessions that survive
+a restart). Nothing here imports WebShop code.
 
 Example:
     >>> from turnpool.serve import ServeSettings, TurnpoolServer
