@@ -281,3 +281,27 @@ def test_a_websocket_session_outlives_a_graceful_restart(tmp_path: Path) -> None
     env.reset(seed=21)
     env.step("Left")
     assert got["observation"]["text"] == env.step("Up")[0]
+
+
+def test_a_journal_that_cannot_be_written_fails_the_call_not_the_server(
+        tmp_path: Path) -> None:
+    import os
+
+    from turnpool.serve.errors import ProtocolError
+    from turnpool.serve.sessions import SessionTable
+
+    slots = Slots()
+    table = SessionTable(slots, ServeSettings())
+    table.journal = j = _journal(tmp_path)
+    kept = table.open("http")
+    os.close(j._fd)
+    j._fd = os.open("/dev/full", os.O_WRONLY)  # every write: ENOSPC, as on a full disk
+    with pytest.raises(ProtocolError) as full:
+        j.step(kept.id, ["x"])
+    assert full.value.status == 507 and "cannot be written" in full.value.message
+    with pytest.raises(ProtocolError):
+        table.open("ws")
+    assert slots.free == [0] and len(table) == 1  # the refused open holds no slot
+    table.close(kept)  # a close that cannot be recorded is still a close
+    assert len(table) == 0 and sorted(slots.free) == [0, 1]
+    j.close()

@@ -194,7 +194,7 @@ class FileJournal:
     """The journal in ``state_dir`` (`Journal`): opening it reads what it holds
     (`sessions`), compacts it and appends from then on; ``episode_of(session_id)`` names a
     session's episode id for its reset records. Calls come from one thread (the event
-    loop); `close` and `seal` are idempotent."""
+    loop); `close` is idempotent."""
 
     def __init__(self, state_dir: Path, env: dict[str, Any], fsync: str = "batch",
                  episode_of: Callable[[str], str | None] | None = None) -> None:
@@ -217,7 +217,10 @@ class FileJournal:
         self._fd = -1
         self._lock = threading.Lock()  # the fd, between the writer and the fsync thread
         self._dirty = False
-        self._sealed = False
+        self._keep_open = False
+        self._closed = False
+        #: size past which the next compaction is tried
+        self._compact_at = COMPACT_MIN_BYTES
         self._stop = threading.Event()
         try:
             self.compact()
@@ -261,10 +264,13 @@ class FileJournal:
         self._write(session_id, records_of(session_id, entry)[-1])
 
     def closed(self, session_id: str) -> None:
-        if self.sessions.pop(session_id, None) is None:
+        if self._keep_open or self.sessions.pop(session_id, None) is None:
             return
         self._forget(session_id)
-        self._write(None, ["c", session_id])
+        try:
+            self._write(None, ["c", session_id])
+        except ProtocolError:  # logged; the session is resumed, then closed when idle
+            pass
 
     def _forget(self, session_id: str) -> None:
         """The records written so far for ``session_id`` rebuild nothing any more."""
@@ -272,7 +278,7 @@ class FileJournal:
 
     # ------------------------------------------------------------------ the file
     def _write(self, session_id: str | None, rec: list[Any]) -> None:
-        if self._sealed:
+        if self._closed:
             return
         line = dumps_bytes(rec) + b"\n"
         try:
@@ -289,20 +295,23 @@ class FileJournal:
         if session_id is not None:
             self._live_bytes[session_id] = self._live_bytes.get(session_id, 0) + len(line)
             self._live_total += len(line)
-        if self._size > COMPACT_MIN_BYTES and self._size > 4 * self._live_total:
-            self.compact()
+        if self._size > self._compact_at and self._size > 4 * self._live_total:
+            try:
+                self.compact()
+            except OSError as exc:  # the log only grows meanwhile; tried again at twice this
+                log.error("the session journal %s cannot be compacted: %s", self.path, exc)
+                self._compact_at = 2 * self._size
 
     def compact(self) -> None:
         """Rewrite the file with only the live sessions (atomic: a crash leaves the old or
         the new file whole) and append to the new one."""
         tmp = self.path.with_suffix(".tmp")
         lines = [dumps_bytes([MAGIC, VERSION, self.env]) + b"\n"]
-        self._live_bytes = {}
+        live: dict[str, int] = {}
         for sid, entry in self.sessions.items():
             recs = [dumps_bytes(r) + b"\n" for r in records_of(sid, entry)]
-            self._live_bytes[sid] = sum(map(len, recs))
+            live[sid] = sum(map(len, recs))
             lines += recs
-        self._live_total = sum(self._live_bytes.values())
         data = b"".join(lines)
         with open(tmp, "wb") as f:
             f.write(data)
@@ -316,6 +325,8 @@ class FileJournal:
                 os.close(old)
             self._size = len(data)
             self._dirty = False
+        self._live_bytes, self._live_total = live, sum(live.values())
+        self._compact_at = COMPACT_MIN_BYTES
 
     def _sync_forever(self) -> None:
         while not self._stop.wait(BATCH_INTERVAL):
@@ -329,14 +340,15 @@ class FileJournal:
                 with contextlib.suppress(OSError):
                     os.fdatasync(self._fd)
 
-    def seal(self) -> None:
-        """Record nothing more (a server shutting down: the sessions its shutdown closes
+    def keep_sessions(self) -> None:
+        """Record no more closes (a server shutting down: the sessions its shutdown ends
         stay in the journal, to be resumed by the next start), and sync."""
-        self._sealed = True
+        self._keep_open = True
         self.sync()
 
     def close(self) -> None:
-        self.seal()
+        self.keep_sessions()
+        self._closed = True
         self._stop.set()
         if self._syncer is not None:
             self._syncer.join(5.0)

@@ -69,7 +69,7 @@ def _serve_one(settings: ServeSettings, host: str, port: int, token: str | None,
             if on_ready is not None:
                 bound_host, bound_port = sock.getsockname()[:2]
                 on_ready(f"http://{bound_host}:{bound_port}")
-            run_app(service, [sock], before_shutdown=journal.seal if journal else None)
+            run_app(service, [sock], before_shutdown=journal.keep_sessions if journal else None)
         finally:
             sock.close()
     finally:

@@ -67,7 +67,7 @@ def uvicorn_server(service: Service, peers: FrontPeers | None = None,
     """uvicorn over the app of ``service``, with `turnpool.serve.ws` as its ``http`` and
     ``ws`` protocols: ``/ws`` upgrades are served there, every other request by uvicorn's
     own HTTP protocol. ``before_shutdown`` runs when the server starts to shut down, before
-    it ends any connection (the session journal's `seal`: sessions outlive a restart)."""
+    it ends any connection (the session journal's `keep_sessions`: sessions outlive a restart)."""
     uvicorn = require("uvicorn", feature="turnpool serve", extra="serve")
     from uvicorn.config import HTTP_PROTOCOLS
     from uvicorn.importer import import_from_string
@@ -121,8 +121,8 @@ class TurnpoolServer:
                 self.journal, self.resumed = open_journal(service.sessions, self.engine,
                                                           state_dir, fsync)
             sock = bind_socket(host, port)
-            seal = self.journal.seal if self.journal is not None else None
-            self._runner = UvicornThread(uvicorn_server(service, before_shutdown=seal), sock,
+            keep = self.journal.keep_sessions if self.journal is not None else None
+            self._runner = UvicornThread(uvicorn_server(service, before_shutdown=keep), sock,
                                          "turnpool-serve")
         except BaseException:
             self._close()

@@ -142,9 +142,13 @@ class SessionTable:
                                 "retry after one closes", status=503,
                                 active_sessions=len(self._sessions), max_sessions=cap) from None
         session = Session(self.id_prefix + uuid.uuid4().hex, slot, kind, websocket=peer)
-        self._sessions[session.id] = session
         if kind != "once":
-            self.journal.opened(session.id, kind)
+            try:
+                self.journal.opened(session.id, kind)
+            except ProtocolError:  # it cannot be recorded: not opened
+                self.slots.release(slot)
+                raise
+        self._sessions[session.id] = session
         self._changed()
         return session
 
