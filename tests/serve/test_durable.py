@@ -1,7 +1,8 @@
 """Durable sessions end to end: a real ``turnpool serve --state-dir`` process holding 1,024
 WebSocket sessions mid-episode is killed with SIGKILL and started again on the same
 directory; every client reconnects with its session id and its session continues exactly as
-an uninterrupted env with the same seed and actions does (0 lost)."""
+an uninterrupted env with the same seed and actions does (0 lost). With several fronts, a
+front killed with SIGKILL is restarted by its supervisor with the sessions it held."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +223,52 @@ async def _scenario(tmp_path: Path) -> None:
 
 def test_a_killed_server_resumes_every_session_exactly(tmp_path: Path) -> None:
     asyncio.run(_scenario(tmp_path))
+
+
+def test_a_killed_front_comes_back_with_its_sessions(tmp_path: Path) -> None:
+    from websockets.sync.client import connect
+
+    from turnpool.serve import ServeSettings
+    from turnpool.serve.fronts import FrontGroup
+
+    def ask(ws: Any, message: dict[str, Any]) -> dict[str, Any]:
+        ws.send(json.dumps(message))
+        reply: dict[str, Any] = json.loads(ws.recv(timeout=60))
+        return reply
+
+    settings = ServeSettings(env="sokoban", max_sessions=32, backend="sequential",
+                             frontends=2, num_workers=2)
+    with FrontGroup(settings, state_dir=str(tmp_path)) as group, ExitStack() as clients:
+        ws_url = group.url.replace("http://", "ws://") + "/ws"
+        held = {}
+        for i in range(16):
+            ws = clients.enter_context(connect(ws_url, open_timeout=60))
+            seed, moves, k = _plan(i)
+            ask(ws, {"type": "reset", "data": {"seed": seed}})
+            for move in moves[:k]:
+                ask(ws, {"type": "step", "data": {"action": move}})
+            held[i] = (ws, ask(ws, {"type": "state"})["data"])
+        on_front1 = [i for i, (_, st) in held.items() if st["session_id"].startswith("f1-")]
+        assert 0 < len(on_front1) < 16  # sessions on both fronts
+        first = group.pids
+        os.kill(first[1], signal.SIGKILL)
+        end = time.monotonic() + 120
+        while not (group.pids[1] != first[1] and group.alive()):  # restarted (bounded)
+            assert time.monotonic() < end, "front 1 was not restarted"
+            time.sleep(0.05)
+        assert group.restarts == 1
+        for i, (ws, before) in held.items():
+            _, moves, k = _plan(i)
+            if i in on_front1:  # its connection died with the front: come back by id
+                ws.close()
+                ws = clients.enter_context(connect(f"{ws_url}?session_id={before['session_id']}",
+                                                   open_timeout=60))
+            assert ask(ws, {"type": "state"})["data"] == before
+            got = []
+            for move in moves[k:k + 3]:
+                reply = ask(ws, {"type": "step", "data": {"action": move}})
+                got.append(reply["data"]["message"] if reply["type"] == "error"
+                           else _answer(reply))
+            assert got == _expected(_reference(i), k, 3), i
+            ws.close()
+

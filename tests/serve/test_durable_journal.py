@@ -205,9 +205,6 @@ def test_the_cli_refuses_a_state_dir_it_cannot_resume(tmp_path: Path) -> None:
     out = CliRunner().invoke(main, ["serve", "--env", "sokoban", "--backend", "sequential",
                                     "--port", "0", "--state-dir", str(tmp_path)])
     assert out.exit_code == 2 and "holds sessions of" in out.output
-    out = CliRunner().invoke(main, ["serve", "--env", "bandit", "--frontends", "2",
-                                    "--port", "0", "--state-dir", str(tmp_path)])
-    assert out.exit_code == 2 and "--frontends" in out.output
 
 
 class Slots:

@@ -26,9 +26,6 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
     (`turnpool.serve.journal`, ``fsync`` its policy) and the sessions it holds are resumed
     before the server listens (``on_resumed`` hears how that went)."""
     check_bind(host, token, allow_remote)
-    if state_dir is not None and settings.frontends > 1:
-        raise ValueError("--state-dir journals the sessions of one front; it cannot be "
-                         "used with --frontends > 1 yet")
     durable = Durable(state_dir, fsync, on_resumed) if state_dir is not None else None
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -37,7 +34,7 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
         previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
     try:
         if settings.frontends > 1:
-            _serve_fronts(settings, host, port, token, on_ready, allow_remote)
+            _serve_fronts(settings, host, port, token, on_ready, allow_remote, durable)
         else:
             _serve_one(settings, host, port, token, on_ready, durable)
     finally:
@@ -79,11 +76,16 @@ def _serve_one(settings: ServeSettings, host: str, port: int, token: str | None,
 
 
 def _serve_fronts(settings: ServeSettings, host: str, port: int, token: str | None,
-                  on_ready: Callable[[str], None] | None, allow_remote: bool) -> None:
-    """The supervisor of ``settings.frontends`` front processes, in the foreground."""
+                  on_ready: Callable[[str], None] | None, allow_remote: bool,
+                  durable: Durable | None) -> None:
+    """The supervisor of ``settings.frontends`` front processes, in the foreground (each
+    front journals and resumes its own sessions, in ``front<k>/`` of the state dir)."""
     from turnpool.serve.fronts.supervisor import FrontGroup
 
-    with FrontGroup(settings, host, port, token, allow_remote) as group:
+    state_dir = str(durable.state_dir.absolute()) if durable is not None else None
+    fsync = durable.fsync if durable is not None else "batch"
+    with FrontGroup(settings, host, port, token, allow_remote, state_dir=state_dir,
+                    fsync=fsync) as group:
         if on_ready is not None:
             on_ready(group.url)
         group.wait()

@@ -45,14 +45,20 @@ class Resumed:
     seconds: float = 0.0
 
 
-def env_identity(engine: PoolEngine) -> dict[str, Any]:
-    """What a journal's sessions were played on: a journal is resumed only on the same."""
+def env_identity(engine: PoolEngine, front: tuple[int, int] | None = None
+                 ) -> dict[str, Any]:
+    """What a journal's sessions were played on: a journal is resumed only on the same
+    (``front``: front k of n, whose session ids only front k of n serves)."""
     settings = engine.settings
-    return {"env": str(settings.env), "env_kwargs": dict(settings.env_kwargs)}
+    out: dict[str, Any] = {"env": str(settings.env), "env_kwargs": dict(settings.env_kwargs)}
+    if front is not None:
+        out["front"] = f"{front[0]} of {front[1]}"
+    return out
 
 
 def open_journal(table: SessionTable, engine: PoolEngine, state_dir: Path,
-                 fsync: str = "batch") -> tuple[FileJournal, Resumed]:
+                 fsync: str = "batch", front: tuple[int, int] | None = None
+                 ) -> tuple[FileJournal, Resumed]:
     """Open the journal in ``state_dir``, resume the sessions it holds into ``table`` and
     record from now on; the journal (the caller closes it) and what was resumed."""
     def episode_of(session_id: str) -> str | None:
@@ -60,7 +66,7 @@ def open_journal(table: SessionTable, engine: PoolEngine, state_dir: Path,
         return session.episode_id if session is not None else None
 
     began = time.perf_counter()
-    journal = FileJournal(state_dir, env_identity(engine), fsync, episode_of)
+    journal = FileJournal(state_dir, env_identity(engine, front), fsync, episode_of)
     try:
         report = resume(table, engine, journal.sessions)
         report.seconds = time.perf_counter() - began

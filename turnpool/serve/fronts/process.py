@@ -10,11 +10,14 @@ import os
 import signal
 import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 from turnpool.serve.engine import PoolEngine
 from turnpool.serve.fronts.link import FrontLink
 from turnpool.serve.fronts.spec import FrontSpec, reuse_port_socket
+from turnpool.serve.journal import FileJournal
+from turnpool.serve.resume import open_journal
 from turnpool.serve.running import exit_on_sigterm, run_app
 from turnpool.serve.service import Service
 
@@ -34,6 +37,7 @@ def run_front(spec: FrontSpec, ready: Any) -> None:
         ready.send(f"{type(exc).__name__}: {exc}")
         raise
     socks: list[socket.socket] = []
+    journal: FileJournal | None = None
     try:
         socks.append(reuse_port_socket(spec.host, spec.port, listen=True))
         private = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -45,7 +49,11 @@ def run_front(spec: FrontSpec, ready: Any) -> None:
         link = FrontLink(spec, engine, on_ready=lambda: ready.send("ready"))
         service = Service(engine, spec.token, id_prefix=link.prefix,
                           on_sessions=link.publish_count)
-        run_app(service, socks, link)
+        if spec.journal_dir is not None:  # its sessions, as it left them (a restart too)
+            journal, _ = open_journal(service.sessions, engine, Path(spec.journal_dir),
+                                      spec.fsync, front=(spec.index, spec.count))
+        run_app(service, socks, link,
+                before_shutdown=journal.keep_sessions if journal is not None else None)
     except Exception as exc:
         with contextlib.suppress(OSError):
             ready.send(f"{type(exc).__name__}: {exc}")
@@ -53,6 +61,8 @@ def run_front(spec: FrontSpec, ready: Any) -> None:
     finally:
         for s in socks:
             s.close()
+        if journal is not None:
+            journal.close()
         engine.close()
 
 

@@ -23,6 +23,9 @@ class FrontSpec:
     port: int
     token: str | None
     directory: str
+    #: ``--state-dir``: each front journals its sessions in ``front<k>/`` of it
+    state_dir: str | None = None
+    fsync: str = "batch"
 
     def http_path(self, k: int) -> str:
         """Front ``k``'s private HTTP socket (requests proxied to it)."""
@@ -31,6 +34,13 @@ class FrontSpec:
     def fd_path(self, k: int) -> str:
         """Front ``k``'s datagram socket (connections passed to it)."""
         return os.path.join(self.directory, f"front{k}.fd")
+
+    @property
+    def journal_dir(self) -> str | None:
+        """Where this front journals its sessions (None: nowhere)."""
+        if self.state_dir is None:
+            return None
+        return os.path.join(self.state_dir, f"front{self.index}")
 
     @property
     def loads_path(self) -> str:

@@ -39,7 +39,8 @@ class FrontGroup:
 
     def __init__(self, settings: ServeSettings, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, allow_remote: bool = False,
-                 ready_timeout: float = 180.0) -> None:
+                 ready_timeout: float = 180.0, state_dir: str | None = None,
+                 fsync: str = "batch") -> None:
         check_bind(host, token, allow_remote)
         if settings.frontends < 2:
             raise ValueError("a FrontGroup runs 2 or more fronts (frontends=1: TurnpoolServer)")
@@ -61,7 +62,8 @@ class FrontGroup:
             self.url = f"http://{self.host}:{self.port}"
             LoadBoard.create(self.directory, self.count)
             self.specs = [FrontSpec(k, self.count, front_settings(settings, k, self.count),
-                                    self.host, self.port, token, self.directory)
+                                    self.host, self.port, token, self.directory, state_dir,
+                                    fsync)
                           for k in range(self.count)]
             self._ctx = multiprocessing.get_context("spawn")
             for k in range(self.count):
