@@ -302,3 +302,23 @@ def test_a_journal_that_cannot_be_written_fails_the_call_not_the_server(
     table.close(kept)  # a close that cannot be recorded is still a close
     assert len(table) == 0 and sorted(slots.free) == [0, 1]
     j.close()
+
+
+def test_a_branched_session_resumes_as_its_snapshot(tmp_path: Path) -> None:
+    settings = ServeSettings(env="sokoban", max_sessions=2, max_http_sessions=2,
+                             backend="sequential")
+    j = FileJournal(tmp_path, {"env": "sokoban", "env_kwargs": {}}, fsync="never")
+    j.opened("copy", "http")  # a served fork's new session: seed 12 after two turns
+    j.branched("copy", 12, (("Up",), ("Left",)))
+    j.close()
+    with TurnpoolServer(settings, state_dir=tmp_path) as server:
+        got = httpx.post(server.url + "/step", json={"session_id": "copy",
+                                                     "action": {"action": "Down"}},
+                         timeout=30).json()
+    env = turnpool.make("sokoban")
+    env.reset(seed=12)
+    env.step("Up")
+    env.step("Left")
+    obs, reward, *_ = env.step("Down")
+    assert (got["observation"]["text"], got["reward"]) == (obs, reward)
+    assert got["metadata"]["step_count"] == 3
