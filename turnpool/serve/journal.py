@@ -240,7 +240,7 @@ class FileJournal:
 
     def reset(self, session_id: str, seed: int | None) -> None:
         entry = self.sessions.get(session_id)
-        if entry is None or seed is None:  # a one-call session: nothing to keep
+        if entry is None or seed is None:  # a one-call session, or no episode: nothing kept
             return
         entry.seed, entry.turns = seed, []
         entry.episode_id = self.episode_of(session_id)
