@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from turnpool.pool.api import EnvPool
+from turnpool.pool.branch import Snapshot
 
 #: A future the driver resolves: `concurrent.futures.Future` (blocking face) or
 #: `asyncio.Future` (asyncio face).
@@ -70,7 +71,72 @@ class ReleaseRequest:
     slot: int
 
 
-SlotRequest = StepRequest | ResetRequest | ReleaseRequest
+class Branched(NamedTuple):
+    """A slot put into a snapshot's state (a restore, or a fork's destination): its current
+    observation and info, and the snapshot it now plays (its ``seed`` and ``turns``)."""
+
+    obs: str
+    info: dict[str, Any]
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSlotRequest:
+    """Snapshot ``slot``'s env mid-episode; ``waiter`` gets its `Snapshot`."""
+
+    slot: int
+    waiter: Waiter
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        return (self.slot,)
+
+    def run(self, pool: SlotPool) -> Snapshot:
+        return pool.snapshot([self.slot])[0]
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreSlotRequest:
+    """Put ``slot``'s env into ``snapshot``'s state; ``waiter`` gets a `Branched`."""
+
+    slot: int
+    snapshot: Snapshot
+    waiter: Waiter
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        return (self.slot,)
+
+    def run(self, pool: SlotPool) -> Branched:
+        obs, infos = pool.restore([self.slot], [self.snapshot])
+        return Branched(obs[0], infos[0], self.snapshot)
+
+
+@dataclass(frozen=True, slots=True)
+class ForkSlotRequest:
+    """Copy ``slot``'s env mid-episode into slot ``dst`` (which continues exactly as
+    ``slot`` would); ``waiter`` gets ``dst``'s `Branched`."""
+
+    slot: int
+    dst: int
+    waiter: Waiter
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        return (self.slot, self.dst)
+
+    def run(self, pool: SlotPool) -> Branched:
+        if self.dst == self.slot:
+            raise ValueError(f"env slot {self.slot} cannot be forked into itself")
+        snap = pool.snapshot([self.slot])[0]
+        obs, infos = pool.restore([self.dst], [snap])
+        return Branched(obs[0], infos[0], snap)
+
+
+#: A branching call: run by the driver between its rounds' sends and its poll (it blocks
+#: the driver for that call; other slots' turns in flight go on meanwhile).
+BranchRequest = SnapshotSlotRequest | RestoreSlotRequest | ForkSlotRequest
+SlotRequest = StepRequest | ResetRequest | ReleaseRequest | BranchRequest
 
 
 class SlotPool(Protocol):
@@ -97,6 +163,11 @@ class SlotPool(Protocol):
     def poll(self, timeout: float, min_ready: int) -> list[tuple[int, Any]]: ...
 
     def forget(self, env_ids: list[int]) -> None: ...
+
+    def snapshot(self, env_ids: list[int]) -> list[Snapshot]: ...
+
+    def restore(self, env_ids: list[int], snapshots: list[Snapshot]
+                ) -> tuple[list[str], list[dict[str, Any]]]: ...
 
     def close(self) -> None: ...
 
@@ -135,6 +206,13 @@ class EnvPoolSlots:
     def forget(self, env_ids: list[int]) -> None:
         self.pool.forget(env_ids)
 
+    def snapshot(self, env_ids: list[int]) -> list[Snapshot]:
+        return self.pool.snapshot(env_ids)
+
+    def restore(self, env_ids: list[int], snapshots: list[Snapshot]
+                ) -> tuple[list[str], list[dict[str, Any]]]:
+        return self.pool.restore(env_ids, snapshots)
+
     def close(self) -> None:
         self.pool.close()
 
@@ -171,6 +249,7 @@ def resolve(out: Deliveries) -> None:
             pass  # cancelled by its caller in another thread just now
 
 
-__all__ = ["Deliveries", "EnvPoolSlots", "PoolFull", "PoolTimeout", "ReleaseRequest",
-           "ResetRequest", "SlotPool", "SlotRequest", "SlotReset", "StepRequest", "Waiter",
-           "deliver", "resolve"]
+__all__ = ["BranchRequest", "Branched", "Deliveries", "EnvPoolSlots", "ForkSlotRequest",
+           "PoolFull", "PoolTimeout", "ReleaseRequest", "ResetRequest", "RestoreSlotRequest",
+           "SlotPool", "SlotRequest", "SlotReset", "SnapshotSlotRequest", "StepRequest",
+           "Waiter", "deliver", "resolve"]

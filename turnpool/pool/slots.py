@@ -55,16 +55,22 @@ from typing import Any
 import turnpool.pool.cost as cost_model
 from turnpool.envs.registry import EnvTarget
 from turnpool.pool.api import EnvPool
+from turnpool.pool.branch import Snapshot
 from turnpool.pool.slot_requests import (
+    Branched,
+    BranchRequest,
     Deliveries,
     EnvPoolSlots,
+    ForkSlotRequest,
     PoolFull,
     PoolTimeout,
     ReleaseRequest,
     ResetRequest,
+    RestoreSlotRequest,
     SlotPool,
     SlotRequest,
     SlotReset,
+    SnapshotSlotRequest,
     StepRequest,
     Waiter,
     deliver,
@@ -72,6 +78,7 @@ from turnpool.pool.slot_requests import (
 from turnpool.worker.protocol import Failure, ResetResult, TurnResult
 
 log = logging.getLogger(__name__)
+_BRANCHES = (SnapshotSlotRequest, RestoreSlotRequest, ForkSlotRequest)
 
 #: Seconds the driver waits for a worker reply before it looks at its inbox again.
 POLL_INTERVAL = 0.001
@@ -225,14 +232,15 @@ class SlotEngine:
         if slot not in self._leased:
             raise ValueError(f"env slot {slot} is not leased")
 
-    def submit(self, *requests: StepRequest | ResetRequest) -> None:
+    def submit(self, *requests: StepRequest | ResetRequest | BranchRequest) -> None:
         """Hand the driver ``requests`` (checked first, all or none): one inbox item, so
         the driver sends their steps in one pool call."""
         for request in requests:
-            self.check(request.slot)
+            for slot in request.slots if isinstance(request, _BRANCHES) else (request.slot,):
+                self.check(slot)
         self.post(list(requests))
 
-    def post(self, requests: list[StepRequest | ResetRequest]) -> None:
+    def post(self, requests: list[StepRequest | ResetRequest | BranchRequest]) -> None:
         """`submit` of requests already checked (a batch built over one event-loop pass, whose
         futures must hear back even when a slot was released meanwhile)."""
         self._inbox.put(list(requests) if len(requests) != 1 else requests[0])
@@ -264,6 +272,25 @@ class SlotEngine:
         """`submit_step` from a running event loop, as an `asyncio.Future` with no timeout."""
         fut: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
         self.submit(StepRequest(slot, list(actions), fut))
+        return fut
+
+    def snapshot_future(self, slot: int) -> asyncio.Future[Snapshot]:
+        """``slot``'s env mid-episode as a `Snapshot` (`EnvPool.snapshot`)."""
+        fut: asyncio.Future[Snapshot] = asyncio.get_running_loop().create_future()
+        self.submit(SnapshotSlotRequest(slot, fut))
+        return fut
+
+    def restore_future(self, slot: int, snapshot: Snapshot) -> asyncio.Future[Branched]:
+        """Put ``slot``'s env into ``snapshot``'s state (`EnvPool.restore`)."""
+        fut: asyncio.Future[Branched] = asyncio.get_running_loop().create_future()
+        self.submit(RestoreSlotRequest(slot, snapshot, fut))
+        return fut
+
+    def fork_future(self, slot: int, dst: int) -> asyncio.Future[Branched]:
+        """Copy ``slot``'s env mid-episode into slot ``dst`` (`EnvPool.fork`); the result is
+        ``dst``'s."""
+        fut: asyncio.Future[Branched] = asyncio.get_running_loop().create_future()
+        self.submit(ForkSlotRequest(slot, dst, fut))
         return fut
 
     async def reset(self, slot: int, seed: int | None = None,
@@ -354,10 +381,12 @@ class SlotEngine:
                 return items, False
 
     def _round(self, items: list[SlotRequest], in_flight: dict[int, Waiter]) -> None:
-        """Send the new steps as one pool call, run the resets, collect finished turns."""
+        """Send the new steps as one pool call, start the resets, run the branching calls,
+        collect finished turns."""
         out: Deliveries = []
         steps: list[StepRequest] = []
         resets: list[ResetRequest] = []
+        branches: list[BranchRequest] = []
         busy = set(in_flight)
         released = [r.slot for r in items if isinstance(r, ReleaseRequest)]
         if released:  # before this round's resets, which may start those slots again
@@ -365,19 +394,28 @@ class SlotEngine:
         for r in items:
             if isinstance(r, ReleaseRequest):
                 continue
-            if r.slot in busy:  # one call at a time per slot; the others are refused alone
+            slots = r.slots if isinstance(r, _BRANCHES) else (r.slot,)
+            taken = [s for s in slots if s in busy]
+            if taken:  # one call at a time per slot; the others are refused alone
                 out.append((r.waiter, None, RuntimeError(
-                    f"env slot {r.slot} is still running a call; wait for it first")))
+                    f"env slot {taken[0]} is still running a call; wait for it first")))
                 continue
-            busy.add(r.slot)
+            busy.update(slots)
             if isinstance(r, StepRequest):
                 steps.append(r)
-            else:
+            elif isinstance(r, ResetRequest):
                 resets.append(r)
+            else:
+                branches.append(r)
         if steps:
             out.extend(self._steps(steps, in_flight))
         if resets:
             out.extend(self._resets(resets, in_flight))
+        for b in branches:  # blocking, while the steps and resets just sent run
+            try:
+                out.append((b.waiter, b.run(self._slots), None))
+            except Exception as exc:  # bad input or a closed pool: its caller hears it
+                out.append((b.waiter, None, exc))
         if in_flight:
             out.extend(self._collect(in_flight))
         if out:
@@ -457,5 +495,5 @@ class SlotEngine:
         self.recent_failures.append({"time": time.time(), "failure": failure, "error": error})
 
 
-__all__ = ["PoolFull", "PoolTimeout", "ReleaseRequest", "ResetRequest", "SlotEngine",
-           "SlotPool", "SlotRequest", "SlotReset", "StepRequest"]
+__all__ = ["BranchRequest", "Branched", "PoolFull", "PoolTimeout", "ReleaseRequest",
+           "ResetRequest", "SlotEngine", "SlotPool", "SlotRequest", "SlotReset", "StepRequest"]
