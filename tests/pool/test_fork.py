@@ -162,7 +162,8 @@ def test_bench_fork_reports_every_env_and_place(tmp_path: Any) -> None:
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())["rows"]
     assert [(r["env"], r["place"]) for r in rows] == [("countdown", "in-process"),
-                                                      ("countdown", "process")]
+                                                      ("countdown", "process"),
+                                                      ("countdown", "served")]
     assert all(r["p50_us"] <= r["p99_us"] and r["snapshot_bytes"] > 0 for r in rows)
 
 

@@ -5,6 +5,7 @@ resumed from it (in this process) continues each session where it was answered."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -322,3 +323,31 @@ def test_a_branched_session_resumes_as_its_snapshot(tmp_path: Path) -> None:
     obs, reward, *_ = env.step("Down")
     assert (got["observation"]["text"], got["reward"]) == (obs, reward)
     assert got["metadata"]["step_count"] == 3
+
+
+def test_a_snapshot_taken_before_a_restart_restores_after_it(tmp_path: Path) -> None:
+    """The signing key is kept in the state dir: a server restarted on it accepts the
+    snapshots its predecessor handed out; a server without it refuses them."""
+    settings = ServeSettings(env="sokoban", max_sessions=2, max_http_sessions=2,
+                             backend="sequential")
+    with TurnpoolServer(settings, state_dir=tmp_path) as server:
+        sid = httpx.post(server.url + "/reset", json={"seed": 5, "stateful": True},
+                         timeout=30).json()["metadata"]["session_id"]
+        httpx.post(server.url + "/step", json={"session_id": sid,
+                                               "action": {"action": "Up"}}, timeout=30)
+        snap = httpx.post(server.url + "/snapshot", json={"session_id": sid},
+                          timeout=30).json()["snapshot"]
+    assert (tmp_path / "snapshot.key").stat().st_mode & 0o077 == 0
+    with TurnpoolServer(settings, state_dir=tmp_path) as server:
+        got = httpx.post(server.url + "/restore", json={"snapshot": snap}, timeout=30).json()
+        nxt = httpx.post(server.url + "/step", json={
+            "session_id": got["metadata"]["session_id"], "action": {"action": "Left"}},
+            timeout=30).json()
+    with TurnpoolServer(dataclasses.replace(settings, snapshot_key="another")) as stranger:
+        refused = httpx.post(stranger.url + "/restore", json={"snapshot": snap}, timeout=30)
+    env = turnpool.make("sokoban")
+    env.reset(seed=5)
+    obs, *_ = env.step("Up")
+    assert got["observation"]["text"] == obs
+    assert nxt["observation"]["text"] == env.step("Left")[0]
+    assert refused.status_code >= 400

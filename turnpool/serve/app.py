@@ -1,12 +1,16 @@
 """The HTTP side of ``turnpool serve``: the FastAPI app over a `Service` (``/reset``,
-``/step``, ``/state``, ``/close``, ``/mcp``, ``/schema``, ``/metadata``, ``/health``,
-``/metrics``, ``/api/status`` and the status page). WebSocket sessions (``/ws``) never reach
-it: `turnpool.serve.ws` serves them from the socket.
+``/step``, ``/state``, ``/close``, ``/fork``, ``/snapshot``, ``/restore``, ``/mcp``,
+``/schema``, ``/metadata``, ``/health``, ``/metrics``, ``/api/status`` and the status page).
+WebSocket sessions (``/ws``) never reach it: `turnpool.serve.ws` serves them from the
+socket.
 
 HTTP ``/reset`` is stateless by default, as OpenEnv's is (a slot for that call alone); with
 ``"stateful": true`` it opens a session whose id comes back in ``metadata.session_id`` for
-``/step``, ``/state`` and ``/close``. Sessions held over HTTP or MCP are capped and closed
-when idle (`turnpool.serve.sessions`). When every slot is held a new session gets a
+``/step``, ``/state`` and ``/close``. Branching (POST, each naming a held ``session_id``):
+``/fork`` answers a new held session's ``session_id`` and observation, ``/snapshot`` answers
+``{"snapshot": value}``, ``/restore`` (``snapshot``) answers the observation, in a new held
+session when it names none. Sessions held over HTTP or MCP are capped and closed when idle
+(`turnpool.serve.sessions`). When every slot is held a new session gets a
 ``CAPACITY_REACHED`` error (HTTP 503) at once instead of waiting. The pydantic models below
 only publish ``/schema``.
 """
@@ -278,6 +282,31 @@ def _session_routes(app: FastAPI, service: Service) -> None:
         except ProtocolError as exc:
             return error_response(exc)
 
+    @app.post("/fork")
+    async def http_fork(request: Request) -> Response:
+        try:
+            data = await body_of(request)
+            return json_response(await service.fork(http_session(data.get("session_id"))))
+        except ProtocolError as exc:
+            return error_response(exc)
+
+    @app.post("/snapshot")
+    async def http_snapshot(request: Request) -> Response:
+        try:
+            data = await body_of(request)
+            session = http_session(data.get("session_id"))
+            return json_response({"snapshot": await service.snapshot(session)})
+        except ProtocolError as exc:
+            return error_response(exc)
+
+    @app.post("/restore")
+    async def http_restore(request: Request) -> Response:
+        try:
+            return json_response(await _restore(service, await body_of(request),
+                                                http_session))
+        except ProtocolError as exc:
+            return error_response(exc)
+
     @app.post("/close")
     async def http_close(request: Request) -> Response:
         try:
@@ -312,6 +341,20 @@ async def _reset(service: Service, data: dict[str, Any],
         out["metadata"]["session_id"] = None
         out["observation"]["metadata"]["session_id"] = None
     return out
+
+
+async def _restore(service: Service, data: dict[str, Any],
+                   http_session: Callable[[Any], Session]) -> dict[str, Any]:
+    """``/restore``: into a held session (``session_id``), or a new held one."""
+    if data.get("session_id") is not None:
+        return await service.restore(http_session(data["session_id"]), data)
+    service.snapshots.decode(data.get("snapshot"))  # a refused one opens no session
+    session = service.sessions.open("http")
+    try:
+        return await service.restore(session, data)
+    except BaseException:
+        service.sessions.close(session)
+        raise
 
 
 def _action_format(tools: mcp.Tools) -> str:

@@ -8,6 +8,7 @@ the settings.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,11 @@ class ServeSettings:
     #: front-end processes on the one port (`turnpool.serve.fronts`): each serves its share
     #: of the sessions over its share of the workers; 1: one process serves everything
     frontends: int = 1
+    #: the key that signs served snapshots (`turnpool.serve.snapshots`): a server restores
+    #: only snapshots signed with its key. Fresh per server unless set (the fronts of one
+    #: server share theirs); servers given one key accept each other's snapshots
+    snapshot_key: str = field(default_factory=lambda: secrets.token_hex(16), repr=False,
+                              compare=False)
 
     def http_cap(self) -> int:
         if self.max_http_sessions is not None:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from turnpool.serve.engine import PoolEngine, ServeSettings
 from turnpool.serve.journal import FileJournal
-from turnpool.serve.resume import Resumed, open_journal
+from turnpool.serve.resume import Resumed, kept_snapshot_key, open_journal
 from turnpool.serve.running import bind_socket, check_bind, exit_on_sigterm, run_app
 from turnpool.serve.service import Service
 
@@ -27,6 +27,8 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
     before the server listens (``on_resumed`` hears how that went)."""
     check_bind(host, token, allow_remote)
     durable = Durable(state_dir, fsync, on_resumed) if state_dir is not None else None
+    if state_dir is not None:
+        settings = kept_snapshot_key(settings, state_dir)
     previous = None
     if threading.current_thread() is threading.main_thread():
         # uvicorn shuts down gracefully on SIGTERM and then re-raises it; this handler turns

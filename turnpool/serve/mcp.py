@@ -14,10 +14,17 @@ observation payload (reward, done, info, metadata) as ``structuredContent`` / ``
 failed turn is a JSON-RPC error whose ``data`` names turnpool's failure class. A turn on a
 session with no episode starts one first (seedless); a ``tools/call`` without a
 ``session_id`` is stateless: a slot is leased for that call alone.
+
+Branching tools (they need a session: the WebSocket's, or ``session_id``): ``fork`` answers
+a new session's id (``structuredContent.session_id``) playing a copy of this episode;
+``snapshot`` answers the episode as a JSON value (``structuredContent.snapshot``);
+``restore`` (``snapshot``: such a value) puts the session into it and answers its
+observation. They are the ``/ws`` messages of the same names (`turnpool.serve.service`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Protocol
 
@@ -36,6 +43,12 @@ class Sessions(Protocol):
 
     async def step(self, session: Any, data: Any) -> dict[str, Any]: ...
 
+    async def fork(self, session: Any) -> dict[str, Any]: ...
+
+    async def snapshot(self, session: Any) -> dict[str, Any]: ...
+
+    async def restore(self, session: Any, data: Any) -> dict[str, Any]: ...
+
 #: JSON-RPC 2.0 error codes
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -44,6 +57,8 @@ INVALID_PARAMS = -32602
 SERVER_ERROR = -32000
 
 _NOT_NAME = re.compile(r"[^a-z0-9_]")
+#: Tool names that are not the env's actions.
+RESERVED = frozenset({"reset", "act", "fork", "snapshot", "restore"})
 
 
 def rpc_result(result: Any, request_id: Any) -> dict[str, Any]:
@@ -71,7 +86,7 @@ class Tools:
         self.actions: dict[str, str] = {}
         for name in names:
             tool = _NOT_NAME.sub("_", str(name).lower())
-            if tool and tool not in ("reset", "act") and tool not in self.actions:
+            if tool and tool not in RESERVED and tool not in self.actions:
                 self.actions[tool] = str(name)
         self.instruction = desc.instruction
         self.action_names = names
@@ -100,7 +115,21 @@ class Tools:
                             "additionalProperties": False,
                             "properties": {"action": act_schema}},
         })
-        return tools
+        return tools + _BRANCH_TOOLS
+
+
+_BRANCH_TOOLS: list[dict[str, Any]] = [
+    {"name": "fork", "description": "Copy this session's episode into a new session; returns "
+     "its session_id (and its observation).",
+     "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False}},
+    {"name": "snapshot", "description": "This session's episode as a value to pass to "
+     "restore later.",
+     "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False}},
+    {"name": "restore", "description": "Put this session into a snapshot's state; returns "
+     "the observation.",
+     "inputSchema": {"type": "object", "required": ["snapshot"], "additionalProperties": False,
+                     "properties": {"snapshot": {"type": "object"}}}},
+]
 
 
 async def handle(server: Sessions, tools: Tools, request: Any,
@@ -154,6 +183,8 @@ async def _call(server: Sessions, tools: Tools, params: dict[str, Any],
     if not isinstance(name, str) or not isinstance(arguments, dict):
         raise ProtocolError("VALIDATION_ERROR", "tools/call needs 'name' and an object of "
                             "'arguments'")
+    if name in ("fork", "snapshot", "restore"):
+        return await _branch(server, name, arguments, _session_of(server, params, session))
     if name == "reset":
         if set(arguments) - {"seed"}:
             raise ProtocolError("VALIDATION_ERROR", "reset takes only 'seed'")
@@ -171,9 +202,7 @@ async def _call(server: Sessions, tools: Tools, params: dict[str, Any],
         raise ProtocolError("VALIDATION_ERROR", f"Tool not found: {name}")
     own = session
     if own is None and params.get("session_id") is not None:
-        own = server.sessions.get(str(params["session_id"]))
-        if own is None:
-            raise ProtocolError("SESSION_ERROR", f"Unknown session_id: {params['session_id']}")
+        own = _session_of(server, params, session)
     temporary = own is None
     if own is None:  # stateless: a slot for this call alone
         own = server.sessions.open("once")
@@ -185,6 +214,39 @@ async def _call(server: Sessions, tools: Tools, params: dict[str, Any],
     finally:
         if temporary:
             server.sessions.close(own)
-    text = payload["observation"]["text"]
-    return {"content": [{"type": "text", "text": text}], "structuredContent": payload,
-            "isError": False, "data": payload}
+    return _result(payload["observation"]["text"], payload)
+
+
+async def _branch(server: Sessions, name: str, arguments: dict[str, Any], session: Any
+                  ) -> dict[str, Any]:
+    """The ``fork``, ``snapshot`` and ``restore`` tools of ``session``."""
+    if name != "restore" and arguments:
+        raise ProtocolError("VALIDATION_ERROR", f"{name} takes no arguments")
+    if name == "fork":
+        out = await server.fork(session)
+        return _result(out["observation"]["text"], out)
+    if name == "snapshot":
+        value = await server.snapshot(session)
+        return _result(json.dumps(value), {"snapshot": value})
+    if set(arguments) != {"snapshot"}:
+        raise ProtocolError("VALIDATION_ERROR", "restore takes one argument, 'snapshot'")
+    out = await server.restore(session, arguments)
+    return _result(out["observation"]["text"], out)
+
+
+def _session_of(server: Sessions, params: dict[str, Any], session: Any) -> Any:
+    """The session a call is for: the WebSocket's own, else ``params.session_id``'s."""
+    if session is not None:
+        return session
+    if params.get("session_id") is None:
+        raise ProtocolError("SESSION_ERROR", "this tool needs a session: call it on a "
+                            "WebSocket, or with a session_id (openenv/session/create)")
+    own = server.sessions.get(str(params["session_id"]))
+    if own is None:
+        raise ProtocolError("SESSION_ERROR", f"Unknown session_id: {params['session_id']}")
+    return own
+
+
+def _result(text: str, data: dict[str, Any]) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "structuredContent": data,
+            "isError": False, "data": data}

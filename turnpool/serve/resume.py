@@ -16,15 +16,17 @@ whose client does not come back within ``http_session_timeout`` is closed.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from turnpool.pool.slots import PoolFull, ResetRequest, StepRequest
-from turnpool.serve.engine import PoolEngine
-from turnpool.serve.journal import FileJournal, SessionRecord
+from turnpool.serve.engine import PoolEngine, ServeSettings
+from turnpool.serve.journal import FileJournal, JournalError, SessionRecord
 from turnpool.serve.sessions import Session, SessionTable
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,23 @@ def env_identity(engine: PoolEngine, front: tuple[int, int] | None = None
     if front is not None:
         out["front"] = f"{front[0]} of {front[1]}"
     return out
+
+
+def kept_snapshot_key(settings: ServeSettings, state_dir: Path) -> ServeSettings:
+    """``settings`` signing snapshots with the key kept in ``state_dir/snapshot.key``: the
+    first start writes its key there (owner-only), later starts read it, so snapshots a
+    client took before a restart still restore after it. Delete the file to change keys."""
+    path = state_dir / "snapshot.key"
+    try:
+        if path.exists():
+            return dataclasses.replace(settings, snapshot_key=path.read_text().strip())
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(settings.snapshot_key + "\n")
+    except OSError as exc:
+        raise JournalError(f"cannot keep the snapshot key in {state_dir}: {exc}") from exc
+    return settings
 
 
 def open_journal(table: SessionTable, engine: PoolEngine, state_dir: Path,
@@ -149,4 +168,4 @@ def _run(engine: PoolEngine, requests: list[Any], timeout: float) -> list[Any]:
     return out
 
 
-__all__ = ["Resumed", "env_identity", "open_journal", "resume"]
+__all__ = ["Resumed", "env_identity", "kept_snapshot_key", "open_journal", "resume"]

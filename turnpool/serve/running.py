@@ -18,7 +18,7 @@ from turnpool.listen import UvicornThread, bind_socket
 from turnpool.serve.app import Peers, app_for
 from turnpool.serve.engine import PoolEngine, ServeSettings
 from turnpool.serve.journal import FileJournal
-from turnpool.serve.resume import Resumed, open_journal
+from turnpool.serve.resume import Resumed, kept_snapshot_key, open_journal
 from turnpool.serve.service import Service
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,8 @@ class TurnpoolServer:
                  token: str | None = None, allow_remote: bool = False,
                  state_dir: Path | None = None, fsync: str = "batch") -> None:
         check_bind(host, token, allow_remote)
+        if state_dir is not None:
+            settings = kept_snapshot_key(settings, Path(state_dir))
         self.engine = PoolEngine(settings)
         self.journal: FileJournal | None = None
         self.resumed: Resumed | None = None

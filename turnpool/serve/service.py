@@ -1,5 +1,6 @@
 """OpenEnv's operations over the session table and the slot engine: what ``reset``, ``step``,
-``state`` and ``close`` do to a session, whichever way they arrive (``/ws``, HTTP, MCP).
+``state`` and ``close`` do to a session, whichever way they arrive (``/ws``, HTTP, MCP), and
+turnpool's branching extension: ``fork``, ``snapshot`` and ``restore``.
 
 The message shapes are OpenEnv's (``openenv.core``), written here from its documented
 protocol so the server needs no OpenEnv install: the client sends ``{"type": "reset" |
@@ -10,6 +11,14 @@ step is an ``error`` reply whose ``data`` also names turnpool's failure class
 (``failure``, ``retryable``), never an observation with reward 0: a trainer must not learn
 from a turn that did not happen. Hot paths parse and write JSON by hand (no per-message model
 validation).
+
+Branching, beside OpenEnv's types (a stock client never sends them): ``{"type": "fork"}``
+answers ``{"type": "fork", "data": {"session_id": new, "observation": ..., ...}}``, a new
+held session playing a copy of this one's episode (reach it by id: HTTP, MCP, or
+``/ws?session_id=``); ``{"type": "snapshot"}`` answers ``{"type": "snapshot", "data":
+{"snapshot": value}}``, a signed JSON value (`turnpool.serve.snapshots`); ``{"type":
+"restore", "data": {"snapshot": value}}`` puts the session into that state and answers an
+``observation``, as a reset does.
 """
 
 from __future__ import annotations
@@ -23,11 +32,12 @@ from collections.abc import Callable
 from typing import Any
 
 import turnpool.serve.mcp as mcp
-from turnpool.pool.slots import PoolTimeout, SlotReset
+from turnpool.pool.slots import Branched, PoolTimeout, SlotReset
 from turnpool.serve.engine import PoolEngine, retryable
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.jsonio import dumps
 from turnpool.serve.sessions import Session, SessionTable
+from turnpool.serve.snapshots import SnapshotCodec
 from turnpool.worker.protocol import Failure, TurnResult
 
 #: Largest client message (bytes of JSON) the server reads; longer ones are refused.
@@ -44,6 +54,9 @@ class Service:
         self.token = token
         self.sessions = SessionTable(engine, engine.settings, id_prefix, on_sessions)
         self.tools = mcp.Tools(engine.settings.env, dict(engine.settings.env_kwargs))
+        self.snapshots = SnapshotCodec(self.settings.env, self.settings.snapshot_key,
+                                       self.settings.max_action_chars,
+                                       self.settings.max_actions_per_step)
         #: observes each step's time in the server (`turnpool.serve.metrics`), if any
         self.observe_step: Callable[[float], None] | None = None
 
@@ -113,6 +126,68 @@ class Service:
         return payload(session, res.obs, res.reward_sum, res.terminated, res.truncated,
                        res.info, res.n_executed)
 
+    # ------------------------------------------------------------------ branching
+    async def fork(self, session: Session) -> dict[str, Any]:
+        """A new held session (kind ``http``: reach it by id over HTTP, MCP or
+        ``/ws?session_id=``) playing a copy of ``session``'s episode; its observation
+        payload with ``session_id``. ``CAPACITY_REACHED`` as for any new session."""
+        self._branchable(session)
+        new = self.sessions.open("http")
+        try:
+            out: Branched = await self._call(session, lambda: self.engine.fork_future(
+                session.slot, new.slot))
+        except ValueError as exc:  # the pool refused it, or the copy failed
+            self.sessions.close(new)
+            raise ProtocolError("EXECUTION_ERROR", f"fork failed: {exc}", status=409,
+                                session_id=session.id) from exc
+        except BaseException:
+            self.sessions.close(new)
+            raise
+        new.episode_id = uuid.uuid4().hex
+        reply = self._branched(new, out)
+        return {"session_id": new.id, **reply}
+
+    async def snapshot(self, session: Session) -> dict[str, Any]:
+        """``session``'s episode as a JSON value (`turnpool.serve.snapshots`)."""
+        self._branchable(session)
+        snap = await self._call(session, lambda: self.engine.snapshot_future(session.slot))
+        return self.snapshots.encode(snap)
+
+    async def restore(self, session: Session, data: Any) -> dict[str, Any]:
+        """Put ``session`` into the state of ``data["snapshot"]``; its observation payload,
+        as a reset answers. A snapshot refused here leaves the session as it was; one the
+        pool could not restore ends its episode (send reset)."""
+        if not isinstance(data, dict) or set(data) - {"snapshot", "session_id"} or \
+                "snapshot" not in data:
+            raise ProtocolError("VALIDATION_ERROR", "restore data must be an object with "
+                                "'snapshot'")
+        snap = self.snapshots.decode(data["snapshot"])
+        try:
+            out: Branched = await self._call(session, lambda: self.engine.restore_future(
+                session.slot, snap))
+        except ValueError as exc:
+            session.started, session.done = False, True
+            raise ProtocolError("EXECUTION_ERROR", f"restore failed: {exc}", status=409,
+                                session_id=session.id) from exc
+        session.episode_id = uuid.uuid4().hex
+        return self._branched(session, out)
+
+    def _branchable(self, session: Session) -> None:
+        if not session.started:
+            raise ProtocolError("VALIDATION_ERROR", "no episode: send reset first")
+        if session.done:
+            raise ProtocolError("VALIDATION_ERROR", "the episode is over: there is nothing "
+                                "to branch")
+
+    def _branched(self, session: Session, out: Branched) -> dict[str, Any]:
+        """``session`` now plays ``out.snapshot``'s episode: journal it, answer its
+        observation."""
+        snap = out.snapshot
+        session.started, session.done, session.seed = True, False, snap.seed
+        session.step_count = sum(len(t) for t in snap.turns)
+        self.sessions.journal.branched(session.id, snap.seed, snap.turns)
+        return payload(session, out.obs, None, False, False, out.info)
+
     def state(self, session: Session) -> dict[str, Any]:
         return {"episode_id": session.episode_id, "step_count": session.step_count,
                 "seed": session.seed, "session_id": session.id, "env": self.settings.env,
@@ -167,6 +242,14 @@ class Service:
                 return dumps({"type": "observation", "data": out})
             if kind == "state":
                 return dumps({"type": "state", "data": self.state(session)})
+            if kind == "fork":
+                return dumps({"type": "fork", "data": await self.fork(session)})
+            if kind == "snapshot":
+                return dumps({"type": "snapshot",
+                              "data": {"snapshot": await self.snapshot(session)}})
+            if kind == "restore":
+                out = await self.restore(session, msg.get("data"))
+                return dumps({"type": "observation", "data": out})
             if kind == "mcp":
                 return dumps({"type": "mcp", "data": await mcp.handle(
                     self, self.tools, msg.get("data"), session)})

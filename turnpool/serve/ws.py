@@ -18,8 +18,9 @@ session's future, whose callback writes the reply frame. No task or timer per st
 session table's sweep fails a step the pool has not answered within ``call_timeout``
 (`turnpool.serve.sessions`).
 
-Every other message (``reset``, ``state``, ``mcp``, ``close``, invalid or oversize ones) goes
-through `turnpool.serve.service.Service.answer`, as HTTP and MCP calls do.
+Every other message (``reset``, ``state``, ``mcp``, ``close``, turnpool's ``fork``,
+``snapshot`` and ``restore``, invalid or oversize ones) goes through
+`turnpool.serve.service.Service.answer`, as HTTP and MCP calls do.
 """
 
 from __future__ import annotations

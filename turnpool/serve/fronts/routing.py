@@ -17,7 +17,8 @@ from turnpool.serve.fronts.placement import owner_of
 from turnpool.serve.jsonio import dumps_bytes
 
 #: Paths whose requests may name a session of another front.
-ROUTED_PATHS = frozenset({"/reset", "/step", "/state", "/close", "/mcp"})
+ROUTED_PATHS = frozenset({"/reset", "/step", "/state", "/close", "/fork", "/snapshot",
+                          "/restore", "/mcp"})
 #: Header a proxied request carries (the owner serves it, never routes it again) and the
 #: header of its answer naming the front that proxied it.
 ROUTED_HEADER = "x-turnpool-routed-by"
