@@ -90,3 +90,78 @@ def short_trace(pool: EnvPool, turns: int = 4) -> list[Any]:
                                     for i in range(pool.num_envs)]))
     out.append(pool.reset())
     return out
+
+
+#: Branching traces (`branch_trace`) cover the envs `ENVS` leaves out, too.
+BRANCH_ENVS: dict[str, tuple[dict[str, Any], list[Any]]] = {
+    **{k: v for k, v in ENVS.items() if k not in ("cpu", "sleep")},
+    "sudoku": ({}, ["1,1,1", "place 2 at row 1 col 2", "3,3,4", "2,4,1", "junk"]),
+    "game_2048": ({}, ["Up", "Right", "Down", "Left", 0, "jump"]),
+    "rubikscube": ({}, ["U", "U'", "R", "F'", "B", 3, "spin"]),
+    "search": ({"mock_mode": True}, ["search[capital of France]", "finish[Paris]",
+                                     "finish[no]", "look"]),
+    "deepcoder": ({}, ["print(1)", "print(input())", "  ", "import sys\nprint(-1)"]),
+    "FrozenLake-v1": ({}, ["0", "1", "2", "3"]),  # gymnasium's: branched by replay
+}
+BRANCH_GROUP_N = 4
+
+
+def branch_pool(shop_url: str, **kwargs: Any) -> EnvPool:
+    """One group of `BRANCH_GROUP_N` envs per `BRANCH_ENVS` type, adjacent."""
+    specs = []
+    for name, (env_kwargs, _) in BRANCH_ENVS.items():
+        kw = dict(env_kwargs, server_url=shop_url) if name == "webshop_lite" else env_kwargs
+        specs.append(EnvGroupSpec(name, name, 1, kw))
+    return EnvPool.from_specs(specs, group_n=BRANCH_GROUP_N, seed=77, step_timeout=60.0,
+                              fallback=False, **kwargs)
+
+
+def _branch_actions(rng: np.random.Generator, env_type: str) -> list[Any]:
+    vocab = BRANCH_ENVS[env_type][1]
+    return [vocab[int(rng.integers(len(vocab)))] for _ in range(int(rng.integers(1, 3)))]
+
+
+def branch_trace(pool: EnvPool, trials: int = 3) -> list[Any]:
+    """Random episodes branched at random points (`branch_pool`): each trial resets, plays
+    ``trial % 3`` random turns on every env, then per env type forks member 0 into members 1 and 2
+    and restores a pickled snapshot of it into member 3; the four then play the same random
+    turns, and must answer alike, as text, every turn (asserted here). Returns the source
+    members' continuations, to compare across backends."""
+    import pickle
+
+    trace: list[Any] = []
+    types = pool.env_types
+    firsts = list(range(0, pool.num_envs, BRANCH_GROUP_N))
+    for trial in range(trials):
+        rng = np.random.default_rng([trial, 5])
+        obs, _ = pool.reset(seed=100 + trial)
+        done = [False] * pool.num_envs
+        for _ in range(trial % 3):  # the reset state, then mid-episode
+            live = [i for i in range(pool.num_envs) if not done[i]]
+            results = pool.step_turns([_branch_actions(rng, types[i]) for i in live], live)
+            for i, r in zip(live, results):
+                done[i] = r.done
+        sources = [i for i in firsts if not done[i]]
+        for src in sources:
+            pool.fork(src, [src + 1, src + 2])
+        snaps = pool.snapshot(sources)
+        pool.restore([s + 3 for s in sources], [pickle.loads(pickle.dumps(s)) for s in snaps])
+        live = list(sources)
+        for turn in range(5):
+            if not live:
+                break
+            ids = [i + k for i in live for k in range(BRANCH_GROUP_N)]
+            plans = []
+            for i in live:
+                plans += [_branch_actions(rng, types[i])] * BRANCH_GROUP_N
+            results = pool.step_turns(plans, ids)
+            for g, src in enumerate(live):
+                got = [repr((r.obs, r.reward_sum, r.terminated, r.truncated,
+                             sorted(_strip(r.info).items()), r.n_executed, r.error))
+                       for r in results[g * BRANCH_GROUP_N:(g + 1) * BRANCH_GROUP_N]]
+                assert got == [got[0]] * BRANCH_GROUP_N, \
+                    f"{types[src]} (env {src}), trial {trial}, turn {turn}: a branch differs"
+                trace.append((trial, turn, types[src], got[0]))
+            live = [i for g, i in enumerate(live)
+                    if not results[g * BRANCH_GROUP_N].done]
+    return trace

@@ -22,7 +22,7 @@ from tests.faults import (  # noqa: E402
     wait_gone,
 )
 from tests.ray_cluster import local_ray  # noqa: E402
-from tests.traces import mixed_pool, run_trace  # noqa: E402
+from tests.traces import branch_pool, branch_trace, mixed_pool, run_trace  # noqa: E402
 from turnpool.pool import EnvPool  # noqa: E402
 from turnpool.pool.api import EnvConstructionError  # noqa: E402
 
@@ -55,6 +55,15 @@ def test_every_env_type_identical_to_sequential(reference: list[Any], shop_url: 
     assert len(trace) == len(reference)
     for got, want in zip(trace, reference):
         assert got == want, f"first difference: {got!r} != {want!r}"
+
+
+def test_branches_on_ray_continue_as_in_process(shop_url: str) -> None:
+    """Forks and restores between actors continue as their source, and as in-process."""
+    with branch_pool(shop_url, backend="sequential") as pool:
+        want = branch_trace(pool)
+    with branch_pool(shop_url, backend="ray", num_workers=3) as pool:
+        assert pool.backend_name == "ray"
+        assert branch_trace(pool) == want
 
 
 @pytest.fixture(scope="module")

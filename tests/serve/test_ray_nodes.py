@@ -1,4 +1,4 @@
-"""Sessions spread over the nodes of a Ray cluster: a real two-node local cluster
+"""Sessions (and branches) spread over the nodes of a Ray cluster: a real two-node local cluster
 (``ray.cluster_utils.Cluster``: two raylets on 127.0.0.1), a pool whose actors the ``SPREAD``
 default puts on both nodes, and a ``turnpool serve`` over it whose sessions land on both,
 each playing exactly the episode `turnpool.make` plays."""
@@ -14,6 +14,7 @@ import pytest
 import tests.ray_cluster  # noqa: F401  (Ray's environment for tests)
 import turnpool
 from tests.serve.conftest import client
+from tests.traces import branch_pool, branch_trace
 from turnpool.pool import EnvPool
 from turnpool.serve import ServeSettings, TurnpoolServer
 
@@ -51,6 +52,19 @@ def test_the_pool_spreads_its_actors_over_the_nodes(two_nodes: list[str]) -> Non
         obs, _ = pool.reset(seed=5)
     want = [turnpool.make("sokoban").reset(seed=5 + i)[0] for i in range(8)]
     assert obs == want
+
+
+def test_branches_across_nodes_continue_as_their_source(two_nodes: list[str],
+                                                        shop_url: str) -> None:
+    """Each env type's four members straddle actors on both nodes; forks and restores
+    between them continue as their source, and as in-process."""
+    with branch_pool(shop_url, backend="sequential") as pool:
+        want = branch_trace(pool)
+    with branch_pool(shop_url, backend="ray", num_workers=4) as pool:
+        assert set(pool.backend.worker_nodes()) == set(two_nodes)
+        assert any(len({pool.owner_of(i + k) for k in range(4)}) > 1
+                   for i in range(0, pool.num_envs, 4))
+        assert branch_trace(pool) == want
 
 
 def test_served_sessions_land_on_both_nodes(two_nodes: list[str]) -> None:
