@@ -31,12 +31,19 @@ Usage by a backend on the main thread (`signal_timer_free`)::
 
 from __future__ import annotations
 
+import _signal
 import ctypes
 import signal
 import threading
 import time
 from types import FrameType
 from typing import Any
+
+# `signal.signal` / `signal.getsignal` wrap these C functions to convert numbers to enums and
+# back, which costs more than the call itself; every in-process pool call arms and disarms,
+# so the deadline calls them directly (same arguments, handlers come back as plain ints).
+_getsignal = _signal.getsignal
+_set_handler = _signal.signal
 
 #: ``info["error"]`` of an env interrupted past its deadline in the caller's process.
 TIMED_OUT = "step timeout (interrupted in-process)"
@@ -63,7 +70,7 @@ def signal_timer_free() -> bool:
         return False
     if not hasattr(signal, "setitimer"):  # a platform capability (no interval timers on Windows)
         return False
-    return signal.getsignal(signal.SIGALRM) is not None
+    return _getsignal(signal.SIGALRM) is not None
 
 
 class InProcessDeadline:
@@ -94,7 +101,7 @@ class InProcessDeadline:
         self._use_signal = True
         left, self._their_interval = signal.getitimer(signal.ITIMER_REAL)
         self._their_due = self.since + left if left > 0 else None
-        self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
+        self._previous = _set_handler(signal.SIGALRM, self._on_alarm)
         signal.setitimer(signal.ITIMER_REAL, min(self.limit, left or self.limit))
 
     def mark(self, env_id: int) -> None:
@@ -121,8 +128,8 @@ class InProcessDeadline:
 
     def _give_back_timer(self) -> None:
         """Restore the program's handler and its timer (due now at the latest)."""
-        signal.signal(signal.SIGALRM, self._previous if self._previous is not None
-                      else signal.SIG_DFL)
+        _set_handler(signal.SIGALRM, self._previous if self._previous is not None
+                     else signal.SIG_DFL)
         if self._their_due is not None:
             left = max(1e-6, self._their_due - time.monotonic())
             signal.setitimer(signal.ITIMER_REAL, left, self._their_interval)
