@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 
 import turnpool
+from tests.faults import ALL_FAULTS_ENV
 from turnpool.policies import make_policy
-from turnpool.policies.base import Policy
+from turnpool.policies.base import Message, Policy, TurnContext
 from turnpool.pool import EnvGroupSpec, EnvPool
 from turnpool.rollout.collector import RolloutBatch, TrajectoryCollector
 from turnpool.rollout.episode import EpisodeState
-from turnpool.rollout.settings import CollectorSettings, TreeSettings, TurnSettings
+from turnpool.rollout.settings import CollectorSettings, TagSpec, TreeSettings, TurnSettings
 from turnpool.rollout.trajectory import TREE_FIELDS, Trajectory
 from turnpool.rollout.tree import TreeNode
 
@@ -296,3 +297,51 @@ def test_the_best_of_n_example_runs_at_small_sizes() -> None:
     assert all(r["env_steps"] > 0 and 0.0 <= r["success"] <= 1.0 for r in rows)
     for r in rows[1:]:  # a leaf that solves its room always outranks its siblings
         assert r["pass@3"] == r["success"]
+
+
+class FaultAt:
+    """Answers ``go<turn>``, and ``action`` for env ``env_id`` at turn ``turn``."""
+
+    def __init__(self, env_id: int, turn: int, action: str) -> None:
+        self.at, self.action = (env_id, turn), action
+
+    def generate(self, batch: list[list[Message]],
+                 contexts: list[TurnContext] | None = None) -> list[str]:
+        assert contexts is not None
+        return [f"<answer>{self.action if (c.env_id, c.turn) == self.at else f'go{c.turn}'}"
+                f"</answer>" for c in contexts]
+
+    def close(self) -> None:
+        pass
+
+
+def _faulty(policy: FaultAt, backend: str) -> RolloutBatch:
+    pool = EnvPool(ALL_FAULTS_ENV, env_num=2, group_n=3, seed=0, backend=backend,
+                   num_workers=2, step_timeout=1.0, tag="Faulty")
+    tags = [TagSpec("Faulty", ALL_FAULTS_ENV, n_groups=2, max_actions_per_traj=10)]
+    settings = CollectorSettings(max_turn=3, turn=TurnSettings(enable_think=False),
+                                 seed_base=100, tree=TreeSettings(mode="best_of_n"))
+    with TrajectoryCollector(pool, policy, tags, settings, owns_pool=True) as col:
+        return col.collect()
+
+
+@pytest.mark.parametrize(("backend", "fault", "failure"), [
+    ("sequential", "raise", "env_error"), ("process", "exit", "worker_lost")])
+def test_a_failed_candidate_is_never_kept_and_its_slot_is_branched_again(
+        backend: str, fault: str, failure: str) -> None:
+    batch = _faulty(FaultAt(1, 0, fault), backend)
+    failed = [n for n in batch.tree if n.record.error is not None]
+    assert [(n.node_id, n.kept, n.score) for n in failed] == [("0-0/0/1", False, None)]
+    assert {n.parent_id for n in batch.tree if n.turn == 1 and n.group_uid == "0-0"} == \
+        {"0-0/0/0"}  # slot 1 continues the kept state again
+    assert len(batch.trajectories) == 6 and all(t.error is None for t in batch.trajectories)
+    assert batch.metrics[f"failures/{failure}"] == 1.0
+    assert batch.metrics["failures/dropped_groups"] == 0.0
+
+
+def test_a_failed_leaf_drops_its_group_and_its_tree() -> None:
+    batch = _faulty(FaultAt(1, 2, "raise"), "sequential")
+    assert {t.group_uid for t in batch.trajectories} == {"0-1"}
+    assert {n.group_uid for n in batch.tree} == {"0-1"}
+    assert batch.metrics["failures/dropped_groups"] == 1.0
+    assert batch.metrics["failures/env_error"] == 1.0

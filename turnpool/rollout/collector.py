@@ -258,7 +258,9 @@ class TrajectoryCollector:
 
     def _play_tree(self, eps: list[EpisodeState], seed: int, gen_batch: int
                    ) -> list[EpisodeState]:
-        """Play the batch's groups as trees (`turnpool.rollout.tree`); no retries there."""
+        """Play the batch's groups as trees (`turnpool.rollout.tree`); no retries there.
+        Every failed candidate is counted, the ones a branch later replaced too."""
+        self._count_failures(eps)  # failed resets
         run = play_tree(self.pool, eps, self.settings, self.play_turn, gen_batch=gen_batch,
                         reset_seed=seed, on_turn=self.on_turn)
         self._nodes += run.nodes
@@ -267,7 +269,7 @@ class TrajectoryCollector:
         self._tree_cost["fork_us"] += round(run.fork_s * 1e6)
         self._clock.env_steps += run.env_steps
         self._failures["started"] += len(run.episodes)
-        self._count_failures(run.episodes)
+        self._failures.update(run.failures)
         return run.episodes
 
     def _tree_metrics(self, trajectories: list[Trajectory], nodes: list[TreeNode]

@@ -37,7 +37,10 @@ collector counts env steps from the nodes (``tree/env_steps``) and forks apart
 (``tree/forks``).
 
 Failures are not retried in tree modes (a tree cannot be replayed one member at a time): a
-failed leaf fails its group as usual (dropped, or kept with ``failed_groups="keep"``).
+failed candidate is never kept and its slot is branched again the next turn (reset first,
+since only a reset rebuilds a failed env); each failed candidate is counted once
+(``failures/<class>``); a failed leaf at the end fails its group as usual (dropped, or kept
+with ``failed_groups="keep"``).
 
     >>> from turnpool.policies import make_policy
     >>> from turnpool.pool import EnvPool
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +69,7 @@ from turnpool.pool import EnvPool
 from turnpool.rollout.episode import EpisodeState
 from turnpool.rollout.settings import CollectorSettings, TreeSettings
 from turnpool.rollout.trajectory import Trajectory, Turn, turn_dict
+from turnpool.worker.protocol import Failure
 
 #: A candidate's score: larger is better.
 ScoreFn = Callable[[EpisodeState], float]
@@ -137,6 +142,8 @@ class TreeRun:
 
     episodes: list[EpisodeState]
     nodes: list[TreeNode] = field(default_factory=list)
+    #: failed candidates by failure class (each once, when it failed; overwritten ones too)
+    failures: Counter[str] = field(default_factory=Counter)
     forks: int = 0
     env_steps: int = 0
     fork_s: float = 0.0
@@ -206,6 +213,9 @@ class _Tree:
                 break
             counts = [len(ep.turns) for ep in active]
             self.play_turn(active)
+            for ep in active:
+                if ep.error is not None:
+                    self.run.failures[Failure.of(ep.failure).value] += 1
             new = self._record(active, counts)
             if self.tree.mode != "shared_prefix":
                 played = {ep.env_id for ep in active}
