@@ -212,10 +212,12 @@ def test_parent_ids_form_a_tree_in_every_mode() -> None:
         assert batch.metrics["tree/nodes"] == len(batch.tree)
         assert batch.metrics["tree/env_steps"] == batch.metrics["env_steps"] == \
             sum(len(n.record.executed) for n in batch.tree)
-        # the JSON form carries the same links
-        for d, n in zip(batch.to_tree(), batch.tree):
-            assert (d["node_id"], d["parent_id"], d["turn"]) == (n.node_id, n.parent_id,
-                                                                  n.turn)
+        # the JSON form carries the same nodes, and reads back as them
+        lines = io.StringIO()
+        assert batch.write_tree(lines) == len(batch.tree)
+        back = [TreeNode.from_dict(json.loads(x)) for x in lines.getvalue().splitlines()]
+        assert back == batch.tree
+        assert all(n.record.step_group_uid.startswith(n.group_uid + "/") for n in back)
 
 
 @pytest.mark.parametrize("mode,extra", [("best_of_n", {}), ("beam", {"width": 2})])

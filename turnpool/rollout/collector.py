@@ -219,6 +219,8 @@ class TrajectoryCollector:
             link_group(g)
         kept = {t.group_uid for t in trajectories}
         nodes = [n for n in self._nodes if n.group_uid in kept]
+        for n in nodes:  # discarded candidates too, as the trajectories' turns have it
+            n.record.step_group_uid = step_group_uid(n.group_uid, n.record.anchor_obs)
         metrics.update(self._tree_metrics(trajectories, nodes))
         return RolloutBatch(trajectories, metrics, nodes)
 

@@ -134,6 +134,15 @@ class TreeNode:
                 "score": self.score, "kept": self.kept, "chosen": self.chosen,
                 "record": record}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TreeNode:
+        """A node back from `to_dict` (a line of ``turnpool rollout --tree-out``)."""
+        names = {f.name for f in dataclasses.fields(Turn)}
+        record = Turn(**{k: v for k, v in d["record"].items() if k in names},
+                      node_id=d["node_id"], parent_id=d["parent_id"])
+        return cls(d["node_id"], d["parent_id"], d["group_uid"], int(d["turn"]),
+                   int(d["env_id"]), record, d["score"], bool(d["kept"]), bool(d["chosen"]))
+
 
 @dataclass
 class TreeRun:
