@@ -155,3 +155,29 @@ def test_invalid_backend_lists_each_choice_once() -> None:
         res = CliRunner().invoke(main, args)
         assert res.exit_code in (1, 2), res.output  # a usage error or a config error
         assert res.output.count("auto") == 1 and "sequential" in res.output
+
+
+def test_rollout_tree_mode_writes_trajectories_and_tree_nodes(tmp_path: Path) -> None:
+    out, tree, summary = tmp_path / "t.jsonl", tmp_path / "tree.jsonl", tmp_path / "s.json"
+    res = CliRunner().invoke(main, ["rollout", "--no-progress", *SMALL,
+                                    "turnpool.collector.tree.mode=best_of_n",
+                                    "--out", str(out), "--tree-out", str(tree),
+                                    "--json", str(summary)])
+    assert res.exit_code == 0, res.output
+    assert "tree: nodes / forks" in res.output
+    trajectories = list(read_jsonl(out))
+    nodes = [json.loads(line) for line in tree.read_text().splitlines()]
+    metrics = json.loads(summary.read_text())["metrics"]
+    assert len(nodes) == metrics["tree/nodes"] > len(trajectories) == 8
+    ids = {n["node_id"] for n in nodes}
+    assert all(n["parent_id"] is None or n["parent_id"] in ids for n in nodes)
+    assert sum(t.chosen is True for t in trajectories) == 2  # one chosen path per group
+    assert all(t.node_id in ids for t in trajectories)
+
+
+def test_rollout_refuses_tree_modes_with_the_async_collector() -> None:
+    res = CliRunner().invoke(main, ["rollout", "--no-progress", *SMALL,
+                                    "turnpool.collector.tree.mode=beam",
+                                    "turnpool.collector.mode=async"])
+    assert res.exit_code == 2
+    assert "needs the lockstep collector" in res.output

@@ -4,6 +4,7 @@
     turnpool rollout --config configs/frozen_lake.yaml agent_proxy.max_turn=8 \\
         --json summary.json --out trajectories.jsonl
     turnpool rollout --backend process --workers 4 --policy random --seed 7
+    turnpool rollout turnpool.collector.tree.mode=best_of_n --out t.jsonl --tree-out tree.jsonl
 
 ``--backend``, ``--workers`` and ``--policy`` are shorthands for the dotlist keys
 ``turnpool.backend``, ``turnpool.num_workers`` and ``turnpool.policy.name``.
@@ -95,6 +96,9 @@ Examples:
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
               help="Write the trajectories: .jsonl (one per line), or .parquet (needs "
                    "pyarrow: pip install 'turnpool[data]').")
+@click.option("--tree-out", "tree_path", type=click.Path(dir_okay=False),
+              help="Tree rollouts (turnpool.collector.tree.mode): write every node of the "
+                   "trees as JSONL (node_id, parent_id, turn, score, kept, chosen, record).")
 @click.option("--mode", type=click.Choice(["train", "val"]), default="train", show_default=True,
               help="Which es_manager section to run.")
 @click.option("--seed", type=int, default=None, help="Reset seed (default: seed.<mode>).")
@@ -109,7 +113,8 @@ Examples:
 def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | None,
             workers: int | None, policy: str | None, json_path: str | None,
             out_path: str | None, mode: str, seed: int | None, progress: bool,
-            batches: int = 1, max_failed_fraction: float = 0.1) -> None:
+            batches: int = 1, max_failed_fraction: float = 0.1,
+            tree_path: str | None = None) -> None:
     """Collect one batch of trajectories and print a summary.
 
     OVERRIDES are dotted key=value pairs, e.g. es_manager.train.env_groups=4
@@ -156,6 +161,9 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
             out_file.close()
     if parquet and out_path:
         write_parquet([t for b in results for t in b.trajectories], Path(out_path))
+    if tree_path:
+        with open(tree_path, "w", encoding="utf-8") as fh:
+            nodes = sum(b.write_tree(fh) for b in results)
     wall = time.perf_counter() - t0
     summary = {
         "mode": mode, "backend": backend, "num_workers": workers,
@@ -173,6 +181,8 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
     if out_path:
         total = sum(len(b.trajectories) for b in results)
         console.print(f"wrote {total} trajectories to {out_path}")
+    if tree_path:
+        console.print(f"wrote {nodes} tree nodes to {tree_path}")
     failed = batch.metrics.get("failures/unrecovered_fraction", 0.0)
     if failed > max_failed_fraction:
         classes = ", ".join(f"{name} {batch.metrics[f'failures/{name}']:.0f}"
@@ -373,4 +383,11 @@ def timing_table(metrics: dict[str, float], backend: str, workers: int, wall: fl
         if f"dynamic/{key}" in metrics:
             rows.append((f"dynamic: {key.replace('_', ' ')}",
                          f"{metrics[f'dynamic/{key}']:.0f}"))
+    if "tree/forks" in metrics:
+        rows.append(("tree: nodes / forks", f"{metrics['tree/nodes']:.0f} / "
+                                            f"{metrics['tree/forks']:.0f}"))
+        rows.append(("tree: fork time", f"{metrics['tree/fork_s']:.3f} s"))
+        if "tree/chosen_success" in metrics:
+            rows.append(("tree: chosen paths' success",
+                         f"{metrics['tree/chosen_success']:.3f}"))
     return make_table("time", ["quantity", "value"], rows, right=["value"])

@@ -49,6 +49,7 @@ from turnpool.rollout.settings import (
     CollectorSettings,
     RolloutPlan,
     TagSpec,
+    TreeSettings,
     TurnSettings,
 )
 
@@ -458,23 +459,37 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
                           "filter_groups.enable is true (turnpool never resamples without "
                           "bound)")
     window = ap.get("max_context_window")
-    collector = CollectorSettings(
-        max_turn=int(ap.get("max_turn", 5)),
-        turn=TurnSettings(action_sep=str(ap.get("action_sep", "||")),
-                          max_actions_per_turn=int(ap.get("max_actions_per_turn", 5)),
-                          enable_think=bool(ap.get("enable_think", True)),
-                          max_context_window=-1 if window is None else int(window),
-                          format_penalty=float(es.get("format_penalty", -0.1)),
-                          ragen_version=str(tp.get("ragen_version", "v2")),
-                          context_window_mode=str(ap.get("context_window_mode", "full"))),
-        grouping=str(rn.get("grouping", "state")), method=str(rn.get("method", "identity")),
-        use_turn_scores=bool(ap.get("use_turn_scores", False)),
-        filter_groups=enable, max_num_gen_batches=max_batches,
-        on_budget_exhausted=str(col.get("on_budget_exhausted", "raise")),
-        target_groups=col.get("target_groups"), seed_base=seeds.get(mode), mode=mode,
-        collector_mode=str(col.get("mode", "lockstep")), async_settings=_async_settings(col))
+    try:
+        collector = CollectorSettings(
+            max_turn=int(ap.get("max_turn", 5)),
+            turn=TurnSettings(action_sep=str(ap.get("action_sep", "||")),
+                              max_actions_per_turn=int(ap.get("max_actions_per_turn", 5)),
+                              enable_think=bool(ap.get("enable_think", True)),
+                              max_context_window=-1 if window is None else int(window),
+                              format_penalty=float(es.get("format_penalty", -0.1)),
+                              ragen_version=str(tp.get("ragen_version", "v2")),
+                              context_window_mode=str(ap.get("context_window_mode", "full"))),
+            grouping=str(rn.get("grouping", "state")), method=str(rn.get("method", "identity")),
+            use_turn_scores=bool(ap.get("use_turn_scores", False)),
+            filter_groups=enable, max_num_gen_batches=max_batches,
+            on_budget_exhausted=str(col.get("on_budget_exhausted", "raise")),
+            target_groups=col.get("target_groups"), seed_base=seeds.get(mode), mode=mode,
+            collector_mode=str(col.get("mode", "lockstep")), async_settings=_async_settings(col),
+            tree=_tree_settings(col))
+    except ValueError as exc:  # settings that contradict each other (tree + async)
+        raise ConfigError(f"turnpool.collector: {exc}") from exc
     return RolloutPlan(tags=tags, group_size=int(mode_cfg.group_size), collector=collector,
                        pool=pool_options(cfg), policy=policy_options(tp.get("policy") or {}))
+
+
+def _tree_settings(col: Mapping[str, Any]) -> TreeSettings:
+    """``turnpool.collector.tree`` (`turnpool.rollout.settings.TreeSettings`)."""
+    tree = col.get("tree") or {}
+    keys = ("mode", "width", "prefix_turns", "score")
+    try:
+        return TreeSettings(**{k: tree[k] for k in keys if k in tree})
+    except ValueError as exc:
+        raise ConfigError(f"turnpool.collector.tree: {exc}") from exc
 
 
 def _async_settings(col: Mapping[str, Any]) -> AsyncSettings:

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from turnpool.rollout.scoring import GROUPINGS, METHODS
+from turnpool.rollout.settings import TREE_MODES
 
 ON_BUDGET_EXHAUSTED = ("raise", "keep_all", "return_short")
 COLLECTOR_MODES = ("lockstep", "async")
@@ -188,6 +189,12 @@ SCHEMA: dict[str, Any] = {
             "target_groups": OPT_INT,
             "on_budget_exhausted": _T("string", lambda v: isinstance(v, str),
                                       choices=ON_BUDGET_EXHAUSTED),
+            "tree": {
+                "mode": _T("string", lambda v: isinstance(v, str), choices=TREE_MODES),
+                "width": INT,
+                "prefix_turns": INT,
+                "score": STR,
+            },
         },
     },
 }

@@ -57,11 +57,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -81,7 +82,15 @@ from turnpool.rollout.metrics import Clock, batch_metrics
 from turnpool.rollout.prompts import build_messages, env_prompts
 from turnpool.rollout.scoring import compute_scores
 from turnpool.rollout.settings import CollectorSettings, RolloutPlan, TagSpec
-from turnpool.rollout.trajectory import Trajectory, Turn, write_jsonl
+from turnpool.rollout.trajectory import TokenView, Trajectory, Turn, turn_samples, write_jsonl
+from turnpool.rollout.tree import (
+    TreeNode,
+    check_tree,
+    group_uid,
+    link_group,
+    path_turns,
+    play_tree,
+)
 from turnpool.worker.protocol import FAILURE_CLASSES, Failure
 
 log = logging.getLogger(__name__)
@@ -106,10 +115,41 @@ class RolloutBatch:
 
     trajectories: list[Trajectory]
     metrics: dict[str, float]
+    #: tree rollouts: every node of the returned groups' trees, in the order played
+    tree: list[TreeNode] = field(default_factory=list)
 
     def to_jsonl(self, dest: str | Path | IO[str]) -> int:
         """Write the trajectories as canonical JSONL; returns the number of lines."""
         return write_jsonl(self.trajectories, dest)
+
+    def chosen(self) -> list[Trajectory]:
+        """Tree rollouts (best_of_n, beam): each group's chosen path."""
+        return [t for t in self.trajectories if t.chosen]
+
+    def to_tree(self) -> list[dict[str, Any]]:
+        """The trees as JSON objects, one per node (``node_id``, ``parent_id``, ``group_uid``,
+        ``turn``, ``env_id``, ``score``, ``kept``, ``chosen`` and the turn ``record``); the
+        nodes of one group form a forest rooted at its reset state (``parent_id`` None)."""
+        return [n.to_dict() for n in self.tree]
+
+    def write_tree(self, dest: str | Path | IO[str]) -> int:
+        """Write `to_tree` as canonical JSONL (one node a line); returns the number of lines."""
+        if isinstance(dest, (str, Path)):
+            with open(dest, "w", encoding="utf-8") as fh:
+                return self.write_tree(fh)
+        for node in self.to_tree():
+            dest.write(json.dumps(node, sort_keys=True, ensure_ascii=False, allow_nan=False)
+                       + "\n")
+        return len(self.tree)
+
+    def path(self, node_id: str) -> list[Turn]:
+        """The turns from the reset state to ``node_id`` (any node, discarded ones too)."""
+        return path_turns(self.tree, node_id)
+
+    def path_samples(self, node_id: str) -> list[TokenView]:
+        """The path to ``node_id`` as token-exact training samples (as
+        `Trajectory.token_samples`: token policies only)."""
+        return turn_samples(self.path(node_id), f"node {node_id}")
 
 
 class TrajectoryCollector:
@@ -128,6 +168,7 @@ class TrajectoryCollector:
         self._owns_pool, self._owns_policy = owns_pool, owns_policy
         self._closed = False
         self.tags = list(tags) if tags is not None else _tags_from_pool(pool)
+        check_tree(s.tree, pool)
         self.group_size = int(pool.group_n)
         self.n_groups = int(pool.n_groups)
         self._prompt_of = env_prompts(self.tags, pool.tags, s.turn)
@@ -135,6 +176,8 @@ class TrajectoryCollector:
         self.turns = TurnRunner(policy, s.turn)
         self._clock = Clock()
         self._failures: Counter[str] = Counter()
+        self._nodes: list[TreeNode] = []
+        self._tree_cost: Counter[str] = Counter()
         self.on_turn: Callable[[int, int, int], None] | None = None
 
     # ------------------------------------------------------------------ construction
@@ -157,6 +200,8 @@ class TrajectoryCollector:
         """One rollout batch: vanilla, or dynamic sampling when ``filter_groups`` is on."""
         self._clock = Clock()
         self._failures = Counter()
+        self._nodes = []
+        self._tree_cost = Counter()
         s = self.settings
         if s.filter_groups:
             groups, dyn = self._dynamic(seed)
@@ -168,7 +213,16 @@ class TrajectoryCollector:
                                 v2=self.settings.turn.ragen_version == "v2")
         metrics.update(dyn)
         metrics.update(self._failure_metrics())
-        return RolloutBatch(trajectories, metrics)
+        if not s.tree.enabled:
+            return RolloutBatch(trajectories, metrics)
+        for g in groups:
+            link_group(g)
+        kept = {t.group_uid for t in trajectories}
+        nodes = [n for n in self._nodes if n.group_uid in kept]
+        for n in nodes:  # discarded candidates too, as the trajectories' turns have it
+            n.record.step_group_uid = step_group_uid(n.group_uid, n.record.anchor_obs)
+        metrics.update(self._tree_metrics(trajectories, nodes))
+        return RolloutBatch(trajectories, metrics, nodes)
 
     def close(self) -> None:
         """Close what the collector built (pool, policy). Idempotent."""
@@ -198,9 +252,40 @@ class TrajectoryCollector:
         eps = start_episodes(self.pool, self._prompt_of, obs, infos)
         for ep in eps:
             ep.gen_batch = gen_batch
+        if self.settings.tree.enabled:
+            return self._play_tree(eps, seed, gen_batch)
         self._play(eps, gen_batch)
         self._failures["started"] += len(eps)
         return self._retry_failed(eps, seed, gen_batch)
+
+    def _play_tree(self, eps: list[EpisodeState], seed: int, gen_batch: int
+                   ) -> list[EpisodeState]:
+        """Play the batch's groups as trees (`turnpool.rollout.tree`); no retries there.
+        Every failed candidate is counted, the ones a branch later replaced too."""
+        self._count_failures(eps)  # failed resets
+        run = play_tree(self.pool, eps, self.settings, self.play_turn, gen_batch=gen_batch,
+                        reset_seed=seed, on_turn=self.on_turn)
+        self._nodes += run.nodes
+        self._tree_cost["forks"] += run.forks
+        self._tree_cost["env_steps"] += run.env_steps
+        self._tree_cost["fork_us"] += round(run.fork_s * 1e6)
+        self._clock.env_steps += run.env_steps
+        self._failures["started"] += len(run.episodes)
+        self._failures.update(run.failures)
+        return run.episodes
+
+    def _tree_metrics(self, trajectories: list[Trajectory], nodes: list[TreeNode]
+                      ) -> dict[str, float]:
+        """``tree/...``: what branching cost (every batch played) and what the returned
+        trees hold; ``tree/chosen_*`` over the groups' chosen paths (best_of_n, beam)."""
+        c = self._tree_cost
+        m = {"tree/forks": float(c["forks"]), "tree/env_steps": float(c["env_steps"]),
+             "tree/fork_s": c["fork_us"] / 1e6, "tree/nodes": float(len(nodes))}
+        chosen = [t for t in trajectories if t.chosen]
+        if chosen:
+            m["tree/chosen_success"] = sum(t.success for t in chosen) / len(chosen)
+            m["tree/chosen_score"] = sum(t.score for t in chosen) / len(chosen)
+        return m
 
     def _play(self, eps: list[EpisodeState], gen_batch: int) -> None:
         """Play freshly reset episodes to their end (or ``max_turn``)."""
@@ -393,19 +478,19 @@ class TrajectoryCollector:
     def _trajectory(self, ep: EpisodeState) -> Trajectory:
         full = dataclasses.replace(self.settings.turn, max_context_window=-1)
         gen_batch = ep.gen_batch
-        group_uid = f"{gen_batch}-{ep.group_id}"
+        uid = group_uid(gen_batch, ep.group_id)
         for turn in ep.turns:
-            turn.step_group_uid = step_group_uid(group_uid, turn.anchor_obs)
+            turn.step_group_uid = step_group_uid(uid, turn.anchor_obs)
         end = ep.end_reason if ep.done else "max_turn"
         return Trajectory(
-            env_id=ep.env_id, group_id=ep.group_id, group_uid=group_uid, tag=ep.tag,
+            env_id=ep.env_id, group_id=ep.group_id, group_uid=uid, tag=ep.tag,
             env_type=ep.prompt.spec.env_type, seed=ep.seed,
             messages=build_messages(ep, full, for_update=True), turns=list(ep.turns),
             final_state=ep.state, num_actions=ep.num_actions, penalty=ep.penalty,
             success=ep.success, terminated=ep.terminated, truncated=ep.truncated,
             end_reason=end, error=ep.error, failure=ep.failure,
             score=sum(t.reward for t in ep.turns),
-            gen_batch=gen_batch)
+            gen_batch=gen_batch, chosen=ep.chosen)
 
     def _score(self, trajectories: list[Trajectory]) -> None:
         s = self.settings

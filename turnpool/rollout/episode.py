@@ -59,6 +59,8 @@ class EpisodeState:
     failure: str | None = None
     retryable: bool = False
     gen_batch: int = 0
+    #: tree rollouts: whether this episode is its group's chosen path (None: no choice made)
+    chosen: bool | None = None
 
     def fail(self, error: str, failure: str) -> None:
         """End the episode as failed (never scored: the collector retries or drops it)."""

@@ -13,7 +13,7 @@ once, in EnvPool's signature, and a key the user did not set is simply absent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +91,60 @@ class AsyncSettings:
             raise ValueError(f"policy_workers must be >= 1, got {self.policy_workers}")
 
 
+#: the collector's tree modes (`TreeSettings.mode`)
+TREE_MODES = ("none", "best_of_n", "beam", "shared_prefix")
+#: the built-in scores of a tree node: the episode's env reward so far, or its last turn's
+TREE_SCORES = ("return", "reward")
+
+
+@dataclass(frozen=True)
+class TreeSettings:
+    """Tree rollouts (``turnpool.collector.tree.*``, `turnpool.rollout.tree`): a group's
+    ``group_n`` members are the branch slots of one tree.
+
+    Args:
+        mode: ``"none"`` (independent episodes), ``"best_of_n"`` (every turn, each slot
+            continues the group's best state with its own sample; the best is kept),
+            ``"beam"`` (the ``width`` best states are kept and share the slots) or
+            ``"shared_prefix"`` (member 0 plays ``prefix_turns`` turns alone, then every
+            member continues from its state: a GRPO group sharing a prefix).
+        width: beam only: states kept per group (1 <= width <= group_n).
+        prefix_turns: shared_prefix only: the turns of the shared prefix (k >= 1).
+        score: what ranks the candidates: ``"return"`` (env reward summed over the
+            episode so far), ``"reward"`` (the last turn's env reward), an import path
+            ``"module:function"`` or a callable, given the candidate's
+            `turnpool.rollout.episode.EpisodeState` and returning a float. Ties go to the
+            lowest member index.
+    """
+
+    mode: str = "none"
+    width: int = 1
+    prefix_turns: int = 1
+    score: str | Callable[[Any], float] = "return"
+
+    def __post_init__(self) -> None:
+        if self.mode not in TREE_MODES:
+            raise ValueError(f"tree mode must be one of {', '.join(TREE_MODES)}, got "
+                             f"{self.mode!r}")
+        if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
+            raise ValueError(f"tree width must be an int >= 1, got {self.width!r}")
+        if (isinstance(self.prefix_turns, bool) or not isinstance(self.prefix_turns, int)
+                or self.prefix_turns < 1):
+            raise ValueError(f"tree prefix_turns must be an int >= 1, got "
+                             f"{self.prefix_turns!r}")
+        if isinstance(self.score, str):
+            if self.score not in TREE_SCORES and ":" not in self.score:
+                raise ValueError(f"tree score must be {' or '.join(TREE_SCORES)}, a "
+                                 f"'module:function' path or a callable, got {self.score!r}")
+        elif not callable(self.score):
+            raise ValueError(f"tree score must be a string or a callable, got "
+                             f"{self.score!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+
 @dataclass(frozen=True)
 class CollectorSettings:
     """How trajectories are collected (``agent_proxy``, ``algorithm.filter_groups``, ...).
@@ -125,6 +179,8 @@ class CollectorSettings:
     #: what is left and the episode ends with ``end_reason="token_budget"`` once no reply
     #: fits (TRL's ``max_completion_length``). None: no limit.
     max_episode_tokens: int | None = None
+    #: tree rollouts (`TreeSettings`; lock-step collector only)
+    tree: TreeSettings = field(default_factory=TreeSettings)
 
     def __post_init__(self) -> None:
         if self.failed_groups not in ("drop", "keep"):
@@ -138,6 +194,10 @@ class CollectorSettings:
             raise ValueError(f"max_turn must be >= 1, got {self.max_turn}")
         if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
             raise ValueError(f"max_episode_tokens must be >= 1, got {self.max_episode_tokens}")
+        if self.tree.enabled and self.collector_mode != "lockstep":
+            raise ValueError(f"tree mode {self.tree.mode!r} needs the lockstep collector "
+                             f"(turnpool.collector.mode=lockstep): the async driver plays "
+                             f"each env on its own and cannot branch a group's turn")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
@@ -61,6 +61,10 @@ class Turn:
     prompt_extends: bool | None = None
     #: "tokens" (ids in, ids out) or "chat" (the server tokenized a chat); None: no tokens
     token_path: str | None = None
+    #: tree rollouts: this turn's node in its group's tree, and the node of the turn before
+    #: it on the same path (None on the first turn); None outside tree modes
+    node_id: str | None = None
+    parent_id: str | None = None
 
     @property
     def manager_invalid_action(self) -> bool:
@@ -71,6 +75,10 @@ class Turn:
 
 #: Turn fields that exist only for token-level turns (left out of text-only JSONL).
 TOKEN_FIELDS = ("prompt_ids", "response_ids", "logprobs", "prompt_extends", "token_path")
+#: Turn and Trajectory fields that exist only in tree rollouts (left out of the JSONL of
+#: independent episodes, which stays byte for byte what it was)
+TURN_TREE_FIELDS = ("node_id", "parent_id")
+TREE_FIELDS = ("node_id", "parent_id", "branch_turn", "chosen")
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,14 @@ class Trajectory:
     score: float = 0.0
     normalized_score: float = 0.0
     gen_batch: int = 0
+    #: tree rollouts (`turnpool.rollout.tree`): the node of the last turn, the node this
+    #: episode branched off its group at (the last turn it shares with another member;
+    #: None: it shares none), the turn at which it branched (its first own turn), and
+    #: whether it is its group's chosen path (best_of_n / beam; None in shared_prefix)
+    node_id: str | None = None
+    parent_id: str | None = None
+    branch_turn: int | None = None
+    chosen: bool | None = None
 
     @property
     def rewards(self) -> list[float]:
@@ -139,28 +155,7 @@ class Trajectory:
         if not self.has_tokens:
             raise ValueError(f"trajectory of env {self.env_id} has no token ids "
                              f"(the policy does not report tokens)")
-        samples: list[TokenView] = []
-        prompt: list[int] = []
-        response: list[int] = []
-        mask: list[int] = []
-        logps: list[float] = []
-        for k, turn in enumerate(self.turns):
-            if k == 0 or not turn.prompt_extends:
-                if k > 0:
-                    samples.append(TokenView(prompt, response, mask, logps))
-                prompt, response, mask, logps = list(turn.prompt_ids or []), [], [], []
-            else:
-                env_ids = list(turn.prompt_ids or [])
-                response += env_ids
-                mask += [0] * len(env_ids)
-                logps += [0.0] * len(env_ids)
-            ids = list(turn.response_ids or [])
-            lp = list(turn.logprobs or [])
-            response += ids
-            mask += [1] * len(ids)
-            logps += (lp + [0.0] * len(ids))[: len(ids)]
-        samples.append(TokenView(prompt, response, mask, logps))
-        return samples
+        return turn_samples(self.turns, f"trajectory of env {self.env_id}")
 
     @property
     def is_one_sequence(self) -> bool:
@@ -185,9 +180,10 @@ class Trajectory:
         d = asdict(self)
         d["rewards"] = self.rewards
         for turn in d["turns"]:
-            if turn.get("response_ids") is None:
-                for key in TOKEN_FIELDS:
-                    turn.pop(key, None)
+            _strip_turn(turn)
+        if self.node_id is None:
+            for key in TREE_FIELDS:
+                d.pop(key, None)
         if self.is_one_sequence:
             d["tokens"] = self.token_view().to_dict()
         elif self.has_tokens:
@@ -200,6 +196,52 @@ class Trajectory:
         kw = {k: v for k, v in d.items() if k in names}
         kw["turns"] = [Turn(**t) for t in d.get("turns", [])]
         return cls(**kw)
+
+
+def turn_samples(turns: Sequence[Turn], what: str = "turns") -> list[TokenView]:
+    """Token-level turns as training samples (see `Trajectory.token_samples`); ``what``
+    names them in the ``ValueError`` raised when a turn has no tokens."""
+    if not turns or not all(t.response_ids is not None and t.prompt_ids is not None
+                            for t in turns):
+        raise ValueError(f"{what} has no token ids (the policy does not report tokens)")
+    samples: list[TokenView] = []
+    prompt: list[int] = []
+    response: list[int] = []
+    mask: list[int] = []
+    logps: list[float] = []
+    for k, turn in enumerate(turns):
+        if k == 0 or not turn.prompt_extends:
+            if k > 0:
+                samples.append(TokenView(prompt, response, mask, logps))
+            prompt, response, mask, logps = list(turn.prompt_ids or []), [], [], []
+        else:
+            env_ids = list(turn.prompt_ids or [])
+            response += env_ids
+            mask += [0] * len(env_ids)
+            logps += [0.0] * len(env_ids)
+        ids = list(turn.response_ids or [])
+        lp = list(turn.logprobs or [])
+        response += ids
+        mask += [1] * len(ids)
+        logps += (lp + [0.0] * len(ids))[: len(ids)]
+    samples.append(TokenView(prompt, response, mask, logps))
+    return samples
+
+
+def turn_dict(turn: Turn) -> dict[str, Any]:
+    """One turn as the JSONL line holds it (token and tree fields only where set)."""
+    d = asdict(turn)
+    _strip_turn(d)
+    return _jsonable(d)  # type: ignore[no-any-return]
+
+
+def _strip_turn(d: dict[str, Any]) -> None:
+    if d.get("response_ids") is None:
+        for key in TOKEN_FIELDS:
+            d.pop(key, None)
+    if d.get("node_id") is None:
+        for key in TURN_TREE_FIELDS:
+            d.pop(key, None)
 
 
 def _jsonable(x: Any) -> Any:
