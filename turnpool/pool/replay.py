@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
+#: `ReplayLog.restore_items` looks up envs in each log entry by ``index`` up to this many.
+_FEW = 4
 
 class ReplayLog:
     """Episode seeds (`seeds`) and, per worker, the step requests it completed."""
@@ -29,6 +31,8 @@ class ReplayLog:
         self._mark = [0] * num_envs
         # Per env put in a mid-episode state (a restore or fork), the turns before its mark.
         self._prefix: dict[int, Sequence[Sequence[Any]]] = {}
+        # Per worker, restores since its log was last compacted.
+        self._restores = [0] * len(self._slices)
 
     def stepped(self, worker: int, env_ids: Sequence[int], actions: Sequence[Any],
                 single: bool) -> None:
@@ -53,7 +57,13 @@ class ReplayLog:
         self.seeds[env_id] = seed
         self._mark[env_id] = len(self._log[worker])
         self._prefix[env_id] = turns  # kept aside: the worker's log does not grow per restore
-        self._compact(worker, broken)
+        # A restore can only free entries older than every live episode; scanning the worker's
+        # envs for that on every fork would make a fork linear in them, so it is done once
+        # per as many restores as the worker has envs / 16 (the log grows by steps, not
+        # restores, so this only delays freeing).
+        self._restores[worker] += 1
+        if self._restores[worker] * 16 >= len(self._slices[worker]):
+            self._compact(worker, broken)
 
     def mark(self, env_id: int) -> int:
         """Where env ``env_id``'s episode starts in its worker's log."""
@@ -78,11 +88,15 @@ class ReplayLog:
         turns: dict[int, list[Any]] = {i: list(self._prefix.get(i, ())) for i in env_ids}
         if env_ids:
             log = self._log[worker]
-            for index in range(min(self._mark[i] for i in env_ids), len(log)):
-                ids, actions, single = log[index]
-                for i, acts in zip(ids, actions):
-                    if i in turns and index >= self._mark[i]:
-                        turns[i].append([acts] if single else acts)
+            start = min(self._mark[i] for i in env_ids)
+            if len(env_ids) <= _FEW:
+                self._few_turns(log, start, env_ids, turns)
+            else:
+                for index in range(start, len(log)):
+                    ids, actions, single = log[index]
+                    for i, acts in zip(ids, actions):
+                        if i in turns and index >= self._mark[i]:
+                            turns[i].append([acts] if single else acts)
         out: list[tuple[int, int, list[Any]]] = []
         for i in env_ids:
             seed = self.seeds[i]
@@ -90,8 +104,25 @@ class ReplayLog:
             out.append((i, seed, turns[i]))
         return out
 
+    def _few_turns(self, log: list[tuple[Any, Any, bool]], start: int, env_ids: list[int],
+                   turns: dict[int, list[Any]]) -> None:
+        """`restore_items` for a few envs (a snapshot): each entry's position of an env is
+        found by ``ids.index`` (C speed), not by walking every env of a whole-pool step."""
+        marks = [(i, self._mark[i]) for i in env_ids]
+        for index in range(start, len(log)):
+            ids, actions, single = log[index]
+            for i, mark in marks:
+                if index < mark:
+                    continue
+                try:
+                    pos = ids.index(i)
+                except ValueError:
+                    continue
+                turns[i].append([actions[pos]] if single else actions[pos])
+
     def _compact(self, worker: int, broken: Collection[int]) -> None:
         """Forget log entries older than every live episode of the worker."""
+        self._restores[worker] = 0
         live = [self._mark[i] for i in self._slices[worker]
                 if self.seeds[i] is not None and i not in broken]
         cut = min(live) if live else len(self._log[worker])
