@@ -123,16 +123,18 @@ def test_a_divergence_in_a_later_turn_is_the_first_in_the_file(tmp_path: Path) -
     assert report["divergent_episodes"] == 2
 
 
+@pytest.mark.parametrize("ragen", ["v1", "v2"])
 def test_lockstep_and_async_record_the_same_transitions_as_the_trajectories(
-        tmp_path: Path) -> None:
+        tmp_path: Path, ragen: str) -> None:
     """The record is what the pool returned: each step's actions and results match the
     trajectory's turn (executed actions, reward, the next turn's state), and the async
-    collector records each env's transitions as lock-step does."""
+    collector records each env's transitions as lock-step does. v1 runs a multi-action turn
+    as one pool call, v2 as one call per action, merged: either is one step."""
     by_mode = {}
     for mode in ("lockstep", "async"):
         record, out = tmp_path / f"{mode}.jsonl", tmp_path / f"{mode}.out.jsonl"
-        res = _run("rollout", "--no-progress", *LAKE, f"turnpool.collector.mode={mode}",
-                   "--record", str(record), "--out", str(out))
+        res = _run("rollout", "--no-progress", *LAKE, f"turnpool.ragen_version={ragen}",
+                   f"turnpool.collector.mode={mode}", "--record", str(record), "--out", str(out))
         assert res.exit_code == 0, res.output
         by_mode[mode] = _lines(record)
         res, _ = _replay(record)
@@ -141,6 +143,7 @@ def test_lockstep_and_async_record_the_same_transitions_as_the_trajectories(
     assert lock[1:] == asy[1:]
     assert {k: v for k, v in lock[0].items() if k != "collector_mode"} == \
         {k: v for k, v in asy[0].items() if k != "collector_mode"}
+    assert lock[0]["ragen_version"] == ragen
     trajectories = {t.env_id: t for t in read_jsonl(tmp_path / "async.out.jsonl")}
     assert len(trajectories) == len(lock) - 1 == 24
     multi = 0
@@ -161,9 +164,11 @@ def test_lockstep_and_async_record_the_same_transitions_as_the_trajectories(
 
 
 def test_a_record_replays_on_another_backend_over_several_batches(tmp_path: Path) -> None:
+    """An async run on process workers (each env's steps in a timing-dependent order)
+    records what a lock-step sequential run records, and each replays on the other."""
     record = tmp_path / "proc.jsonl.gz"
     res = _run("rollout", "--no-progress", *LAKE, "--backend", "process", "--workers", "2",
-               "--batches", "2", "--record", str(record))
+               "turnpool.collector.mode=async", "--batches", "2", "--record", str(record))
     assert res.exit_code == 0, res.output
     lines = _lines(record)
     assert {d["batch"] for d in lines[1:]} == {0, 1} and len(lines) == 1 + 48
