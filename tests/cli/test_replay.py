@@ -187,6 +187,24 @@ def test_a_record_replays_on_another_backend_over_several_batches(tmp_path: Path
     assert report["divergent_episodes"] == 0 and report["transitions"] > 48
 
 
+def test_dynamic_sampling_records_every_generation_batch(tmp_path: Path) -> None:
+    """Groups that dynamic sampling drops were played too: their envs' transitions are in
+    the record, one ``batch`` per generation batch."""
+    record, summary = tmp_path / "dyn.jsonl", tmp_path / "s.json"
+    res = _run("rollout", "--no-progress", *LAKE, "algorithm.filter_groups.enable=true",
+               "algorithm.filter_groups.max_num_gen_batches=30",
+               "turnpool.collector.target_groups=6", "--record", str(record),
+               "--json", str(summary))
+    assert res.exit_code == 0, res.output
+    batches = int(json.loads(summary.read_text())["metrics"]["dynamic/gen_batches"])
+    lines = _lines(record)
+    assert batches >= 2 and len(lines) == 1 + 24 * batches
+    assert [d["batch"] for d in lines[1:]] == [b for b in range(batches) for _ in range(24)]
+    res, report = _replay(record, json_out=tmp_path / "r.json")
+    assert res.exit_code == 0, res.output
+    assert report["episodes"] == 24 * batches and report["divergent_episodes"] == 0
+
+
 def test_a_file_that_is_not_a_record_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
     record = tmp_path / "lake.jsonl"
     out = tmp_path / "trajectories.jsonl"
