@@ -75,6 +75,7 @@ Examples:
   turnpool rollout                            # Sokoban, oracle policy, auto backend
   turnpool rollout --backend process --workers 4 --policy random --seed 7
   turnpool rollout turnpool.collector.mode=async --json summary.json
+  turnpool rollout --record run.jsonl.gz      # then: turnpool replay run.jsonl.gz
   turnpool envs                               # registered envs and RAGEN tags
   turnpool bench pool                         # quick (<= 1 min); --full for the grid
 """
