@@ -4,6 +4,8 @@ One module per command in this package, each imported only when used, so ``turnp
 does not pay for ray or transformers:
 
     turnpool rollout [--config F] [key=value ...] [--json F] [--out trajectories.jsonl]
+                     [--record run.jsonl.gz]
+    turnpool replay run.jsonl.gz [--backend B] [--workers N]
     turnpool envs [--all]
     turnpool bench envs|pool|rollout|webshop [--json F]
     turnpool webshop serve
@@ -22,6 +24,7 @@ import click
 # command name -> "module:attribute" of a click.Command
 _COMMANDS: dict[str, str] = {
     "rollout": "turnpool.cli.rollout:rollout",
+    "replay": "turnpool.cli.replay:replay",
     "envs": "turnpool.cli.envs:envs",
     "bench": "turnpool.cli.bench:bench",
     "webshop": "turnpool.cli.webshop:webshop",
@@ -72,6 +75,7 @@ Examples:
   turnpool rollout                            # Sokoban, oracle policy, auto backend
   turnpool rollout --backend process --workers 4 --policy random --seed 7
   turnpool rollout turnpool.collector.mode=async --json summary.json
+  turnpool rollout --record run.jsonl.gz      # then: turnpool replay run.jsonl.gz
   turnpool envs                               # registered envs and RAGEN tags
   turnpool bench pool                         # quick (<= 1 min); --full for the grid
 """

@@ -5,6 +5,8 @@
         --json summary.json --out trajectories.jsonl
     turnpool rollout --backend process --workers 4 --policy random --seed 7
     turnpool rollout turnpool.collector.tree.mode=best_of_n --out t.jsonl --tree-out tree.jsonl
+    turnpool rollout turnpool.collector.mode=async --record run.jsonl.gz   # then:
+    turnpool replay run.jsonl.gz
 
 ``--backend``, ``--workers`` and ``--policy`` are shorthands for the dotlist keys
 ``turnpool.backend``, ``turnpool.num_workers`` and ``turnpool.policy.name``.
@@ -12,6 +14,10 @@
 The rollout summary (stdout) has one row per tag (success, pass@k, valid-action ratio, format
 penalty rate, mean actions, errors) and the time split: env-steps/s, env time vs policy time,
 env time per turn. The progress bar goes to stderr.
+
+``--record FILE`` writes every episode attempt's env transitions (env, seed, actions sent, what
+the pool returned; `turnpool.rollout.record`), in lock-step and async mode, over all
+``--batches``; ``turnpool replay FILE`` re-runs and compares them (`turnpool.cli.replay`).
 
 Exit codes (each failure is one readable line on stderr): 0 success; 1 the run failed (envs
 that cannot be built, dynamic sampling out of budget); 2 invalid config or arguments (an
@@ -29,6 +35,8 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -54,6 +62,7 @@ from turnpool.policies.base import PolicyUnreachable
 from turnpool.pool.api import EnvConstructionError
 from turnpool.ragen.config import ConfigError, load_config, rollout_plan
 from turnpool.rollout.collector import BudgetExhausted, RolloutBatch, TrajectoryCollector
+from turnpool.rollout.record import Recorder
 from turnpool.rollout.trajectory import write_jsonl
 from turnpool.worker.protocol import FAILURE_CLASSES
 
@@ -99,6 +108,9 @@ Examples:
 @click.option("--tree-out", "tree_path", type=click.Path(dir_okay=False),
               help="Tree rollouts (turnpool.collector.tree.mode): write every node of the "
                    "trees as JSONL (node_id, parent_id, turn, score, kept, chosen, record).")
+@click.option("--record", "record_path", type=click.Path(dir_okay=False),
+              help="Record every env transition (JSONL; gzip if it ends in .gz) for "
+                   "turnpool replay.")
 @click.option("--mode", type=click.Choice(["train", "val"]), default="train", show_default=True,
               help="Which es_manager section to run.")
 @click.option("--seed", type=int, default=None, help="Reset seed (default: seed.<mode>).")
@@ -114,7 +126,7 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
             workers: int | None, policy: str | None, json_path: str | None,
             out_path: str | None, mode: str, seed: int | None, progress: bool,
             batches: int = 1, max_failed_fraction: float = 0.1,
-            tree_path: str | None = None) -> None:
+            tree_path: str | None = None, record_path: str | None = None) -> None:
     """Collect one batch of trajectories and print a summary.
 
     OVERRIDES are dotted key=value pairs, e.g. es_manager.train.env_groups=4
@@ -145,7 +157,7 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
                 if out_path and not parquet else None)
     results: list[RolloutBatch] = []
     try:
-        with collector:
+        with collector, _recording(collector, record_path) as recorder:
             batch = _collect(collector, plan.collector.max_turn, seed, batches, progress,
                              err_console, results, out_file)
             backend, workers = collector.pool.backend_name, collector.pool.num_workers
@@ -183,6 +195,9 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
         console.print(f"wrote {total} trajectories to {out_path}")
     if tree_path:
         console.print(f"wrote {nodes} tree nodes to {tree_path}")
+    if recorder is not None:
+        console.print(f"recorded {recorder.episodes} episode attempts to {record_path}",
+                      soft_wrap=True)
     failed = batch.metrics.get("failures/unrecovered_fraction", 0.0)
     if failed > max_failed_fraction:
         classes = ", ".join(f"{name} {batch.metrics[f'failures/{name}']:.0f}"
@@ -191,6 +206,34 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
         raise RolloutFailed(f"{100 * failed:.0f}% of episodes failed after retries (more "
                             f"than --max-failed-fraction {max_failed_fraction:g}): {classes}",
                             EXIT_TOO_MANY_FAILURES)
+
+
+@contextmanager
+def _recording(collector: TrajectoryCollector, path: str | None
+               ) -> Iterator[Recorder | None]:
+    """Record the run to ``path`` (nothing without one): the file is closed, and holds
+    every episode attempt finished so far, however the run ends."""
+    if not path:
+        yield None
+        return
+    from turnpool import __version__
+    from turnpool.rollout.record import open_for_writing
+
+    try:
+        header = collector.record_header(__version__)
+    except ValueError as exc:
+        raise RolloutFailed(f"--record: {exc}", EXIT_USAGE) from exc
+    try:
+        fh = open_for_writing(path)
+    except OSError as exc:
+        raise RolloutFailed(f"--record {path}: {exc.strerror or exc}", EXIT_USAGE) from exc
+    with fh:
+        recorder = Recorder(fh, header)
+        collector.record_to(recorder)
+        try:
+            yield recorder
+        finally:
+            collector.record_to(None)
 
 
 def _collect(collector: TrajectoryCollector, max_turn: int, seed: int | None, batches: int,

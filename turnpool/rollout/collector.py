@@ -40,6 +40,10 @@ each turn is a whole prompt of its own. The async driver records text only.
 Seeds follow `turnpool.rollout.episode.SeedSchedule` (``seed_base``, ``mode``); each
 trajectory records the seed the pool gave its env.
 
+Record: `TrajectoryCollector.record_to` writes every episode attempt's env transitions (seed,
+actions sent, what the pool returned) to a `turnpool.rollout.record.Recorder`, in both modes;
+`turnpool.rollout.replay` re-runs and compares them.
+
 Example:
     >>> from turnpool.policies import make_policy
     >>> from turnpool.pool import EnvPool
@@ -80,6 +84,7 @@ from turnpool.rollout.episode import (
 )
 from turnpool.rollout.metrics import Clock, batch_metrics
 from turnpool.rollout.prompts import build_messages, env_prompts
+from turnpool.rollout.record import Recorder, record_header
 from turnpool.rollout.scoring import compute_scores
 from turnpool.rollout.settings import CollectorSettings, RolloutPlan, TagSpec
 from turnpool.rollout.trajectory import TokenView, Trajectory, Turn, turn_samples, write_jsonl
@@ -179,6 +184,7 @@ class TrajectoryCollector:
         self._nodes: list[TreeNode] = []
         self._tree_cost: Counter[str] = Counter()
         self.on_turn: Callable[[int, int, int], None] | None = None
+        self.recorder: Recorder | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -224,6 +230,32 @@ class TrajectoryCollector:
         metrics.update(self._tree_metrics(trajectories, nodes))
         return RolloutBatch(trajectories, metrics, nodes)
 
+    def record_to(self, recorder: Recorder | None) -> None:
+        """From now on, write every episode attempt's env transitions to ``recorder`` (None:
+        stop); `record_header` gives its header line. Lock-step and async record through the
+        same hook (`TurnRunner.record`), retried and failed attempts included."""
+        if recorder is not None:
+            self._check_recordable()
+        self.recorder = recorder
+        self.turns.sink = recorder
+
+    def record_header(self, version: str) -> dict[str, Any]:
+        """The header line of a record of this collector's runs (`turnpool.rollout.record`);
+        ``version``: the turnpool version that writes it."""
+        self._check_recordable()
+        s = self.settings
+        return record_header(self.pool.specs, group_n=self.group_size,
+                             collector_mode=s.collector_mode,
+                             ragen_version=s.turn.ragen_version, max_turn=s.max_turn,
+                             max_actions_per_turn=s.turn.max_actions_per_turn,
+                             version=version)
+
+    def _check_recordable(self) -> None:
+        if self.settings.tree.enabled:
+            raise ValueError("a tree rollout cannot be recorded: its branches put envs into "
+                             "other envs' states mid-episode, which a replay from seeds does "
+                             "not see (set turnpool.collector.tree.mode=none to record)")
+
     def close(self) -> None:
         """Close what the collector built (pool, policy). Idempotent."""
         if self._closed:
@@ -254,7 +286,11 @@ class TrajectoryCollector:
             ep.gen_batch = gen_batch
         if self.settings.tree.enabled:
             return self._play_tree(eps, seed, gen_batch)
+        if self.recorder is not None:
+            self.recorder.begin(eps, obs, infos, attempt=0)
         self._play(eps, gen_batch)
+        if self.recorder is not None:
+            self.recorder.finish(eps)
         self._failures["started"] += len(eps)
         return self._retry_failed(eps, seed, gen_batch)
 
@@ -306,7 +342,7 @@ class TrajectoryCollector:
         """Play retryable failed episodes again from the same seed (bounded); count every
         failed attempt by class."""
         self._count_failures(eps)
-        for _ in range(self.settings.episode_retries):
+        for attempt in range(1, self.settings.episode_retries + 1):
             again = [k for k, ep in enumerate(eps) if ep.error is not None and ep.retryable]
             if not again:
                 break
@@ -318,7 +354,11 @@ class TrajectoryCollector:
             for ep in fresh:
                 ep.gen_batch = gen_batch
             log.info("retrying %d failed episode(s) from their seeds", len(fresh))
+            if self.recorder is not None:
+                self.recorder.begin(fresh, obs, infos, attempt=attempt)
             self._play(fresh, gen_batch)
+            if self.recorder is not None:
+                self.recorder.finish(fresh)
             self._failures["retried"] += len(fresh)
             self._count_failures(fresh)
             for k, ep in zip(again, fresh):

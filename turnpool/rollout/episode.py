@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from turnpool.policies.base import FailedReply, Message, Policy, TurnContext
 from turnpool.pool import EnvPool, TurnResult
@@ -200,6 +200,15 @@ def step_plans(pool: EnvPool, eps: Sequence[EpisodeState], plans: Sequence[TurnP
     Under RAGEN v2 (``settings.ragen_version``) a turn's info is every action's, merged:
     see `step_singly`."""
     runs = [(ep.env_id, list(p.to_execute)) for ep, p in zip(eps, plans)]
+    return step_runs(pool, runs, singly=settings is not None and settings.ragen_version == "v2")
+
+
+def step_runs(pool: EnvPool, runs: list[tuple[int, list[Any]]], *, singly: bool = False
+              ) -> list[TurnResult | None]:
+    """Execute ``runs`` (env id, actions): the envs with actions in one ``step_turns`` call,
+    or (``singly``, RAGEN v2) one action per call, merged (`step_singly`). None where an
+    env got no actions. The turn executor of `step_plans` and of a replay
+    (`turnpool.rollout.replay`)."""
 
     def step(batch: list[tuple[int, list[Any]]]) -> list[TurnResult | None]:
         run = [k for k, (_, acts) in enumerate(batch) if acts]
@@ -210,9 +219,7 @@ def step_plans(pool: EnvPool, eps: Sequence[EpisodeState], plans: Sequence[TurnP
                 results[k] = r
         return results
 
-    if settings is not None and settings.ragen_version == "v2":
-        return step_singly(step, runs)
-    return step(runs)
+    return step_singly(step, runs) if singly else step(runs)
 
 
 #: The info key of an env's own unshaped reward (RAGEN v2 sums it over a turn's actions).
@@ -285,12 +292,25 @@ class SeedSchedule:
         return int(seed)
 
 
+class TransitionSink(Protocol):
+    """Where `TurnRunner.record` sends each env transition as the pool returned it (a
+    `turnpool.rollout.record.Recorder`)."""
+
+    def step(self, ep: EpisodeState, actions: Sequence[Any], result: TurnResult) -> None: ...
+
+
 class TurnRunner:
-    """The steps of one turn for any subset of episodes: prompts, generate, plan, record."""
+    """The steps of one turn for any subset of episodes: prompts, generate, plan, record.
+
+    ``sink``: where each turn that called the pool also goes, with the actions sent and
+    the `TurnResult` (before `apply_turn` reads it); both collector modes record through
+    here, so a record of an async run holds every env's transitions in its own order.
+    """
 
     def __init__(self, policy: Policy, settings: TurnSettings) -> None:
         self.policy = policy
         self.settings = settings
+        self.sink: TransitionSink | None = None
 
     def prompts(self, eps: Sequence[EpisodeState]
                 ) -> tuple[list[list[Message]], list[TurnContext]]:
@@ -312,6 +332,8 @@ class TurnRunner:
     def record(self, ep: EpisodeState, plan: TurnPlan, result: TurnResult | None) -> None:
         """Record ``ep``'s turn (``result`` None: nothing was executed)."""
         apply_turn(ep, plan, result, self.settings)
+        if self.sink is not None and result is not None:
+            self.sink.step(ep, plan.to_execute, result)
 
     def _context(self, ep: EpisodeState) -> TurnContext:
         s = self.settings

@@ -188,7 +188,7 @@ class Trajectory:
             d["tokens"] = self.token_view().to_dict()
         elif self.has_tokens:
             d["token_samples"] = [v.to_dict() for v in self.token_samples()]
-        return _jsonable(d)  # type: ignore[no-any-return]
+        return plain_json(d)  # type: ignore[no-any-return]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
@@ -232,7 +232,7 @@ def turn_dict(turn: Turn) -> dict[str, Any]:
     """One turn as the JSONL line holds it (token and tree fields only where set)."""
     d = asdict(turn)
     _strip_turn(d)
-    return _jsonable(d)  # type: ignore[no-any-return]
+    return plain_json(d)  # type: ignore[no-any-return]
 
 
 def _strip_turn(d: dict[str, Any]) -> None:
@@ -244,12 +244,13 @@ def _strip_turn(d: dict[str, Any]) -> None:
             d.pop(key, None)
 
 
-def _jsonable(x: Any) -> Any:
-    """Plain JSON types only (numpy scalars, tuples and non-finite floats handled)."""
+def plain_json(x: Any) -> Any:
+    """``x`` as plain JSON types (numpy scalars and arrays as lists or numbers, tuples as
+    lists, non-finite floats as their repr, anything else as its repr)."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): plain_json(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [plain_json(v) for v in x]
     if isinstance(x, bool) or x is None or isinstance(x, str):
         return x
     if isinstance(x, int):
@@ -257,13 +258,29 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, float):
         return x if math.isfinite(x) else repr(x)
     if isinstance(x, (np.generic, np.ndarray)):  # numpy scalars and arrays
-        return _jsonable(x.tolist())
+        return plain_json(x.tolist())
     return repr(x)
+
+
+def canonical(x: Any) -> str:
+    """``x`` as canonical JSON text: plain JSON types (numpy scalars, tuples and non-finite
+    floats as `Trajectory.to_dict` writes them), sorted keys, no ASCII escaping. The one form
+    in which turnpool stores and compares records byte for byte.
+
+        >>> canonical({"b": (1, 2.0), "a": float("nan")})
+        '{"a": "nan", "b": [1, 2.0]}'
+    """
+    return dumps_plain(plain_json(x))
+
+
+def dumps_plain(plain: Any) -> str:
+    """`canonical` of a value already made of plain JSON types (no conversion pass)."""
+    return json.dumps(plain, sort_keys=True, ensure_ascii=False, allow_nan=False)
 
 
 def dumps(traj: Trajectory) -> str:
     """One canonical JSON line (no trailing newline)."""
-    return json.dumps(traj.to_dict(), sort_keys=True, ensure_ascii=False, allow_nan=False)
+    return dumps_plain(traj.to_dict())
 
 
 def write_jsonl(trajectories: Iterable[Trajectory], dest: str | Path | IO[str]) -> int:
