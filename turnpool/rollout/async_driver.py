@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -131,8 +131,14 @@ class _Driver:
         self.policy_spans: list[tuple[float, float]] = []
         self.env_spans: list[tuple[float, float]] = []
         self.level = 0
+        # For `_report_level` without a pass over every env per call: how many running envs
+        # have played exactly k turns (`_running_at`), and how many envs played turn k.
+        self._running_at: Counter[int] = Counter()
+        self._played: Counter[int] = Counter()
         for ep in self.eps:
+            self._played.update(range(len(ep.turns)))
             if not self._finished(ep):
+                self._running_at[len(ep.turns)] += 1
                 self._enqueue(ep, time.perf_counter())
 
     # ------------------------------------------------------------------ main loop
@@ -245,8 +251,11 @@ class _Driver:
         self._record(st.ep, st.plan, result, now)
 
     def _record(self, ep: EpisodeState, plan: TurnPlan, result: Any, now: float) -> None:
+        self._running_at[len(ep.turns)] -= 1
         self.turns.record(ep, plan, result)
+        self._played[len(ep.turns) - 1] += 1
         if not self._finished(ep):
+            self._running_at[len(ep.turns)] += 1
             self._enqueue(ep, now)
 
     def _finished(self, ep: EpisodeState) -> bool:
@@ -260,10 +269,11 @@ class _Driver:
         """Call ``on_turn`` for each lock-step turn that every running env has completed."""
         if self.on_turn is None:
             return
-        low = min((len(ep.turns) for ep in self.eps if not self._finished(ep)),
-                  default=self.max_turn)
+        low = self.level  # the fewest turns a running env has played (it only grows)
+        while low < self.max_turn and not self._running_at[low]:
+            low += 1
         while self.level < low:
-            played = sum(len(ep.turns) > self.level for ep in self.eps)
+            played = self._played[self.level]
             if played:
                 self.on_turn(self.level, played)
             self.level += 1
