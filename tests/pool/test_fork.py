@@ -119,6 +119,8 @@ def test_bad_branching_input_is_a_clear_value_error() -> None:
             pool.fork(-1, [1])
         with pytest.raises(ValueError, match="snapshot is of"):
             pool.restore([2], [snap])  # a sokoban snapshot into a frozen lake
+        with pytest.raises(ValueError, match="snapshot is of"):
+            pool.fork(0, [2])  # the same, as one message on their one worker
         with pytest.raises(ValueError, match="not a turnpool Snapshot"):
             pool.restore([1], [{"seed": 1}])  # type: ignore[list-item]
         with pytest.raises(ValueError, match="2 snapshots for 1 envs"):
@@ -134,13 +136,36 @@ def test_bad_branching_input_is_a_clear_value_error() -> None:
         assert pool.env_record(1).status.value == "idle"
 
 
+def test_a_fork_of_a_finished_episode_is_refused_and_changes_nothing() -> None:
+    with EnvPool("frozen_lake", env_num=3, seed=0, backend="sequential") as pool:
+        pool.reset(seed=2)
+        for _ in range(200):  # walk until the episode ends (a hole, the goal or the limit)
+            *_, dones, _ = pool.step(["Down"], env_ids=[0])
+            if dones[0]:
+                break
+        assert dones[0]
+        before = pool.step_turns([[]], env_ids=[1])[0].obs
+        with pytest.raises(ValueError, match="finished"):
+            pool.fork(0, [1, 2])
+        assert pool.step_turns([[]], env_ids=[1])[0].obs == before
+        assert pool.env_record(1).status.value == "idle"
+
+
+@pytest.mark.parametrize("how", ["fork on its worker", "restore from the other worker"])
 @pytest.mark.parametrize("env_type", ["sokoban", "FrozenLake-v1"])
-def test_a_restored_env_survives_the_loss_of_its_worker_exactly(env_type: str) -> None:
+def test_a_restored_env_survives_the_loss_of_its_worker_exactly(env_type: str, how: str
+                                                                ) -> None:
     actions = ACTIONS[env_type]
     with _pool(env_type, "process") as pool:
         pool.reset(seed=4)
         pool.step([actions[2]], env_ids=[2])
-        pool.restore([0], pool.snapshot([2]))  # env 0 (worker 0) now plays env 2's episode
+        assert pool.owner_of(0) == pool.owner_of(1) != pool.owner_of(2)
+        if how == "fork on its worker":  # env 1 (worker 0) is forked into env 0 (`Op.FORK`)
+            pool.step([actions[2]], env_ids=[1])
+            pool.fork(1, [0])
+            pool.restore([2], pool.snapshot([1]))  # env 2, the reference, plays it too
+        else:  # env 0 (worker 0) now plays env 2's episode
+            pool.restore([0], pool.snapshot([2]))
         pool.step([actions[1], actions[1]], env_ids=[0, 2])
         os.kill(pool.worker_pids()[pool.owner_of(0)], signal.SIGKILL)
         for a in (actions[3], actions[0], actions[2]):
@@ -163,6 +188,7 @@ def test_bench_fork_reports_every_env_and_place(tmp_path: Any) -> None:
     rows = json.loads(out.read_text())["rows"]
     assert [(r["env"], r["place"]) for r in rows] == [("countdown", "in-process"),
                                                       ("countdown", "process"),
+                                                      ("countdown", "process-same"),
                                                       ("countdown", "served")]
     assert all(r["p50_us"] <= r["p99_us"] and r["snapshot_bytes"] > 0 for r in rows)
 

@@ -165,6 +165,19 @@ def test_leases_spread_over_workers_and_follow_the_measured_cost() -> None:
         assert worker[engine.lease()] == 0
 
 
+def test_a_lease_near_a_slot_takes_its_worker_only_while_that_stays_balanced() -> None:
+    """A fork's slot prefers its source's worker (one worker message) while that worker's
+    load is within one slot's cost of the least loaded one; past that, placement wins."""
+    with SlotEngine("sokoban", capacity=8, backend="thread", num_workers=2) as engine:
+        worker = {i: w for w, ids in enumerate(engine.pool.backend.slices) for i in ids}
+        src = engine.lease()
+        near = engine.lease(near=src)  # loads 1 / 0: within one slot's cost
+        assert worker[near] == worker[src]
+        farther = engine.lease(near=src)  # loads 2 / 0: the other worker
+        assert worker[farther] != worker[src]
+        assert worker[engine.lease()] != worker[src]  # loads 2 / 2 -> plain placement
+
+
 def test_a_released_slot_stops_holding_the_replay_log() -> None:
     """A session that ends mid-episode must not pin its worker's replay log (which then grows
     with every step of every other session, and makes each restore after a worker loss slower

@@ -446,7 +446,7 @@ def test_the_slot_engine_runs_branching_calls_one_per_slot() -> None:
             fork.result(timeout=30)
         into_itself: concurrent.futures.Future[Any] = concurrent.futures.Future()
         engine.submit(ForkSlotRequest(a, a, into_itself))
-        with pytest.raises(ValueError, match="into itself"):
+        with pytest.raises(ValueError, match="both the source and a destination"):
             into_itself.result(timeout=30)
         snap: concurrent.futures.Future[Any] = concurrent.futures.Future()
         engine.submit(SnapshotSlotRequest(a, snap))

@@ -26,7 +26,7 @@ class FakeSlots:
         self.released: list[int] = []
         self.abandoned: list[int] = []
 
-    def lease(self) -> int:
+    def lease(self, near: int | None = None) -> int:
         if not self.free:
             raise PoolFull("full")
         return self.free.pop(0)

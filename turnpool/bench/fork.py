@@ -2,7 +2,8 @@
 
 For each env (default Sokoban, FrozenLake, Countdown, WebShop) and each place
 (``in-process``: the ``sequential`` backend; ``process``: two worker processes, the source on
-one and the destination on the other; ``served``: a real ``turnpool serve`` child process on
+one and the destination on the other; ``process-same``: both on the source's worker, one
+``Op.FORK`` message; ``served``: a real ``turnpool serve`` child process on
 127.0.0.1 with two process workers, driven over ``/ws`` by a blocking socket client in this
 process), an episode is reset with one seed, takes one step (Countdown: none, its episodes
 are one answer long; WebShop: its oracle's first action, a search) and is forked ``--forks``
@@ -37,7 +38,7 @@ from turnpool.pool import EnvPool
 FIRST_ACTION: dict[str, Any] = {"sokoban": "Up", "frozen_lake": "Left", "countdown": None,
                                 "webshop": "oracle"}
 PLACES = {"in-process": ("sequential", 1, 1), "process": ("process", 2, 3),
-          "served": ("process", 2, 0)}
+          "process-same": ("process", 2, 1), "served": ("process", 2, 0)}
 
 
 def first_action(env: str, obs: str) -> Any:
@@ -166,7 +167,7 @@ def _served(env: str, forks: int) -> tuple[list[float], int, list[float]]:
 @click.option("--env", "envs", multiple=True, type=click.Choice(list(FIRST_ACTION)),
               help="Envs to measure (default: all four).")
 @click.option("--place", "places", multiple=True, type=click.Choice(list(PLACES)),
-              help="Places to measure (default: all three).")
+              help="Places to measure (default: all four).")
 @click.option("--forks", default=2000, show_default=True, help="Timed forks per row.")
 @json_option("Write the rows as JSON here.")
 def command(envs: tuple[str, ...], places: tuple[str, ...], forks: int,

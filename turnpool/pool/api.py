@@ -373,6 +373,14 @@ class EnvPool:
         one with no live episode or a finished one."""
         return branch.snapshot(self._dispatch, self._env_keys, self._branch_ids(env_ids))
 
+    def episode(self, env_id: int) -> Snapshot:
+        """Env ``env_id``'s episode as a `Snapshot` without its state: the seed and the turns
+        since, from the pool's own record (no worker is asked, so it is cheap), restored by
+        reset + replay. It cannot see whether the last turn ended the episode (`snapshot`
+        refuses a finished one): restoring such a snapshot replays to that end. ValueError
+        for an unknown env or one with no live episode."""
+        return branch.episode(self._dispatch, self._env_keys, self._branch_ids([env_id])[0])
+
     def restore(self, env_ids: Sequence[int], snapshots: Sequence[Snapshot]
                 ) -> tuple[list[str], list[dict[str, Any]]]:
         """Put each env in its snapshot's state; returns ``(obs, infos)`` (the current

@@ -82,7 +82,8 @@ class Branched(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class SnapshotSlotRequest:
-    """Snapshot ``slot``'s env mid-episode; ``waiter`` gets its `Snapshot`."""
+    """``slot``'s episode as a `Snapshot` restored by replay (`EnvPool.episode`: the pool's
+    record, no worker call; the caller knows the episode is not over); ``waiter`` gets it."""
 
     slot: int
     waiter: Waiter
@@ -92,7 +93,7 @@ class SnapshotSlotRequest:
         return (self.slot,)
 
     def run(self, pool: SlotPool) -> Snapshot:
-        return pool.snapshot([self.slot])[0]
+        return pool.episode(self.slot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,8 @@ class RestoreSlotRequest:
 @dataclass(frozen=True, slots=True)
 class ForkSlotRequest:
     """Copy ``slot``'s env mid-episode into slot ``dst`` (which continues exactly as
-    ``slot`` would); ``waiter`` gets ``dst``'s `Branched`."""
+    ``slot`` would: `EnvPool.fork`, one worker message when both are on one worker);
+    ``waiter`` gets ``dst``'s `Branched`."""
 
     slot: int
     dst: int
@@ -126,11 +128,8 @@ class ForkSlotRequest:
         return (self.slot, self.dst)
 
     def run(self, pool: SlotPool) -> Branched:
-        if self.dst == self.slot:
-            raise ValueError(f"env slot {self.slot} cannot be forked into itself")
-        snap = pool.snapshot([self.slot])[0]
-        obs, infos = pool.restore([self.dst], [snap])
-        return Branched(obs[0], infos[0], snap)
+        obs, infos = pool.fork(self.slot, [self.dst])
+        return Branched(obs[0], infos[0], pool.episode(self.dst))
 
 
 #: A branching call: run by the driver between its rounds' sends and its poll (it blocks
@@ -164,10 +163,13 @@ class SlotPool(Protocol):
 
     def forget(self, env_ids: list[int]) -> None: ...
 
-    def snapshot(self, env_ids: list[int]) -> list[Snapshot]: ...
+    def episode(self, env_id: int) -> Snapshot: ...
 
     def restore(self, env_ids: list[int], snapshots: list[Snapshot]
                 ) -> tuple[list[str], list[dict[str, Any]]]: ...
+
+    def fork(self, src_id: int, dst_ids: list[int]
+             ) -> tuple[list[str], list[dict[str, Any]]]: ...
 
     def close(self) -> None: ...
 
@@ -206,12 +208,16 @@ class EnvPoolSlots:
     def forget(self, env_ids: list[int]) -> None:
         self.pool.forget(env_ids)
 
-    def snapshot(self, env_ids: list[int]) -> list[Snapshot]:
-        return self.pool.snapshot(env_ids)
+    def episode(self, env_id: int) -> Snapshot:
+        return self.pool.episode(env_id)
 
     def restore(self, env_ids: list[int], snapshots: list[Snapshot]
                 ) -> tuple[list[str], list[dict[str, Any]]]:
         return self.pool.restore(env_ids, snapshots)
+
+    def fork(self, src_id: int, dst_ids: list[int]
+             ) -> tuple[list[str], list[dict[str, Any]]]:
+        return self.pool.fork(src_id, dst_ids)
 
     def close(self) -> None:
         self.pool.close()

@@ -172,14 +172,21 @@ class SlotEngine:
         """Where each worker runs (on Ray: its node; else None)."""
         return self._slots.worker_nodes()
 
-    def lease(self) -> int:
-        """A free slot; `PoolFull` when every slot is leased."""
+    def lease(self, near: int | None = None) -> int:
+        """A free slot on the least loaded worker; `PoolFull` when every slot is leased.
+        ``near`` (a leased slot: a fork's source) prefers that slot's worker while its load
+        is within one slot's mean cost of the least loaded one's, so a fork there is one
+        worker message (`EnvPool.fork`) without crowding one worker."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the slot engine is closed")
             best = cost_model.least_loaded(self.load, [bool(f) for f in self._free])
             if best is None:
                 raise PoolFull(f"all {self.capacity} env slots are leased")
+            if near is not None:
+                w = self._worker[near]
+                if self._free[w] and self.load[w] <= self.load[best] + self._mean_cost:
+                    best = w
             slot = self._free[best].popleft()
             self._leased.add(slot)
             self.load[best] += self.cost[slot] or self._mean_cost
@@ -275,7 +282,7 @@ class SlotEngine:
         return fut
 
     def snapshot_future(self, slot: int) -> asyncio.Future[Snapshot]:
-        """``slot``'s env mid-episode as a `Snapshot` (`EnvPool.snapshot`)."""
+        """``slot``'s episode as a `Snapshot` restored by replay (`EnvPool.episode`)."""
         fut: asyncio.Future[Snapshot] = asyncio.get_running_loop().create_future()
         self.submit(SnapshotSlotRequest(slot, fut))
         return fut

@@ -132,7 +132,7 @@ class Service:
         ``/ws?session_id=``) playing a copy of ``session``'s episode; its observation
         payload with ``session_id``. ``CAPACITY_REACHED`` as for any new session."""
         self._branchable(session)
-        new = self.sessions.open("http")
+        new = self.sessions.open("http", near=session)
         try:
             out: Branched = await self._call(session, lambda: self.engine.fork_future(
                 session.slot, new.slot))

@@ -57,7 +57,7 @@ class Slots(Protocol):
     @property
     def capacity(self) -> int: ...
 
-    def lease(self) -> int: ...
+    def lease(self, near: int | None = None) -> int: ...
 
     def release(self, slot: int) -> None: ...
 
@@ -120,8 +120,10 @@ class SessionTable:
         return self._sessions.get(session_id) if isinstance(session_id, str) else None
 
     # ------------------------------------------------------------------ changes
-    def open(self, kind: str, peer: Peer | None = None) -> Session:
-        """A new session of ``kind`` (held by the WebSocket ``peer``, if given);
+    def open(self, kind: str, peer: Peer | None = None, near: Session | None = None
+             ) -> Session:
+        """A new session of ``kind`` (held by the WebSocket ``peer``, if given; ``near``: a
+        fork's source, whose worker its slot prefers, `SlotEngine.lease`);
         ``CAPACITY_REACHED`` when its cap or the slots are used up."""
         if kind in HELD_KINDS:
             held = sum(1 for s in self._sessions.values() if s.kind in HELD_KINDS)
@@ -133,7 +135,7 @@ class SessionTable:
                                     "(max_http_sessions); close one, or use a WebSocket",
                                     status=503, max_http_sessions=cap)
         try:
-            slot = self.slots.lease()
+            slot = self.slots.lease(near.slot if near is not None else None)
         except PoolFull:
             self.refused += 1
             cap = self.slots.capacity

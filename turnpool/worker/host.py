@@ -254,6 +254,16 @@ class EnvHost:
                 out.append(error_reset(TIMED_OUT, failure="timeout"))
         return out
 
+    def fork(self, payload: tuple[int, Sequence[tuple[int, int, Sequence[Sequence[Any]]]]]
+             ) -> list[StateResult | ResetResult | None]:
+        """`Op.FORK`: `snapshot` of the source loaded into each destination, without the
+        state leaving this worker."""
+        src, items = payload
+        head = self.snapshot([src])[0]
+        if head.error is not None or head.finished:
+            return [head, *[None] * len(items)]
+        return [head, *self.load([(d, seed, turns, head.state) for d, seed, turns in items])]
+
     def close(self, payload: Any = None) -> None:
         """`Op.CLOSE` (and the end of every worker): close every env."""
         for env in self.envs.values():
@@ -353,5 +363,6 @@ EnvHost._handlers = {
     Op.RESTORE: EnvHost.restore,
     Op.SNAPSHOT: EnvHost.snapshot,
     Op.LOAD: EnvHost.load,
+    Op.FORK: EnvHost.fork,
     Op.CLOSE: EnvHost.close,
 }

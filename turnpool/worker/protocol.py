@@ -36,6 +36,10 @@ Wire format (plain tuples; a process backend pickles them once per worker per ca
 * `Op.SNAPSHOT`: payload ``[env_id, ...]``; reply: one `StateResult` per env.
 * `Op.LOAD`: payload ``[(env_id, seed, [turn, ...], state), ...]``: ``set_state``, or reset +
   replay (as `Op.RESTORE`) where ``state`` is None; reply: a `ResetResult` per env (render).
+* `Op.FORK`: payload ``(src, [(dst_id, seed, [turn, ...]), ...])``: `Op.SNAPSHOT` of ``src``
+  and `Op.LOAD` of its state into each destination, in one message (all on ``src``'s
+  worker); reply: ``src``'s `StateResult`, then a `ResetResult` per destination (``None``
+  each when ``src`` cannot be branched).
 * `Op.CLOSE`: close every env; no reply is needed.
 * Replies only, from a process worker whose env stalled (`turnpool.worker.handoff`): an
   `Op.PARTIAL` reply to a step request carries ``(results, pending)``, where ``results`` has
@@ -81,6 +85,7 @@ class Op(enum.IntEnum):
     LATE = 7
     SNAPSHOT = 8  # branching (`turnpool.pool.branch`)
     LOAD = 9
+    FORK = 10
 
     @property
     def is_turn(self) -> bool:
@@ -207,6 +212,25 @@ class LoadRequest(NamedTuple):
         return self.items
 
 
+class ForkRequest(NamedTuple):
+    """`Op.FORK`: copy env ``src`` into each of ``items`` ``[(dst_id, seed, turns), ...]``
+    (``seed`` and ``turns``: ``src``'s episode, for a class branched by replay)."""
+    src: int
+    items: list[tuple[int, int, Sequence[Sequence[Any]]]]
+
+    @property
+    def op(self) -> Op:
+        return Op.FORK
+
+    @property
+    def env_ids(self) -> list[int]:
+        return [self.src, *(item[0] for item in self.items)]
+
+    @property
+    def payload(self) -> Any:
+        return (self.src, self.items)
+
+
 class CloseRequest(NamedTuple):
     """`Op.CLOSE`: close every env of the worker (no reply needed)."""
 
@@ -225,7 +249,7 @@ class CloseRequest(NamedTuple):
 
 #: A request the pool sends (one record type per op)
 RequestRecord = (ResetRequest | StepRequest | RestoreRequest | SnapshotRequest | LoadRequest
-                 | CloseRequest)
+                 | ForkRequest | CloseRequest)
 
 
 class WorkerReply(NamedTuple):
