@@ -203,3 +203,19 @@ def test_repeated_forks_do_not_grow_the_replay_log() -> None:
             pool.fork(0, [1])
         assert pool._dispatch.table.replay.held(pool.owner_of(1)) == held
         assert pool.snapshot([1])[0].turns == (("Up",),)
+
+
+def test_an_episode_is_a_snapshot_without_state_that_restores_by_replay() -> None:
+    with _pool("sokoban", "process") as pool:
+        with pytest.raises(ValueError, match="no live episode"):
+            pool.episode(0)
+        pool.reset(seed=6)
+        pool.step(["Up"], env_ids=[0])
+        pool.step(["Left"], env_ids=[0])
+        ep, snap = pool.episode(0), pool.snapshot([0])[0]
+        assert ep.state is None and (ep.env_key, ep.seed, ep.turns) == \
+            (snap.env_key, snap.seed, snap.turns) == (snap.env_key, 6, (("Up",), ("Left",)))
+        obs, _ = pool.restore([3], [ep])  # the other worker, by reset + replay
+        assert obs == [pool.step_turns([[]], env_ids=[0])[0].obs]
+        got = pool.step(["Down", "Down"], env_ids=[0, 3])
+        assert _text(*[x[0] for x in got]) == _text(*[x[1] for x in got])
