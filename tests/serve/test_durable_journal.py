@@ -216,7 +216,7 @@ class Slots:
     def __init__(self) -> None:
         self.free = [0, 1]
 
-    def lease(self) -> int:
+    def lease(self, near: int | None = None) -> int:
         return self.free.pop()
 
     def release(self, slot: int) -> None:

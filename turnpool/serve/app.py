@@ -236,7 +236,8 @@ def _info_routes(app: FastAPI, service: Service) -> None:
 
 
 def _session_routes(app: FastAPI, service: Service) -> None:
-    """``/reset``, ``/step``, ``/state``, ``/close`` and ``/mcp``."""
+    """``/reset``, ``/step``, ``/state``, ``/close``, ``/fork``, ``/snapshot``, ``/restore``
+    and ``/mcp``."""
     table = service.sessions
 
     def http_session(session_id: Any) -> Session:
@@ -257,21 +258,26 @@ def _session_routes(app: FastAPI, service: Service) -> None:
             return json_response(mcp.rpc_error(mcp.PARSE_ERROR, "Parse error"))
         return json_response(await mcp.handle(service, service.tools, message))
 
-    @app.post("/reset")
-    async def http_reset(request: Request) -> Response:
-        try:
-            return json_response(await _reset(service, await body_of(request), http_session))
-        except ProtocolError as exc:
-            return error_response(exc)
+    def session_of(data: dict[str, Any]) -> Session:
+        return http_session(data.get("session_id"))
 
-    @app.post("/step")
-    async def http_step(request: Request) -> Response:
-        try:
-            data = await body_of(request)
-            session = http_session(data.get("session_id"))
-            return json_response(await service.step(session, data.get("action")))
-        except ProtocolError as exc:
-            return error_response(exc)
+    async def snapshot(data: dict[str, Any]) -> dict[str, Any]:
+        return {"snapshot": await service.snapshot(session_of(data))}
+
+    async def close(data: dict[str, Any]) -> dict[str, Any]:
+        table.close(session_of(data))
+        return {"closed": True}
+
+    answers: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
+        "/reset": lambda data: _reset(service, data, http_session),
+        "/step": lambda data: service.step(session_of(data), data.get("action")),
+        "/fork": lambda data: service.fork(session_of(data)),
+        "/snapshot": snapshot,
+        "/restore": lambda data: _restore(service, data, http_session),
+        "/close": close,
+    }
+    for path, answer in answers.items():
+        _post_route(app, path, answer)
 
     @app.get("/state")
     async def http_state(session_id: str | None = None) -> Response:
@@ -282,39 +288,18 @@ def _session_routes(app: FastAPI, service: Service) -> None:
         except ProtocolError as exc:
             return error_response(exc)
 
-    @app.post("/fork")
-    async def http_fork(request: Request) -> Response:
+
+def _post_route(app: FastAPI, path: str,
+                answer: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
+    """``POST path``: its JSON body answered by ``answer`` (a `ProtocolError`, raised while
+    the answer is made or awaited, is the error response)."""
+    async def route(request: Request) -> Response:
         try:
-            data = await body_of(request)
-            return json_response(await service.fork(http_session(data.get("session_id"))))
+            return json_response(await answer(await body_of(request)))
         except ProtocolError as exc:
             return error_response(exc)
 
-    @app.post("/snapshot")
-    async def http_snapshot(request: Request) -> Response:
-        try:
-            data = await body_of(request)
-            session = http_session(data.get("session_id"))
-            return json_response({"snapshot": await service.snapshot(session)})
-        except ProtocolError as exc:
-            return error_response(exc)
-
-    @app.post("/restore")
-    async def http_restore(request: Request) -> Response:
-        try:
-            return json_response(await _restore(service, await body_of(request),
-                                                http_session))
-        except ProtocolError as exc:
-            return error_response(exc)
-
-    @app.post("/close")
-    async def http_close(request: Request) -> Response:
-        try:
-            data = await body_of(request)
-            table.close(http_session(data.get("session_id")))
-            return json_response({"closed": True})
-        except ProtocolError as exc:
-            return error_response(exc)
+    app.post(path, name="http_" + path.strip("/"))(route)
 
 
 async def _reset(service: Service, data: dict[str, Any],

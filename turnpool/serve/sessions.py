@@ -13,7 +13,7 @@ Example:
     >>> from turnpool.serve.engine import ServeSettings
     >>> class Slots:  # what the table needs of a slot engine
     ...     capacity = 1
-    ...     def lease(self): return 0
+    ...     def lease(self, near=None): return 0
     ...     def release(self, slot): pass
     ...     def abandon(self, slot): pass
     >>> table = SessionTable(Slots(), ServeSettings(http_session_timeout=5.0))
