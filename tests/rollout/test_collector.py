@@ -12,9 +12,10 @@ from turnpool.backends import BACKENDS
 from turnpool.policies import make_policy
 from turnpool.policies.base import Message, Policy, TurnContext
 from turnpool.ragen.rollout_manager import collector_from_config
-from turnpool.rollout.collector import BudgetExhausted, TrajectoryCollector, step_group_uid
+from turnpool.rollout.collector import TrajectoryCollector
+from turnpool.rollout.sampling import BudgetExhausted
 from turnpool.rollout.settings import CollectorSettings
-from turnpool.rollout.trajectory import read_jsonl
+from turnpool.rollout.trajectory import read_jsonl, step_group_uid
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from turnpool.policies import make_policy
 from turnpool.policies.hf import HFPolicy
 from turnpool.pool import EnvPool
-from turnpool.rollout.collector import TrajectoryCollector, token_prefix
+from turnpool.rollout.collector import TrajectoryCollector
 from turnpool.rollout.settings import CollectorSettings
-from turnpool.rollout.trajectory import read_jsonl, write_jsonl
+from turnpool.rollout.trajectory import read_jsonl, token_prefix, write_jsonl
 
 
 def test_hf_turns_form_one_token_sequence(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -61,8 +61,10 @@ from turnpool.policies import policy_names
 from turnpool.policies.base import PolicyUnreachable
 from turnpool.pool.api import EnvConstructionError
 from turnpool.ragen.config import ConfigError, load_config, rollout_plan
-from turnpool.rollout.collector import BudgetExhausted, RolloutBatch, TrajectoryCollector
+from turnpool.rollout.collector import RolloutBatch, TrajectoryCollector
 from turnpool.rollout.record import Recorder
+from turnpool.rollout.sampling import BudgetExhausted
+from turnpool.rollout.settings import RolloutPlan
 from turnpool.rollout.trajectory import write_jsonl
 from turnpool.worker.protocol import FAILURE_CLASSES
 
@@ -144,14 +146,7 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
     console = Console()
     err_console = Console(stderr=True)
     t0 = time.perf_counter()
-    try:
-        collector = TrajectoryCollector.from_plan(plan)
-    except EnvConstructionError as exc:  # the config is fine; its envs cannot be built
-        missing = missing_extra(exc, "rollout")  # ... for want of an extra, in a worker
-        raise (RolloutFailed(str(missing), EXIT_USAGE) if missing
-               else RolloutFailed(str(exc))) from exc
-    except (ValueError, TypeError, FileNotFoundError) as exc:  # a value refused, a missing
-        raise RolloutFailed(str(exc), EXIT_USAGE) from exc           # model folder
+    collector = _build(plan)
     parquet = bool(out_path) and Path(str(out_path)).suffix.lower() == ".parquet"
     out_file = (open(out_path, "w", encoding="utf-8")  # noqa: SIM115
                 if out_path and not parquet else None)
@@ -198,11 +193,28 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
     if recorder is not None:
         console.print(f"recorded {recorder.episodes} episode attempts to {record_path}",
                       soft_wrap=True)
-    failed = batch.metrics.get("failures/unrecovered_fraction", 0.0)
+    _check_failures(batch.metrics, max_failed_fraction)
+
+
+def _build(plan: RolloutPlan) -> TrajectoryCollector:
+    """The plan's collector; `RolloutFailed` (usage, or a missing extra) when it cannot be
+    built."""
+    try:
+        return TrajectoryCollector.from_plan(plan)
+    except EnvConstructionError as exc:  # the config is fine; its envs cannot be built
+        missing = missing_extra(exc, "rollout")  # ... for want of an extra, in a worker
+        raise (RolloutFailed(str(missing), EXIT_USAGE) if missing
+               else RolloutFailed(str(exc))) from exc
+    except (ValueError, TypeError, FileNotFoundError) as exc:  # a value refused, a missing
+        raise RolloutFailed(str(exc), EXIT_USAGE) from exc           # model folder
+
+
+def _check_failures(metrics: dict[str, float], max_failed_fraction: float) -> None:
+    """`RolloutFailed` when more than ``max_failed_fraction`` of episodes failed for good."""
+    failed = metrics.get("failures/unrecovered_fraction", 0.0)
     if failed > max_failed_fraction:
-        classes = ", ".join(f"{name} {batch.metrics[f'failures/{name}']:.0f}"
-                            for name in FAILURE_CLASSES
-                            if batch.metrics.get(f"failures/{name}"))
+        classes = ", ".join(f"{name} {metrics[f'failures/{name}']:.0f}"
+                            for name in FAILURE_CLASSES if metrics.get(f"failures/{name}"))
         raise RolloutFailed(f"{100 * failed:.0f}% of episodes failed after retries (more "
                             f"than --max-failed-fraction {max_failed_fraction:g}): {classes}",
                             EXIT_TOO_MANY_FAILURES)

@@ -49,13 +49,12 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import turnpool.pool.cost as cost_model
 from turnpool.envs.registry import EnvTarget
 from turnpool.pool.api import EnvPool
-from turnpool.pool.branch import Snapshot
 from turnpool.pool.slot_requests import (
     Branched,
     BranchRequest,
@@ -281,23 +280,11 @@ class SlotEngine:
         self.submit(StepRequest(slot, list(actions), fut))
         return fut
 
-    def snapshot_future(self, slot: int) -> asyncio.Future[Snapshot]:
-        """``slot``'s episode as a `Snapshot` restored by replay (`EnvPool.episode`)."""
-        fut: asyncio.Future[Snapshot] = asyncio.get_running_loop().create_future()
-        self.submit(SnapshotSlotRequest(slot, fut))
-        return fut
-
-    def restore_future(self, slot: int, snapshot: Snapshot) -> asyncio.Future[Branched]:
-        """Put ``slot``'s env into ``snapshot``'s state (`EnvPool.restore`)."""
-        fut: asyncio.Future[Branched] = asyncio.get_running_loop().create_future()
-        self.submit(RestoreSlotRequest(slot, snapshot, fut))
-        return fut
-
-    def fork_future(self, slot: int, dst: int) -> asyncio.Future[Branched]:
-        """Copy ``slot``'s env mid-episode into slot ``dst`` (`EnvPool.fork`); the result is
-        ``dst``'s."""
-        fut: asyncio.Future[Branched] = asyncio.get_running_loop().create_future()
-        self.submit(ForkSlotRequest(slot, dst, fut))
+    def branch_future(self, request: Callable[[Waiter], BranchRequest]) -> asyncio.Future[Any]:
+        """Run a branching call on the driver (``request(waiter)``: a `SnapshotSlotRequest`,
+        `RestoreSlotRequest` or `ForkSlotRequest`); the future gets its result."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.submit(request(fut))
         return fut
 
     async def reset(self, slot: int, seed: int | None = None,

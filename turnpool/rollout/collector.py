@@ -12,11 +12,9 @@ Sampling:
 
 * vanilla: one batch (one reset of the pool) is the result;
 * dynamic (``algorithm.filter_groups.enable``, DAPO / dynamic GiGPO): batches are drawn with
-  fresh seeds and groups whose episode rewards are all equal are dropped, until exactly
-  ``target_groups`` groups are kept. Surplus groups of the last batch are discarded, so the
-  result never overshoots. When ``max_num_gen_batches`` batches are spent first,
-  ``on_budget_exhausted`` decides: ``raise`` (`BudgetExhausted`), ``keep_all`` (fill the batch
-  with dropped groups, oldest first) or ``return_short``. Counts are in the metrics.
+  fresh seeds until exactly ``target_groups`` groups with varied rewards are kept
+  (`turnpool.rollout.sampling`: ``max_num_gen_batches``, ``on_budget_exhausted``). Counts are
+  in the metrics.
 
 Failures: an episode that failed (its env raised, timed out or lost its worker, or the policy
 gave no reply for it; the class is in ``info["failure"]``) is never scored, since a reward-0
@@ -60,7 +58,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import time
@@ -85,31 +82,23 @@ from turnpool.rollout.episode import (
 from turnpool.rollout.metrics import Clock, batch_metrics
 from turnpool.rollout.prompts import build_messages, env_prompts
 from turnpool.rollout.record import Recorder, record_header
+from turnpool.rollout.sampling import dynamic_groups
 from turnpool.rollout.scoring import compute_scores
 from turnpool.rollout.settings import CollectorSettings, RolloutPlan, TagSpec
-from turnpool.rollout.trajectory import TokenView, Trajectory, Turn, turn_samples, write_jsonl
-from turnpool.rollout.tree import (
-    TreeNode,
-    check_tree,
-    group_uid,
-    link_group,
-    path_turns,
-    play_tree,
+from turnpool.rollout.trajectory import (
+    TokenView,
+    Trajectory,
+    Turn,
+    completion_tokens,
+    step_group_uid,
+    token_prefix,
+    turn_samples,
+    write_jsonl,
 )
+from turnpool.rollout.tree import TreeNode, TreeTally, check_tree, group_uid, path_turns, play_tree
 from turnpool.worker.protocol import FAILURE_CLASSES, Failure
 
 log = logging.getLogger(__name__)
-
-
-class BudgetExhausted(RuntimeError):
-    """Dynamic sampling spent ``max_num_gen_batches`` before enough groups had varied rewards."""
-
-    def __init__(self, kept: int, target: int, batches: int) -> None:
-        self.kept, self.target, self.batches = kept, target, batches
-        super().__init__(f"dynamic sampling kept {kept} of {target} groups after {batches} "
-                         f"generation batches (algorithm.filter_groups.max_num_gen_batches); "
-                         f"set turnpool.collector.on_budget_exhausted to keep_all or "
-                         f"return_short to accept fewer varied groups")
 
 
 @dataclass
@@ -181,8 +170,7 @@ class TrajectoryCollector:
         self.turns = TurnRunner(policy, s.turn)
         self._clock = Clock()
         self._failures: Counter[str] = Counter()
-        self._nodes: list[TreeNode] = []
-        self._tree_cost: Counter[str] = Counter()
+        self._trees = TreeTally()
         self.on_turn: Callable[[int, int, int], None] | None = None
         self.recorder: Recorder | None = None
 
@@ -206,8 +194,7 @@ class TrajectoryCollector:
         """One rollout batch: vanilla, or dynamic sampling when ``filter_groups`` is on."""
         self._clock = Clock()
         self._failures = Counter()
-        self._nodes = []
-        self._tree_cost = Counter()
+        self._trees = TreeTally()
         s = self.settings
         if s.filter_groups:
             groups, dyn = self._dynamic(seed)
@@ -221,13 +208,8 @@ class TrajectoryCollector:
         metrics.update(self._failure_metrics())
         if not s.tree.enabled:
             return RolloutBatch(trajectories, metrics)
-        for g in groups:
-            link_group(g)
-        kept = {t.group_uid for t in trajectories}
-        nodes = [n for n in self._nodes if n.group_uid in kept]
-        for n in nodes:  # discarded candidates too, as the trajectories' turns have it
-            n.record.step_group_uid = step_group_uid(n.group_uid, n.record.anchor_obs)
-        metrics.update(self._tree_metrics(trajectories, nodes))
+        nodes, tree_metrics = self._trees.finish(groups)
+        metrics.update(tree_metrics)
         return RolloutBatch(trajectories, metrics, nodes)
 
     def record_to(self, recorder: Recorder | None) -> None:
@@ -301,27 +283,11 @@ class TrajectoryCollector:
         self._count_failures(eps)  # failed resets
         run = play_tree(self.pool, eps, self.settings, self.play_turn, gen_batch=gen_batch,
                         reset_seed=seed, on_turn=self.on_turn)
-        self._nodes += run.nodes
-        self._tree_cost["forks"] += run.forks
-        self._tree_cost["env_steps"] += run.env_steps
-        self._tree_cost["fork_us"] += round(run.fork_s * 1e6)
+        self._trees.add(run)
         self._clock.env_steps += run.env_steps
         self._failures["started"] += len(run.episodes)
         self._failures.update(run.failures)
         return run.episodes
-
-    def _tree_metrics(self, trajectories: list[Trajectory], nodes: list[TreeNode]
-                      ) -> dict[str, float]:
-        """``tree/...``: what branching cost (every batch played) and what the returned
-        trees hold; ``tree/chosen_*`` over the groups' chosen paths (best_of_n, beam)."""
-        c = self._tree_cost
-        m = {"tree/forks": float(c["forks"]), "tree/env_steps": float(c["env_steps"]),
-             "tree/fork_s": c["fork_us"] / 1e6, "tree/nodes": float(len(nodes))}
-        chosen = [t for t in trajectories if t.chosen]
-        if chosen:
-            m["tree/chosen_success"] = sum(t.success for t in chosen) / len(chosen)
-            m["tree/chosen_score"] = sum(t.score for t in chosen) / len(chosen)
-        return m
 
     def _play(self, eps: list[EpisodeState], gen_batch: int) -> None:
         """Play freshly reset episodes to their end (or ``max_turn``)."""
@@ -474,45 +440,11 @@ class TrajectoryCollector:
 
     def _dynamic(self, seed: int | None) -> tuple[list[list[Trajectory]], dict[str, float]]:
         s = self.settings
-        target = s.target_groups if s.target_groups is not None else self.n_groups
-        if target < 1:
-            raise ValueError(f"target_groups must be >= 1, got {target}")
-        kept: list[list[Trajectory]] = []
-        dropped: list[list[Trajectory]] = []
-        surplus = 0
-        batches = 0
-        for b in range(s.max_num_gen_batches):
-            batches += 1
-            for group in self._groups_of(self._run_batch(self.seeds.next(seed if b == 0 else None),
-                                                         b)):
-                scores = {t.score for t in group}
-                if len(scores) <= 1:
-                    dropped.append(group)
-                elif len(kept) < target:
-                    kept.append(group)
-                else:
-                    surplus += 1
-            if len(kept) >= target:
-                break
-        filled = 0
-        if len(kept) < target:
-            policy = s.on_budget_exhausted
-            if policy == "raise":
-                raise BudgetExhausted(len(kept), target, batches)
-            if policy == "keep_all":
-                filled = min(target - len(kept), len(dropped))
-                kept.extend(dropped[:filled])
-            elif policy != "return_short":
-                raise ValueError(f"unknown on_budget_exhausted {policy!r}")
-            log.warning("dynamic sampling: %d of %d groups vary after %d batches (%s)",
-                        len(kept) - filled, target, batches, policy)
-        metrics = {"dynamic/gen_batches": float(batches), "dynamic/target_groups": float(target),
-                   "dynamic/kept_groups": float(len(kept) - filled),
-                   "dynamic/dropped_groups": float(len(dropped)),
-                   "dynamic/surplus_groups": float(surplus),
-                   "dynamic/filled_groups": float(filled),
-                   "dynamic/returned_groups": float(len(kept))}
-        return kept, metrics
+        return dynamic_groups(
+            lambda b: self._groups_of(self._run_batch(self.seeds.next(seed if b == 0 else None),
+                                                      b)),
+            s.target_groups if s.target_groups is not None else self.n_groups,
+            s.max_num_gen_batches, s.on_budget_exhausted)
 
     # ------------------------------------------------------------------ results
     def _trajectory(self, ep: EpisodeState) -> Trajectory:
@@ -544,39 +476,6 @@ class TrajectoryCollector:
             t.score = orig
             # RAGEN normalizes (and adds the penalty) only for end-of-episode scores.
             t.normalized_score = orig if s.use_turn_scores else norm
-
-
-def token_prefix(turns: Sequence[Turn]) -> list[int] | None:
-    """The token sequence an episode has so far (its last prompt and reply), None when a
-    turn has no tokens or there are no turns yet."""
-    seq: list[int] = []
-    for turn in turns:
-        if turn.prompt_ids is None or turn.response_ids is None:
-            return None
-        if not turn.prompt_extends:
-            seq = []
-        seq += turn.prompt_ids
-        seq += turn.response_ids
-    return seq or None
-
-
-def completion_tokens(turns: Sequence[Turn]) -> int:
-    """Completion tokens of the episode's current sample: replies and the env/template tokens
-    between them since its last whole prompt (0 before the first reply)."""
-    n = 0
-    for k, turn in enumerate(turns):
-        if k == 0 or not turn.prompt_extends:
-            n = 0
-        elif turn.prompt_ids is not None:
-            n += len(turn.prompt_ids)
-        n += len(turn.response_ids or [])
-    return n
-
-
-def step_group_uid(group_uid: str, anchor_obs: str) -> str:
-    """GiGPO step group: same episode group and same anchor state -> same uid."""
-    digest = hashlib.sha256(anchor_obs.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{group_uid}/{digest}"
 
 
 def build_pool(tags: Sequence[TagSpec], group_size: int,

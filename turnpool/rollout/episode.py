@@ -303,7 +303,7 @@ class TurnRunner:
     """The steps of one turn for any subset of episodes: prompts, generate, plan, record.
 
     ``sink``: where each turn that called the pool also goes, with the actions sent and
-    the `TurnResult` (before `apply_turn` reads it); both collector modes record through
+    the `TurnResult` (once `apply_turn` has recorded it); both collector modes record through
     here, so a record of an async run holds every env's transitions in its own order.
     """
 

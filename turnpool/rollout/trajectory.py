@@ -23,6 +23,7 @@ endpoint tokenized the chat itself). Text-only turns leave these fields out of t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
@@ -301,3 +302,36 @@ def read_jsonl(path: str | Path) -> Iterator[Trajectory]:
         for line in fh:
             if line.strip():
                 yield Trajectory.from_dict(json.loads(line))
+
+
+def token_prefix(turns: Sequence[Turn]) -> list[int] | None:
+    """The token sequence an episode has so far (its last prompt and reply), None when a
+    turn has no tokens or there are no turns yet."""
+    seq: list[int] = []
+    for turn in turns:
+        if turn.prompt_ids is None or turn.response_ids is None:
+            return None
+        if not turn.prompt_extends:
+            seq = []
+        seq += turn.prompt_ids
+        seq += turn.response_ids
+    return seq or None
+
+
+def completion_tokens(turns: Sequence[Turn]) -> int:
+    """Completion tokens of the episode's current sample: replies and the env/template tokens
+    between them since its last whole prompt (0 before the first reply)."""
+    n = 0
+    for k, turn in enumerate(turns):
+        if k == 0 or not turn.prompt_extends:
+            n = 0
+        elif turn.prompt_ids is not None:
+            n += len(turn.prompt_ids)
+        n += len(turn.response_ids or [])
+    return n
+
+
+def step_group_uid(group_uid: str, anchor_obs: str) -> str:
+    """GiGPO step group: same episode group and same anchor state -> same uid."""
+    digest = hashlib.sha256(anchor_obs.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{group_uid}/{digest}"

@@ -68,7 +68,7 @@ from turnpool.envs.registry import load_entry_point
 from turnpool.pool import EnvPool
 from turnpool.rollout.episode import EpisodeState
 from turnpool.rollout.settings import CollectorSettings, TreeSettings
-from turnpool.rollout.trajectory import Trajectory, Turn, turn_dict
+from turnpool.rollout.trajectory import Trajectory, Turn, step_group_uid, turn_dict
 from turnpool.worker.protocol import Failure
 
 #: A candidate's score: larger is better.
@@ -156,6 +156,43 @@ class TreeRun:
     forks: int = 0
     env_steps: int = 0
     fork_s: float = 0.0
+
+
+@dataclass
+class TreeTally:
+    """A collect call's trees over its batches: every node played and what branching cost;
+    `finish` links the returned groups and gives the ``tree/...`` metrics."""
+
+    nodes: list[TreeNode] = field(default_factory=list)
+    forks: int = 0
+    env_steps: int = 0
+    fork_s: float = 0.0
+
+    def add(self, run: TreeRun) -> None:
+        self.nodes += run.nodes
+        self.forks += run.forks
+        self.env_steps += run.env_steps
+        self.fork_s += run.fork_s
+
+    def finish(self, groups: Sequence[Sequence[Trajectory]]
+               ) -> tuple[list[TreeNode], dict[str, float]]:
+        """The returned groups' nodes (their trajectories' tree fields set, `link_group`;
+        every node's GiGPO step group, discarded candidates too) and the metrics:
+        ``tree/forks``, ``tree/env_steps``, ``tree/fork_s`` (every batch played),
+        ``tree/nodes`` and ``tree/chosen_*`` over the chosen paths (best_of_n, beam)."""
+        for g in groups:
+            link_group(g)
+        kept = {t.group_uid for g in groups for t in g}
+        nodes = [n for n in self.nodes if n.group_uid in kept]
+        for n in nodes:
+            n.record.step_group_uid = step_group_uid(n.group_uid, n.record.anchor_obs)
+        m = {"tree/forks": float(self.forks), "tree/env_steps": float(self.env_steps),
+             "tree/fork_s": self.fork_s, "tree/nodes": float(len(nodes))}
+        chosen = [t for g in groups for t in g if t.chosen]
+        if chosen:
+            m["tree/chosen_success"] = sum(t.success for t in chosen) / len(chosen)
+            m["tree/chosen_score"] = sum(t.score for t in chosen) / len(chosen)
+        return nodes, m
 
 
 def branch_episode(src: EpisodeState, env_id: int) -> EpisodeState:
@@ -400,7 +437,7 @@ def path_turns(nodes: Sequence[TreeNode], node_id: str) -> list[Turn]:
     return out[::-1]
 
 
-__all__ = ["TreeNode", "TreeRun", "TreeSettings", "branch_episode", "check_tree",
+__all__ = ["TreeNode", "TreeRun", "TreeSettings", "TreeTally", "branch_episode", "check_tree",
            "episode_return",
            "group_uid", "last_reward", "link_group", "path_turns", "play_tree",
            "score_function"]

@@ -32,7 +32,13 @@ from collections.abc import Callable
 from typing import Any
 
 import turnpool.serve.mcp as mcp
-from turnpool.pool.slots import Branched, PoolTimeout, SlotReset
+from turnpool.pool.slot_requests import (
+    Branched,
+    ForkSlotRequest,
+    RestoreSlotRequest,
+    SnapshotSlotRequest,
+)
+from turnpool.pool.slots import PoolTimeout, SlotReset
 from turnpool.serve.engine import PoolEngine, retryable
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.jsonio import dumps
@@ -134,8 +140,8 @@ class Service:
         self._branchable(session)
         new = self.sessions.open("http", near=session)
         try:
-            out: Branched = await self._call(session, lambda: self.engine.fork_future(
-                session.slot, new.slot))
+            out: Branched = await self._call(session, lambda: self.engine.branch_future(
+                lambda waiter: ForkSlotRequest(session.slot, new.slot, waiter)))
         except ValueError as exc:  # the pool refused it, or the copy failed
             self.sessions.close(new)
             raise ProtocolError("EXECUTION_ERROR", f"fork failed: {exc}", status=409,
@@ -150,7 +156,8 @@ class Service:
     async def snapshot(self, session: Session) -> dict[str, Any]:
         """``session``'s episode as a JSON value (`turnpool.serve.snapshots`)."""
         self._branchable(session)
-        snap = await self._call(session, lambda: self.engine.snapshot_future(session.slot))
+        snap = await self._call(session, lambda: self.engine.branch_future(
+            lambda waiter: SnapshotSlotRequest(session.slot, waiter)))
         return self.snapshots.encode(snap)
 
     async def restore(self, session: Session, data: Any) -> dict[str, Any]:
@@ -163,8 +170,8 @@ class Service:
                                 "'snapshot'")
         snap = self.snapshots.decode(data["snapshot"])
         try:
-            out: Branched = await self._call(session, lambda: self.engine.restore_future(
-                session.slot, snap))
+            out: Branched = await self._call(session, lambda: self.engine.branch_future(
+                lambda waiter: RestoreSlotRequest(session.slot, snap, waiter)))
         except ValueError as exc:
             session.started, session.done = False, True
             raise ProtocolError("EXECUTION_ERROR", f"restore failed: {exc}", status=409,
