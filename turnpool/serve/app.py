@@ -1,8 +1,8 @@
-"""The HTTP side of ``turnpool serve``: the FastAPI app over a `Service` (``/reset``,
-``/step``, ``/state``, ``/close``, ``/fork``, ``/snapshot``, ``/restore``, ``/mcp``,
-``/schema``, ``/metadata``, ``/health``, ``/metrics``, ``/api/status`` and the status page).
-WebSocket sessions (``/ws``) never reach it: `turnpool.serve.ws` serves them from the
-socket.
+"""The HTTP side of ``turnpool serve``: the FastAPI app over a `Service`: one route per
+served verb (`turnpool.serve.verbs.VERBS`: ``POST /reset``, ``/step``, ``/close``, ``/fork``,
+``/snapshot``, ``/restore``, ``/mcp``, ``GET /state``), and ``/schema``, ``/metadata``,
+``/health``, ``/metrics``, ``/api/status`` and the status page. WebSocket sessions (``/ws``)
+never reach it: `turnpool.serve.ws` serves them from the socket.
 
 HTTP ``/reset`` is stateless by default, as OpenEnv's is (a slot for that call alone); with
 ``"stateful": true`` it opens a session whose id comes back in ``metadata.session_id`` for
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
@@ -35,9 +34,9 @@ from turnpool.serve.errors import ProtocolError
 from turnpool.serve.jsonio import dumps
 from turnpool.serve.metrics import CONTENT_TYPE, Metrics
 from turnpool.serve.page import STATUS_PAGE
-from turnpool.serve.service import MAX_MESSAGE_CHARS, Service
-from turnpool.serve.sessions import Session
+from turnpool.serve.service import Service
 from turnpool.serve.status import StepRate, status
+from turnpool.serve.verbs import VERBS, Verb, tool_calls
 
 #: Paths served without the token: the page (it asks for the token itself) and the health
 #: probe, which load balancers and OpenEnv's tools call without credentials.
@@ -100,22 +99,6 @@ def error_response(exc: ProtocolError) -> Response:
     return json_response({"detail": exc.data()}, exc.status)
 
 
-async def body_of(request: Request) -> dict[str, Any]:
-    """A request's JSON object body ({} when empty); `ProtocolError` for anything else."""
-    raw = await request.body()
-    if len(raw) > MAX_MESSAGE_CHARS:
-        raise ProtocolError("VALIDATION_ERROR", "request too large", status=413)
-    if not raw.strip():
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ProtocolError("INVALID_JSON", f"Invalid JSON: {exc}", status=422) from exc
-    if not isinstance(data, dict):
-        raise ProtocolError("VALIDATION_ERROR", "the body must be an object", status=422)
-    return data
-
-
 # ---------------------------------------------------------------------- the app
 def create_app(engine: PoolEngine, token: str | None = None) -> FastAPI:
     """The FastAPI app of ``turnpool serve`` over a started engine (which it does not own)."""
@@ -156,7 +139,8 @@ def app_for(service: Service, peers: Peers | None = None) -> FastAPI:
 
     _status_routes(app, service, rate, peers)
     _info_routes(app, service)
-    _session_routes(app, service)
+    for verb in VERBS:
+        _verb_route(app, service, verb)
     return app
 
 
@@ -235,111 +219,20 @@ def _info_routes(app: FastAPI, service: Service) -> None:
                 "state": TurnpoolState.model_json_schema()}
 
 
-def _session_routes(app: FastAPI, service: Service) -> None:
-    """``/reset``, ``/step``, ``/state``, ``/close``, ``/fork``, ``/snapshot``, ``/restore``
-    and ``/mcp``."""
-    table = service.sessions
-
-    def http_session(session_id: Any) -> Session:
-        session = table.get(session_id)
-        if session is None or session.kind != "http":
-            raise ProtocolError("SESSION_ERROR", f"unknown session_id {session_id!r} (open "
-                                "one with POST /reset; idle ones are closed)", status=404)
-        return session
-
-    @app.post("/mcp")
-    async def mcp_endpoint(request: Request) -> Response:
-        raw = await request.body()
-        if len(raw) > MAX_MESSAGE_CHARS:
-            return json_response(mcp.rpc_error(mcp.INVALID_REQUEST, "request too large"))
-        try:
-            message = json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            return json_response(mcp.rpc_error(mcp.PARSE_ERROR, "Parse error"))
-        return json_response(await mcp.handle(service, service.tools, message))
-
-    def session_of(data: dict[str, Any]) -> Session:
-        return http_session(data.get("session_id"))
-
-    async def snapshot(data: dict[str, Any]) -> dict[str, Any]:
-        return {"snapshot": await service.snapshot(session_of(data))}
-
-    async def close(data: dict[str, Any]) -> dict[str, Any]:
-        table.close(session_of(data))
-        return {"closed": True}
-
-    answers: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
-        "/reset": lambda data: _reset(service, data, http_session),
-        "/step": lambda data: service.step(session_of(data), data.get("action")),
-        "/fork": lambda data: service.fork(session_of(data)),
-        "/snapshot": snapshot,
-        "/restore": lambda data: _restore(service, data, http_session),
-        "/close": close,
-    }
-    for path, answer in answers.items():
-        _post_route(app, path, answer)
-
-    @app.get("/state")
-    async def http_state(session_id: str | None = None) -> Response:
-        if session_id is None:
-            return json_response(TurnpoolState(env=service.settings.env).model_dump())
-        try:
-            return json_response(service.state(http_session(session_id)))
-        except ProtocolError as exc:
-            return error_response(exc)
-
-
-def _post_route(app: FastAPI, path: str,
-                answer: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
-    """``POST path``: its JSON body answered by ``answer`` (a `ProtocolError`, raised while
-    the answer is made or awaited, is the error response)."""
+def _verb_route(app: FastAPI, service: Service, verb: Verb) -> None:
+    """``POST /name`` (``GET`` for a ``http_get`` verb): the verb's HTTP answer
+    (`Verb.http`) to the request's body (its query for ``GET``); a `ProtocolError`, raised
+    while the answer is made or awaited, is the error response."""
     async def route(request: Request) -> Response:
         try:
-            return json_response(await answer(await body_of(request)))
+            data = dict(request.query_params) if verb.http_get else \
+                verb.http_read(await request.body())
+            return json_response(await verb.http(service, verb, data))
         except ProtocolError as exc:
             return error_response(exc)
 
-    app.post(path, name="http_" + path.strip("/"))(route)
-
-
-async def _reset(service: Service, data: dict[str, Any],
-                 http_session: Callable[[Any], Session]) -> dict[str, Any]:
-    """``/reset``: in a held session (``session_id``), a new held one (``stateful``) or
-    one for this call alone."""
-    table = service.sessions
-    stateful = data.pop("stateful", False)
-    if not isinstance(stateful, bool):
-        raise ProtocolError("VALIDATION_ERROR", "stateful must be true or false")
-    if data.get("session_id") is not None:
-        session = http_session(data["session_id"])
-    else:  # OpenEnv's HTTP reset is stateless; a held session is asked for
-        session = table.open("http" if stateful else "once")
-    try:
-        out = await service.reset(session, data)
-    except ProtocolError:
-        if not session.started and session.step_count == 0 and \
-                data.get("session_id") is None:
-            table.close(session)  # a session that never started is not kept
-        raise
-    if session.kind == "once":
-        table.close(session)
-        out["metadata"]["session_id"] = None
-        out["observation"]["metadata"]["session_id"] = None
-    return out
-
-
-async def _restore(service: Service, data: dict[str, Any],
-                   http_session: Callable[[Any], Session]) -> dict[str, Any]:
-    """``/restore``: into a held session (``session_id``), or a new held one."""
-    if data.get("session_id") is not None:
-        return await service.restore(http_session(data["session_id"]), data)
-    service.snapshots.decode(data.get("snapshot"))  # a refused one opens no session
-    session = service.sessions.open("http")
-    try:
-        return await service.restore(session, data)
-    except BaseException:
-        service.sessions.close(session)
-        raise
+    add = app.get if verb.http_get else app.post
+    add("/" + verb.name, name="http_" + verb.name)(route)
 
 
 def _action_format(tools: mcp.Tools) -> str:
@@ -354,7 +247,7 @@ def _readme(env: str, doc: str, tools: mcp.Tools) -> str:
     if tools.instruction:
         parts.append(f"## Instruction\n{tools.instruction}")
     parts.append(f"## Actions\n{_action_format(tools)}")
-    parts.append("## Tools (MCP)\n" + ", ".join(t["name"] for t in tools.listing()))
+    parts.append("## Tools (MCP)\n" + ", ".join(tool_calls(tools)))
     return "\n\n".join(parts)
 
 

@@ -13,6 +13,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+#: Largest client message (characters of JSON) the server reads; longer ones are refused.
+MAX_MESSAGE_CHARS = 1_000_000
+
 
 def _jsonable(obj: Any) -> Any:
     tolist = getattr(obj, "tolist", None)  # numpy scalars and arrays (no numpy import here)
@@ -58,4 +61,4 @@ def error_frame(code: str, message: str, **extra: Any) -> str:
     return dumps({"type": "error", "data": {"message": message, "code": code, **extra}})
 
 
-__all__ = ["dumps", "dumps_bytes", "error_frame", "loads"]
+__all__ = ["MAX_MESSAGE_CHARS", "dumps", "dumps_bytes", "error_frame", "loads"]

@@ -19,13 +19,16 @@ Branching tools (they need a session: the WebSocket's, or ``session_id``): ``for
 a new session's id (``structuredContent.session_id``) playing a copy of this episode;
 ``snapshot`` answers the episode as a JSON value (``structuredContent.snapshot``);
 ``restore`` (``snapshot``: such a value) puts the session into it and answers its
-observation. They are the ``/ws`` messages of the same names (`turnpool.serve.service`).
+observation. They are the ``/ws`` messages of the same names: each tool is a served
+verb's (`turnpool.serve.verbs`), and a call runs that verb's handler.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from turnpool.rollout.prompts import describe_env
@@ -33,7 +36,7 @@ from turnpool.serve.errors import ProtocolError
 from turnpool.serve.sessions import SessionTable
 
 
-class Sessions(Protocol):
+class Server(Protocol):
     """What this module needs of the server (`turnpool.serve.service.Service`)."""
 
     settings: Any
@@ -41,13 +44,28 @@ class Sessions(Protocol):
 
     async def reset(self, session: Any, data: dict[str, Any]) -> dict[str, Any]: ...
 
-    async def step(self, session: Any, data: Any) -> dict[str, Any]: ...
 
-    async def fork(self, session: Any) -> dict[str, Any]: ...
+class ToolVerb(Protocol):
+    """What this module needs of a served verb (`turnpool.serve.verbs.Verb`)."""
 
-    async def snapshot(self, session: Any) -> dict[str, Any]: ...
+    @property
+    def reply(self) -> str | None: ...
 
-    async def restore(self, session: Any, data: Any) -> dict[str, Any]: ...
+    @property
+    def parse(self) -> Callable[[Any], Any]: ...
+
+    @property
+    def run(self) -> Callable[[Any, Any, Any], Awaitable[Any]]: ...
+
+    @property
+    def mcp_stateless(self) -> bool: ...
+
+    @property
+    def mcp_episode_first(self) -> bool: ...
+
+
+#: Every tool by name, with the verb it calls, in listing order (`turnpool.serve.verbs`).
+Calls = Mapping[str, tuple[ToolVerb, "Tool"]]
 
 #: JSON-RPC 2.0 error codes
 PARSE_ERROR = -32700
@@ -57,8 +75,12 @@ INVALID_PARAMS = -32602
 SERVER_ERROR = -32000
 
 _NOT_NAME = re.compile(r"[^a-z0-9_]")
-#: Tool names that are not the env's actions.
-RESERVED = frozenset({"reset", "act", "fork", "snapshot", "restore"})
+#: A tool call's result text, by the reply kind of its verb (`turnpool.serve.verbs.Verb`).
+REPLY_TEXT: dict[str, Callable[[dict[str, Any]], str]] = {
+    "observation": lambda data: data["observation"]["text"],
+    "fork": lambda data: data["observation"]["text"],
+    "snapshot": lambda data: json.dumps(data["snapshot"]),
+}
 
 
 def rpc_result(result: Any, request_id: Any) -> dict[str, Any]:
@@ -73,8 +95,42 @@ def rpc_error(code: int, message: str, request_id: Any = None,
     return {"jsonrpc": "2.0", "error": error, "id": request_id}
 
 
+@dataclass(frozen=True)
+class Tool:
+    """One MCP tool of a served verb (`turnpool.serve.verbs.Verb.tools`): ``schema`` is its
+    ``inputSchema``; ``fixed`` the verb's data for a tool that takes no arguments (an env
+    action's tool), else the call's arguments are the data."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
+    fixed: dict[str, Any] | None = None
+
+    def listing(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description,
+                "inputSchema": self.schema}
+
+    def data(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The verb's data for a call with ``arguments``, checked against the schema."""
+        props = list(self.schema.get("properties", {}))
+        required = self.schema.get("required", [])
+        if not props:
+            if arguments:
+                raise ProtocolError("VALIDATION_ERROR", f"{self.name} takes no arguments")
+        elif required == props and len(props) == 1:
+            if set(arguments) != set(props):
+                raise ProtocolError("VALIDATION_ERROR",
+                                    f"{self.name} takes one argument, '{props[0]}'")
+        elif set(arguments) - set(props):
+            raise ProtocolError("VALIDATION_ERROR", f"{self.name} takes only "
+                                + ", ".join(f"'{p}'" for p in props))
+        return arguments if self.fixed is None else dict(self.fixed)
+
+
 class Tools:
-    """The tools of one env as configured: ``tool name -> action`` plus ``reset`` and ``act``."""
+    """What one env as configured offers as tools: its action names (``action_names``; an
+    env action's tool is `tool_name` of it) and its instruction. Which tools there are is
+    the served verbs' (`turnpool.serve.verbs.tool_calls`)."""
 
     def __init__(self, env: str, env_kwargs: dict[str, Any]) -> None:
         desc = describe_env(env, env_kwargs)
@@ -83,56 +139,17 @@ class Tools:
             names = tuple(desc.action_lookup[k] for k in sorted(desc.action_lookup))
         elif desc.episode_action_names:
             names = desc.episode_action_names
-        self.actions: dict[str, str] = {}
-        for name in names:
-            tool = _NOT_NAME.sub("_", str(name).lower())
-            if tool and tool not in RESERVED and tool not in self.actions:
-                self.actions[tool] = str(name)
         self.instruction = desc.instruction
         self.action_names = names
 
-    def listing(self) -> list[dict[str, Any]]:
-        empty = {"type": "object", "properties": {}, "additionalProperties": False}
-        tools: list[dict[str, Any]] = [{
-            "name": "reset",
-            "description": "Start a new episode (from `seed`, or the server's schedule); "
-                           "returns the first observation.",
-            "inputSchema": {"type": "object", "additionalProperties": False,
-                            "properties": {"seed": {"type": "integer", "minimum": 0}}},
-        }]
-        for tool, action in self.actions.items():
-            tools.append({"name": tool, "description": f"Take the action {action!r}.",
-                          "inputSchema": empty})
-        act_schema: dict[str, Any] = {"type": "string"}
-        if self.action_names:
-            act_schema = {"type": "string", "enum": list(self.action_names)}
-        tools.append({
-            "name": "act",
-            "description": "Take one action as the env takes it"
-                           + (f" (one of {', '.join(self.action_names)})"
-                              if self.action_names else " (free text)") + ".",
-            "inputSchema": {"type": "object", "required": ["action"],
-                            "additionalProperties": False,
-                            "properties": {"action": act_schema}},
-        })
-        return tools + _BRANCH_TOOLS
+
+def tool_name(action: Any) -> str:
+    """An env action's tool name: lower-cased, anything but letters, digits and ``_`` made
+    ``_`` (empty: the action has no tool of its own)."""
+    return _NOT_NAME.sub("_", str(action).lower())
 
 
-_BRANCH_TOOLS: list[dict[str, Any]] = [
-    {"name": "fork", "description": "Copy this session's episode into a new session; returns "
-     "its session_id (and its observation).",
-     "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False}},
-    {"name": "snapshot", "description": "This session's episode as a value to pass to "
-     "restore later.",
-     "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False}},
-    {"name": "restore", "description": "Put this session into a snapshot's state; returns "
-     "the observation.",
-     "inputSchema": {"type": "object", "required": ["snapshot"], "additionalProperties": False,
-                     "properties": {"snapshot": {"type": "object"}}}},
-]
-
-
-async def handle(server: Sessions, tools: Tools, request: Any,
+async def handle(server: Server, calls: Calls, request: Any,
                  session: Any = None) -> dict[str, Any]:
     """The JSON-RPC response to one request (``session``: the WebSocket's own, if any)."""
     if not isinstance(request, dict) or request.get("jsonrpc") != "2.0" or \
@@ -156,7 +173,8 @@ async def handle(server: Sessions, tools: Tools, request: Any,
         if method == "ping":
             return rpc_result({}, request_id)
         if method == "tools/list":
-            return rpc_result({"tools": tools.listing()}, request_id)
+            return rpc_result({"tools": [tool.listing() for _, tool in calls.values()]},
+                              request_id)
         if method == "openenv/session/create":
             own = session or server.sessions.open("mcp")
             return rpc_result({"session_id": own.id}, request_id)
@@ -168,7 +186,7 @@ async def handle(server: Sessions, tools: Tools, request: Any,
             server.sessions.close(target)
             return rpc_result({"session_id": target.id, "closed": True}, request_id)
         if method == "tools/call":
-            return rpc_result(await _call(server, tools, params, session), request_id)
+            return rpc_result(await _call(server, calls, params, session), request_id)
         return rpc_error(METHOD_NOT_FOUND, f"Method not found: {method}", request_id)
     except ProtocolError as exc:
         code = INVALID_PARAMS if exc.code in ("VALIDATION_ERROR", "SESSION_ERROR") \
@@ -176,65 +194,33 @@ async def handle(server: Sessions, tools: Tools, request: Any,
         return rpc_error(code, exc.message, request_id, exc.data())
 
 
-async def _call(server: Sessions, tools: Tools, params: dict[str, Any],
+async def _call(server: Server, calls: Calls, params: dict[str, Any],
                 session: Any) -> dict[str, Any]:
+    """A ``tools/call``: its tool's verb on the call's session (`_session_of`), or, for a
+    stateless verb called without one, on a slot for this call alone."""
     name = params.get("name")
     arguments = params.get("arguments") or {}
     if not isinstance(name, str) or not isinstance(arguments, dict):
         raise ProtocolError("VALIDATION_ERROR", "tools/call needs 'name' and an object of "
                             "'arguments'")
-    if name in ("fork", "snapshot", "restore"):
-        return await _branch(server, name, arguments, _session_of(server, params, session))
-    if name == "reset":
-        if set(arguments) - {"seed"}:
-            raise ProtocolError("VALIDATION_ERROR", "reset takes only 'seed'")
-        data: dict[str, Any] = {"seed": arguments.get("seed")}
-        step = None
-    elif name == "act":
-        if set(arguments) != {"action"}:
-            raise ProtocolError("VALIDATION_ERROR", "act takes one argument, 'action'")
-        data, step = {}, {"action": arguments["action"]}
-    elif name in tools.actions:
-        if arguments:
-            raise ProtocolError("VALIDATION_ERROR", f"{name} takes no arguments")
-        data, step = {}, {"action": tools.actions[name]}
-    else:
+    if name not in calls:
         raise ProtocolError("VALIDATION_ERROR", f"Tool not found: {name}")
-    own = session
-    if own is None and params.get("session_id") is not None:
-        own = _session_of(server, params, session)
-    temporary = own is None
-    if own is None:  # stateless: a slot for this call alone
-        own = server.sessions.open("once")
+    verb, tool = calls[name]
+    stateless = verb.mcp_stateless and session is None and params.get("session_id") is None
+    own = server.sessions.open("once") if stateless else _session_of(server, params, session)
     try:
-        if step is None or not own.started:  # a session with no episode starts one
-            payload = await server.reset(own, data)
-        if step is not None:
-            payload = await server.step(own, step)
+        data = verb.parse(tool.data(arguments))
+        if verb.mcp_episode_first and not own.started:  # a session with no episode starts one
+            await server.reset(own, {})
+        out = await verb.run(server, own, data)
     finally:
-        if temporary:
+        if stateless:
             server.sessions.close(own)
-    return _result(payload["observation"]["text"], payload)
+    assert verb.reply is not None
+    return _result(REPLY_TEXT[verb.reply](out), out)
 
 
-async def _branch(server: Sessions, name: str, arguments: dict[str, Any], session: Any
-                  ) -> dict[str, Any]:
-    """The ``fork``, ``snapshot`` and ``restore`` tools of ``session``."""
-    if name != "restore" and arguments:
-        raise ProtocolError("VALIDATION_ERROR", f"{name} takes no arguments")
-    if name == "fork":
-        out = await server.fork(session)
-        return _result(out["observation"]["text"], out)
-    if name == "snapshot":
-        value = await server.snapshot(session)
-        return _result(json.dumps(value), {"snapshot": value})
-    if set(arguments) != {"snapshot"}:
-        raise ProtocolError("VALIDATION_ERROR", "restore takes one argument, 'snapshot'")
-    out = await server.restore(session, arguments)
-    return _result(out["observation"]["text"], out)
-
-
-def _session_of(server: Sessions, params: dict[str, Any], session: Any) -> Any:
+def _session_of(server: Server, params: dict[str, Any], session: Any) -> Any:
     """The session a call is for: the WebSocket's own, else ``params.session_id``'s."""
     if session is not None:
         return session

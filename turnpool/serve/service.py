@@ -1,6 +1,7 @@
-"""OpenEnv's operations over the session table and the slot engine: what ``reset``, ``step``,
-``state`` and ``close`` do to a session, whichever way they arrive (``/ws``, HTTP, MCP), and
-turnpool's branching extension: ``fork``, ``snapshot`` and ``restore``.
+"""OpenEnv's operations over the session table and the slot engine: what ``reset``, ``step``
+and ``state`` do to a session, whichever way they arrive (``/ws``, HTTP, MCP: the faces find
+these handlers in the served-verb table, `turnpool.serve.verbs`), and turnpool's branching
+extension: ``fork``, ``snapshot`` and ``restore``.
 
 The message shapes are OpenEnv's (``openenv.core``), written here from its documented
 protocol so the server needs no OpenEnv install: the client sends ``{"type": "reset" |
@@ -24,7 +25,6 @@ held session playing a copy of this one's episode (reach it by id: HTTP, MCP, or
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 import uuid
@@ -41,17 +41,15 @@ from turnpool.pool.slot_requests import (
 from turnpool.pool.slots import PoolTimeout, SlotReset
 from turnpool.serve.engine import PoolEngine, retryable
 from turnpool.serve.errors import ProtocolError
-from turnpool.serve.jsonio import dumps
+from turnpool.serve.jsonio import MAX_MESSAGE_CHARS
 from turnpool.serve.sessions import Session, SessionTable
 from turnpool.serve.snapshots import SnapshotCodec
 from turnpool.worker.protocol import Failure, TurnResult
 
-#: Largest client message (bytes of JSON) the server reads; longer ones are refused.
-MAX_MESSAGE_CHARS = 1_000_000
-
 
 class Service:
-    """The sessions (`SessionTable`) over one `PoolEngine`, and what each message does."""
+    """The sessions (`SessionTable`) over one `PoolEngine`, and the handlers of the served
+    verbs (`turnpool.serve.verbs.VERBS` says which face reaches which)."""
 
     def __init__(self, engine: PoolEngine, token: str | None = None, id_prefix: str = "",
                  on_sessions: Callable[[], None] | None = None) -> None:
@@ -98,27 +96,52 @@ class Service:
         return payload(session, out.obs, None, False, False, out.info)
 
     async def step(self, session: Session, data: Any) -> dict[str, Any]:
-        actions = self.step_actions(session, data)
+        """One step on the general path (HTTP, MCP, a ``/ws`` step the fast path left):
+        `begin_step`, the engine's step, `finish_step`."""
+        actions = self.begin_step(session, data)
+        fut = self.submit(session, lambda: self.engine.step_future(session.slot, actions))
         began = time.perf_counter()
-        res: TurnResult = await self._call(session, lambda: self.engine.step_future(
-            session.slot, actions))
-        return self.stepped(session, res, began)
+        try:
+            await fut
+        except Exception:  # finish_step reads the future's failure
+            pass
+        except BaseException:  # the caller went away: the call is no longer its
+            self.sessions.end_call(session)
+            raise
+        return self.finish_step(session, fut, began)
 
-    def step_actions(self, session: Session, data: Any) -> list[Any]:
-        """The checked actions of a step message for ``session`` (`ProtocolError` if the
-        message or the session's episode refuses it)."""
+    # The one begin/finish pair of a served step, whichever path submits it (`step` above,
+    # `turnpool.serve.ws.WsConnection`'s fast path with its batcher): the checks and the
+    # session's record before, the bookkeeping, error mapping and journal after.
+    def begin_step(self, session: Session, data: Any) -> list[Any]:
+        """The checked actions of a step message for ``session``, now its pending turn
+        (``session.actions``, journalled by `finish_step`); `ProtocolError` if the message,
+        the session's episode or a call already running refuses it. Submit them with
+        `submit`."""
         actions = parse_actions(data, self.settings.max_action_chars,
                                 self.settings.max_actions_per_step)
         if not session.started:
             raise ProtocolError("VALIDATION_ERROR", "no episode: send reset first")
         if session.done:
             raise ProtocolError("VALIDATION_ERROR", "the episode is over: send reset")
+        if session.busy:
+            raise _busy()
         session.actions = actions
         return actions
 
-    def stepped(self, session: Session, res: TurnResult, began: float) -> dict[str, Any]:
-        """The observation payload of a finished step (begun at ``began``, perf_counter);
-        `ProtocolError` for a failed turn."""
+    def finish_step(self, session: Session, fut: asyncio.Future[Any], began: float
+                    ) -> dict[str, Any]:
+        """The observation payload of ``session``'s step ``fut`` (done; begun at ``began``,
+        perf_counter): the call ends, the session's count, episode flags and journal take
+        the turn. `ProtocolError` for a failed turn, a late one (the sweep's `PoolTimeout`)
+        or a pool that went away."""
+        self.sessions.end_call(session)
+        exc = None if fut.cancelled() else fut.exception()
+        if isinstance(exc, PoolTimeout):  # the session table's sweep: too late
+            raise self.timed_out(session, exc)
+        if fut.cancelled() or exc is not None:  # shutting down / the pool is closed
+            raise ProtocolError("EXECUTION_ERROR", str(exc or "cancelled"), status=503)
+        res: TurnResult = fut.result()
         if self.observe_step is not None:
             self.observe_step(time.perf_counter() - began)
         if res.error is not None:
@@ -195,7 +218,11 @@ class Service:
         self.sessions.journal.branched(session.id, snap.seed, snap.turns)
         return payload(session, out.obs, None, False, False, out.info)
 
-    def state(self, session: Session) -> dict[str, Any]:
+    def state(self, session: Session | None) -> dict[str, Any]:
+        """``session``'s state (a blank one for None: HTTP ``/state`` naming no session)."""
+        if session is None:
+            return {"episode_id": None, "step_count": 0, "seed": None, "session_id": None,
+                    "env": self.settings.env, "done": False}
         return {"episode_id": session.episode_id, "step_count": session.step_count,
                 "seed": session.seed, "session_id": session.id, "env": self.settings.env,
                 "done": session.done}
@@ -205,13 +232,8 @@ class Service:
         """Run one engine call of ``session`` (one at a time) under the session table's
         deadline (`SessionTable.sweep` fails it with `PoolTimeout`)."""
         if session.busy:
-            raise ProtocolError("EXECUTION_ERROR", "this session is already running a "
-                                "request; send one at a time", status=409)
-        try:
-            fut = start()
-        except (RuntimeError, ValueError) as exc:  # shutting down / the pool is closed
-            raise ProtocolError("EXECUTION_ERROR", str(exc), status=503) from exc
-        self.sessions.begin_call(session, fut)
+            raise _busy()
+        fut = self.submit(session, start)
         try:
             return await fut
         except PoolTimeout as exc:
@@ -221,50 +243,27 @@ class Service:
         finally:
             self.sessions.end_call(session)
 
+    def submit(self, session: Session, start: Callable[[], asyncio.Future[Any]]
+                ) -> asyncio.Future[Any]:
+        """``start()`` ``session``'s engine call, now in flight under the session table's
+        deadline (the caller ends it: `SessionTable.end_call`)."""
+        try:
+            fut = start()
+        except (RuntimeError, ValueError) as exc:  # shutting down / the pool is closed
+            raise ProtocolError("EXECUTION_ERROR", str(exc), status=503) from exc
+        self.sessions.begin_call(session, fut)
+        return fut
+
     def timed_out(self, session: Session, exc: Exception) -> ProtocolError:
         """The error of a call the pool did not answer in time (its episode is over)."""
         session.done, session.started = True, False
         return ProtocolError("EXECUTION_ERROR", str(exc), status=504, failure="timeout",
                              retryable=True, session_id=session.id)
 
-    # ------------------------------------------------------------------ messages
-    async def answer(self, session: Session, raw: str) -> str | None:
-        """The reply frame to one WebSocket message (None: the client closed the session)."""
-        try:
-            if len(raw) > MAX_MESSAGE_CHARS:
-                raise ProtocolError("VALIDATION_ERROR", "message too large")
-            try:
-                msg = json.loads(raw)
-            except ValueError as exc:
-                raise ProtocolError("INVALID_JSON", f"Invalid JSON: {exc}") from exc
-            kind = msg.get("type") if isinstance(msg, dict) else None
-            if kind == "step":
-                out = await self.step(session, msg.get("data"))
-                return dumps({"type": "observation", "data": out})
-            if kind == "reset":
-                data = msg.get("data") or {}
-                if not isinstance(data, dict):
-                    raise ProtocolError("VALIDATION_ERROR", "reset data must be an object")
-                out = await self.reset(session, data)
-                return dumps({"type": "observation", "data": out})
-            if kind == "state":
-                return dumps({"type": "state", "data": self.state(session)})
-            if kind == "fork":
-                return dumps({"type": "fork", "data": await self.fork(session)})
-            if kind == "snapshot":
-                return dumps({"type": "snapshot",
-                              "data": {"snapshot": await self.snapshot(session)}})
-            if kind == "restore":
-                out = await self.restore(session, msg.get("data"))
-                return dumps({"type": "observation", "data": out})
-            if kind == "mcp":
-                return dumps({"type": "mcp", "data": await mcp.handle(
-                    self, self.tools, msg.get("data"), session)})
-            if kind == "close":
-                return None
-            raise ProtocolError("UNKNOWN_TYPE", f"Unknown message type: {kind}")
-        except ProtocolError as exc:
-            return dumps({"type": "error", "data": exc.data()})
+
+def _busy() -> ProtocolError:
+    return ProtocolError("EXECUTION_ERROR", "this session is already running a request; "
+                         "send one at a time", status=409)
 
 
 def payload(session: Session, obs: str, reward: float | None, terminated: bool,

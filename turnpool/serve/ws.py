@@ -19,24 +19,27 @@ session table's sweep fails a step the pool has not answered within ``call_timeo
 (`turnpool.serve.sessions`).
 
 Every other message (``reset``, ``state``, ``mcp``, ``close``, turnpool's ``fork``,
-``snapshot`` and ``restore``, invalid or oversize ones) goes through
-`turnpool.serve.service.Service.answer`, as HTTP and MCP calls do.
+``snapshot`` and ``restore``, invalid or oversize ones) goes through `answer`, which finds
+its verb in the served-verb table (`turnpool.serve.verbs`) as HTTP and MCP do. Both paths
+of a step share `Service.begin_step` / `Service.finish_step`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import deque
 from typing import Any, Protocol, cast
 
 import turnpool.serve.codec as codec
-from turnpool.pool.slots import PoolTimeout, StepRequest
+from turnpool.pool.slots import StepRequest
 from turnpool.serve.errors import ProtocolError
-from turnpool.serve.jsonio import dumps, dumps_bytes, loads
-from turnpool.serve.service import MAX_MESSAGE_CHARS, Service
+from turnpool.serve.jsonio import MAX_MESSAGE_CHARS, dumps, dumps_bytes, loads
+from turnpool.serve.service import Service
 from turnpool.serve.sessions import Session
+from turnpool.serve.verbs import BY_NAME
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,28 @@ class Placement(Protocol):
 
     def pass_connection(self, transport: asyncio.Transport, data: bytes, to: int, hops: int,
                         here: Any) -> bool: ...
+
+
+async def answer(service: Service, session: Session, raw: str) -> str | None:
+    """The reply frame to one WebSocket message: its verb's (`turnpool.serve.verbs`) reply
+    of the handler's value, or an ``error``; None: the message ends the connection."""
+    try:
+        if len(raw) > MAX_MESSAGE_CHARS:
+            raise ProtocolError("VALIDATION_ERROR", "message too large")
+        try:
+            msg = json.loads(raw)
+        except ValueError as exc:
+            raise ProtocolError("INVALID_JSON", f"Invalid JSON: {exc}") from exc
+        kind = msg.get("type") if isinstance(msg, dict) else None
+        verb = BY_NAME.get(kind) if isinstance(kind, str) else None
+        if verb is None:
+            raise ProtocolError("UNKNOWN_TYPE", f"Unknown message type: {kind}")
+        if verb.reply is None:
+            return None
+        out = await verb.run(service, session, verb.parse(msg.get("data")))
+        return dumps({"type": verb.reply, "data": out})
+    except ProtocolError as exc:
+        return dumps({"type": "error", "data": exc.data()})
 
 
 class StepBatcher:
@@ -264,32 +289,30 @@ class WsConnection(asyncio.Protocol):
             self.running = True
             if self._step(session, raw):
                 return
-            task = self.loop.create_task(self.service.answer(session, raw))
+            task = self.loop.create_task(answer(self.service, session, raw))
             task.add_done_callback(self._answered)
             return
         self.running = False
 
     def _step(self, session: Session, raw: str) -> bool:
-        """Submit ``raw`` to the slot engine if it is a well-formed step message (True);
-        False for anything else, which `Service.answer` handles."""
+        """Submit ``raw`` to the slot engine's batcher if it is a step message orjson reads
+        (True); False for anything else, which `answer` handles. The step itself is the
+        general path's: `Service.begin_step` before, `Service.finish_step` after."""
         if len(raw) > MAX_MESSAGE_CHARS or loads is None:
             return False
         try:
             msg = loads(raw)
         except ValueError:
             return False
-        if not isinstance(msg, dict) or msg.get("type") != "step" or session.busy:
+        if not isinstance(msg, dict) or msg.get("type") != "step":
             return False
         service = self.service
         try:
-            actions = service.step_actions(session, msg.get("data"))
-            fut = self.batcher.add(session.slot, actions)
+            actions = service.begin_step(session, msg.get("data"))
+            fut = service.submit(session, lambda: self.batcher.add(session.slot, actions))
         except ProtocolError as exc:
             self._reply(dumps({"type": "error", "data": exc.data()}))
             return True
-        except (RuntimeError, ValueError):  # the pool is closing: the general path says so
-            return False
-        service.sessions.begin_call(session, fut)
         self.began = time.perf_counter()
         fut.add_done_callback(self._stepped)
         return True
@@ -297,15 +320,8 @@ class WsConnection(asyncio.Protocol):
     def _stepped(self, fut: asyncio.Future[Any]) -> None:
         session = self.session
         assert session is not None
-        service = self.service
-        service.sessions.end_call(session)
         try:
-            exc = None if fut.cancelled() else fut.exception()
-            if isinstance(exc, PoolTimeout):  # the session table's sweep: too late
-                raise service.timed_out(session, exc)
-            if fut.cancelled() or exc is not None:
-                raise ProtocolError("EXECUTION_ERROR", str(exc or "cancelled"), status=503)
-            payload = service.stepped(session, fut.result(), self.began)
+            payload = self.service.finish_step(session, fut, self.began)
         except ProtocolError as err:
             self._reply(dumps({"type": "error", "data": err.data()}))
             return
@@ -414,4 +430,4 @@ def adopt(ws_class: type[WsConnection], server_state: Any, data: bytes, hops: in
 
 
 __all__ = ["Entry", "MAX_FRAME_BYTES", "Placement", "StepBatcher", "WsConnection", "adopt",
-           "bind"]
+           "answer", "bind"]

@@ -15,10 +15,10 @@ from urllib.parse import parse_qsl
 
 from turnpool.serve.fronts.placement import owner_of
 from turnpool.serve.jsonio import dumps_bytes
+from turnpool.serve.verbs import VERBS
 
-#: Paths whose requests may name a session of another front.
-ROUTED_PATHS = frozenset({"/reset", "/step", "/state", "/close", "/fork", "/snapshot",
-                          "/restore", "/mcp"})
+#: Paths whose requests may name a session of another front: every routed served verb's.
+ROUTED_PATHS = frozenset("/" + verb.name for verb in VERBS if verb.routed)
 #: Header a proxied request carries (the owner serves it, never routes it again) and the
 #: header of its answer naming the front that proxied it.
 ROUTED_HEADER = "x-turnpool-routed-by"
