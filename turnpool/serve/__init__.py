@@ -5,12 +5,13 @@ one env per session, while the envs run in an `EnvPool` on any backend, with per
 isolation, enforced step timeouts, crash recovery and exact seeds. One module per concern
 (``docs/design.md`` draws the map): ``engine`` (settings, the pool's
 `turnpool.pool.slots.SlotEngine`), ``sessions`` (the session table and its one timer),
-``service`` (what each OpenEnv message does), ``codec`` (WebSocket frames), ``ws`` (the one
-``/ws`` path, straight from the socket), ``app`` (the HTTP routes), ``status`` / ``metrics`` /
-``page`` (what the server says about itself), ``mcp``, ``running`` (uvicorn, the background
-`TurnpoolServer`), ``main`` (the foreground ``serve``), ``fronts`` (several front
-processes on one port) and ``journal`` / ``resume`` (``--state-dir``: sessions that survive
-a restart). Nothing here imports WebShop code.
+``verbs`` (the served-verb table every face iterates), ``service`` (the verbs' handlers:
+what each OpenEnv message does), ``codec`` (WebSocket frames), ``ws`` (the one ``/ws`` path,
+straight from the socket), ``app`` (the HTTP routes), ``mcp`` (the verbs as MCP tools),
+``status`` / ``metrics`` / ``page`` (what the server says about itself), ``running``
+(uvicorn, the background `TurnpoolServer`), ``main`` (the foreground ``serve``), ``fronts``
+(several front processes on one port) and ``journal`` / ``resume`` (``--state-dir``:
+sessions that survive a restart). Nothing here imports WebShop code.
 
 Example:
     >>> from turnpool.serve import ServeSettings, TurnpoolServer
