@@ -179,3 +179,21 @@ def test_without_the_serve_extra_one_line_names_it(outputs: dict[str, Path]) -> 
     assert res.returncode == 2
     assert res.stderr.strip() == ("Error: turnpool view needs fastapi: "
                                   "pip install 'turnpool[serve]'")
+
+
+def test_a_missing_file_or_a_busy_port_is_one_line(outputs: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    proc = _cli(str(tmp_path / "nothing.jsonl"))
+    _, err = proc.communicate(timeout=60)
+    missing = tmp_path / "nothing.jsonl"
+    assert proc.returncode == 2 and err.strip() == f"Error: {missing}: no such file"
+    from turnpool.listen import bind_socket
+
+    busy = bind_socket()
+    try:
+        proc = _cli(str(outputs["rollout"]), "--port", str(busy.getsockname()[1]))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        busy.close()
+    assert proc.returncode == 2 and err.count("\n") == 1
+    assert "cannot listen on 127.0.0.1" in err and "--port 0" in err

@@ -25,7 +25,7 @@ Examples:
 
 
 @click.command(epilog=_EPILOG)
-@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
               help="TCP port on 127.0.0.1; 0 picks a free one (the URL is printed).")
 @click.option("--env", "env", default=None,
@@ -33,7 +33,12 @@ Examples:
                    "drawn only with it.")
 def view(path: str, port: int, env: str | None) -> None:
     """Show PATH (rollout --out .jsonl/.parquet, --record, --tree-out) as a web page."""
+    from pathlib import Path
+
     from turnpool.extras import require
+
+    if not Path(path).is_file():
+        raise UserError(f"{path}: no such file", EXIT_USAGE)
 
     require("fastapi", feature="turnpool view", extra="serve")
     require("uvicorn", feature="turnpool view", extra="serve")

@@ -65,11 +65,19 @@ async function loadList() {
     for (const c of cells) row.appendChild(el("td", {}, c));
     body.appendChild(row);
   }
+  markSelected();
+}
+
+function markSelected() {  // the open episode's row in the list
+  const m = location.hash.match(/^#episode\/(\d+)$/);
+  for (const row of document.querySelectorAll("tr.episode-row"))
+    row.classList.toggle("selected", m != null && row.dataset.id === m[1]);
 }
 
 async function route() {
   const [view, ...rest] = location.hash.slice(1).split("/");
   const arg = decodeURIComponent(rest.join("/"));
+  markSelected();
   if (view === "episode") await showEpisode(arg);
   else if (view === "group") await showGroup(arg);
   else if (view === "tree") await showTree(arg);
@@ -158,23 +166,26 @@ async function showTree(group) {
   const byTurn = new Map();
   for (const n of t.nodes) { if (!byTurn.has(n.turn)) byTurn.set(n.turn, []);
     byTurn.get(n.turn).push(n); }
-  const W = 150, H = 44, turns = [...byTurn.keys()].sort((a, b) => a - b);
+  const W = 210, H = 44, turns = [...byTurn.keys()].sort((a, b) => a - b);
   const rows = Math.max(...[...byTurn.values()].map(v => v.length));
   const pos = new Map([["root", [10, (rows * H) / 2]]]);
   turns.forEach((turn, c) => byTurn.get(turn).forEach((n, r) =>
-    pos.set(n.node_id, [10 + (c + 1) * W, 10 + r * H + H / 2])));
+    pos.set(n.node_id, [50 + c * W, 10 + r * H + H / 2])));
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("width", 40 + (turns.length + 1) * W);
+  svg.setAttribute("width", 60 + turns.length * W);
   svg.setAttribute("height", 20 + rows * H);
   svg.id = "tree-svg";
   const add = (tag, attrs, text) => { const e = document.createElementNS(ns, tag);
     for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
     if (text != null) e.textContent = text; svg.appendChild(e); return e; };
   for (const n of t.nodes) {
-    const [x1, y1] = pos.get(n.parent_id != null && pos.has(n.parent_id) ? n.parent_id : "root");
+    const from = n.parent_id != null && pos.has(n.parent_id) ? n.parent_id : "root";
+    const [x1, y1] = pos.get(from);
     const [x2, y2] = pos.get(n.node_id);
-    add("line", {x1: x1 + 4, y1, x2: x2 - 4, y2, class: "edge" + (n.chosen ? " chosen" : "")});
+    // from the parent box's right side (the root is a dot) to the child box's left side
+    add("line", {x1: from === "root" ? x1 + 6 : x1 + W - 30, y1, x2: x2 - 4, y2,
+                 class: "edge" + (n.chosen ? " chosen" : "")});
   }
   add("circle", {cx: 10, cy: pos.get("root")[1], r: 6, class: "root"});
   for (const n of t.nodes) {
@@ -182,7 +193,7 @@ async function showTree(group) {
     const g = add("g", {class: "tree-node" + (n.chosen ? " chosen" : "") + (n.kept ? " kept" : ""),
                         "data-node": n.node_id});
     const rect = document.createElementNS(ns, "rect");
-    for (const [k, v] of Object.entries({x: x - 4, y: y - 15, width: W - 30, height: 30, rx: 4}))
+    for (const [k, v] of Object.entries({x: x - 4, y: y - 15, width: W - 26, height: 30, rx: 4}))
       rect.setAttribute(k, v);
     const label = document.createElementNS(ns, "text");
     label.setAttribute("x", x + 2); label.setAttribute("y", y + 4);
