@@ -160,3 +160,25 @@ def test_envs_without_frames_or_by_entry_point_get_no_board(line_env: str) -> No
     e = _walk(line_env, 5, ["Left"])
     e.env_type = "tests.view.line_env:LineEnv"  # a file that names code: never imported
     assert board_way(e) is None and board(e, 0) is None
+
+
+def test_a_trajectory_files_tags_get_the_kwargs_the_rollout_used(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from turnpool.cli import main
+    from turnpool.cli.errors import UserError
+    from turnpool.cli.view import tag_kwargs
+
+    record = tmp_path / "fl.jsonl"
+    res = CliRunner().invoke(main, [
+        "rollout", "--no-progress", "--backend", "sequential", "--policy", "random",
+        "es_manager.train.env_groups=1", "es_manager.train.env_configs.n_groups=[1]",
+        "es_manager.train.group_size=1", "es_manager.train.env_configs.tags=[FrozenLake]",
+        "--record", str(record)])
+    assert res.exit_code == 0, res.output
+    header, records = read_record(record)
+    records.close()
+    kwargs = tag_kwargs(None, {"FrozenLake", "NoSuchTag", "a]b"})
+    assert kwargs == {"FrozenLake": header.specs[0].env_kwargs}
+    with pytest.raises(UserError, match="--config"):
+        tag_kwargs(str(tmp_path / "missing.yaml"), {"FrozenLake"})

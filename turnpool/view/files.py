@@ -212,9 +212,9 @@ def _episode_of(i: int, d: dict[str, Any]) -> Episode:
         t = Trajectory.from_dict(d)
     except TypeError as exc:
         raise ViewError(f"line {i + 1}: not a trajectory ({exc})") from None
-    steps = [Step(k, t_.state, t_.llm_response, list(t_.actions), list(t_.executed),
-                  t_.format_valid, float(t_.reward), t_.done, dict(t_.info), t_.error,
-                  t_.node_id) for k, t_ in enumerate(t.turns)]
+    steps = [Step(k, turn.state, turn.llm_response, list(turn.actions), list(turn.executed),
+                  turn.format_valid, float(turn.reward), turn.done, dict(turn.info),
+                  turn.error, turn.node_id) for k, turn in enumerate(t.turns)]
     return Episode(i, t.env_type, t.tag, t.group_uid, t.env_id, t.seed, steps, t.final_state,
                    t.success, float(t.score), float(t.normalized_score), t.end_reason,
                    t.chosen, t.error)
