@@ -20,9 +20,13 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _until(browser: Any, check: Any) -> Any:  # noqa: F811
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(browser, 20, poll_frequency=0.1).until(lambda _: check())
+    # a route change redraws the detail pane, so an element may go stale mid-check
+    return WebDriverWait(browser, 30, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,)
+                         ).until(lambda _: check())
 
 
 def _css(browser: Any, css: str) -> list[Any]:  # noqa: F811
@@ -107,7 +111,8 @@ def test_a_record_and_its_first_divergence(browser: Any,  # noqa: F811
         assert _css(browser, "#episode-view pre.obs")[0].text == lines[1]["reset"]["obs"].strip()
         _until(browser, lambda: _loaded_boards(browser) >= 1)
         browser.find_element("id", "replay-button").click()
-        bad = _until(browser, lambda: _css(browser, ".turn.divergent"))
-        assert bad[0].get_attribute("data-turn") == str(target["steps"][0]["turn"])
+        marked = _until(browser, lambda: [e.get_attribute("data-turn")
+                                          for e in _css(browser, ".turn.divergent")])
+        assert marked == [str(target["steps"][0]["turn"])]
         assert "never was" in browser.find_element("id", "replay").text
         assert browser.current_url.endswith(f"#episode/{target['episode']}")

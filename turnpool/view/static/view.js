@@ -231,8 +231,9 @@ async function replay() {
   box.append(el("span", {cls: "bad", text: counts + "; "}),
     link("first divergence in episode " + r.first.episode, "#episode/" + r.first.episode),
     el("div", {cls: "describe", text: r.first.describe}));
-  location.hash = "#episode/" + r.first.episode;
-  await route();
+  const target = "#episode/" + r.first.episode;
+  if (location.hash === target) await route();  // else the hashchange routes, once
+  else location.hash = target;
 }
 
 start().catch(fail);
