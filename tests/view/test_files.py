@@ -182,3 +182,25 @@ def test_a_trajectory_files_tags_get_the_kwargs_the_rollout_used(tmp_path: Path)
     assert kwargs == {"FrozenLake": header.specs[0].env_kwargs}
     with pytest.raises(UserError, match="--config"):
         tag_kwargs(str(tmp_path / "missing.yaml"), {"FrozenLake"})
+
+
+def test_groups_of_a_multi_batch_run_stay_apart(tmp_path: Path) -> None:
+    from tests.view.conftest import _rollout
+
+    out, tree = tmp_path / "t.jsonl", tmp_path / "tree.jsonl"
+    _rollout("--batches", "2", "--out", str(out))
+    _rollout("--batches", "2", "turnpool.collector.tree.mode=best_of_n", "--tree-out",
+             str(tree))
+    trajectories = list(read_jsonl(out))
+    assert len({t.group_uid for t in trajectories}) == 2  # the ids start again per batch
+    run = load(out)
+    groups: dict[str, set[int | None]] = {}
+    for e in run.episodes:
+        groups.setdefault(e.group, set()).add(e.seed)
+    assert len(groups) == 4 and all(len(seeds) == 1 for seeds in groups.values())
+    assert all(len([e for e in run.episodes if e.group == g]) == 3 for g in groups)
+    trees = load(tree, env="sokoban")
+    assert len({n["node_id"] for n in trees.nodes}) == len(trees.nodes)
+    assert len({e.group for e in trees.episodes}) == 4
+    assert sum(1 for e in trees.episodes if e.chosen) == 4  # one chosen path per tree
+    assert all(e.steps[0].turn == 0 for e in trees.episodes)  # every path starts at a root

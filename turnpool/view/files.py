@@ -128,16 +128,15 @@ def load(path: str | Path, env: str | None = None) -> Run:
         raise ViewError(f"{p}: cannot read ({exc})") from None
     if first is None:
         if p.suffix.lower() == ".parquet":
-            return Run(str(p), "rollout", [_episode_of(i, d) for i, d in
-                                           enumerate(_parquet_rows(p))])
+            return _load_rollout(p, _parquet_rows(p))
         raise ViewError(f"{p}: empty, or not a file turnpool writes")
     kind = detect(first, str(p))
     if kind == "record":
         return _load_record(p)
     rows = list(_json_lines(p))
     if kind == "tree":
-        return _load_tree(p, rows, env)
-    return Run(str(p), "rollout", [_episode_of(i, d) for i, d in enumerate(rows)])
+        return _load_tree(p, _batched_nodes(rows), env)
+    return _load_rollout(p, rows)
 
 
 def detect(first: dict[str, Any], where: str = "file") -> str:
@@ -204,6 +203,37 @@ def _parquet_rows(p: Path) -> list[dict[str, Any]]:
     if rows and "turns" not in rows[0]:
         raise ViewError(f"{p}: a parquet file without trajectories (no turns column)")
     return rows
+
+
+def _load_rollout(p: Path, rows: list[dict[str, Any]]) -> Run:
+    """Trajectory rows as episodes. Group ids start again in every batch of a multi-batch
+    run (``--batches``), so where one id covers several seeds the seed joins the label."""
+    episodes = [_episode_of(i, d) for i, d in enumerate(rows)]
+    if len({(e.group, e.seed) for e in episodes}) > len({e.group for e in episodes}):
+        for e in episodes:
+            e.group = f"{e.group} seed {e.seed}"
+    return Run(str(p), "rollout", episodes)
+
+
+def _batched_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tree nodes with ids unique over the file. Node ids repeat in every batch of a
+    multi-batch run, which writes batch after batch; a repeated id starts the next batch,
+    whose nodes (and groups) then get a ``b<k>:`` prefix."""
+    batches: list[int] = []
+    batch, seen = 0, set[str]()
+    for n in nodes:
+        if n["node_id"] in seen:
+            batch, seen = batch + 1, set()
+        seen.add(n["node_id"])
+        batches.append(batch)
+    if not batch:
+        return nodes
+
+    def tagged(b: int, x: Any) -> Any:
+        return None if x is None else f"b{b}:{x}"
+
+    return [{**n, "node_id": tagged(b, n["node_id"]), "parent_id": tagged(b, n["parent_id"]),
+             "group_uid": tagged(b, n["group_uid"])} for b, n in zip(batches, nodes)]
 
 
 def _episode_of(i: int, d: dict[str, Any]) -> Episode:
