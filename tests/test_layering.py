@@ -10,7 +10,7 @@ that edge counts, and ``a.b`` importing ``a.b.c`` back is a cycle. Floors, botto
 (`FLOORS`)::
 
     extras, listen  <-  sandbox  <-  webshop  <-  envs  <-  worker  <-  backends  <-  pool
-             <-  policies  <-  rollout  <-  serve, integrations  <-  ragen  <-  cli, bench
+             <-  policies  <-  rollout  <-  serve, integrations, view  <-  ragen  <-  cli, bench
 
 (``extras`` and ``listen`` import nothing of turnpool; every floor may import them.)
 
@@ -180,7 +180,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("turnpool.pool",),              # what runs: EnvPool, dispatch, replay, slots
     ("turnpool.policies",),
     ("turnpool.rollout",),
-    ("turnpool.serve", "turnpool.integrations"),
+    ("turnpool.serve", "turnpool.integrations", "turnpool.view"),
     ("turnpool.ragen",),
     ("turnpool.cli", "turnpool.bench"),
 ]
@@ -215,6 +215,8 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("turnpool.serve", ("turnpool", "turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
                         "turnpool.worker.protocol", "turnpool.rollout",
                         "turnpool.rollout.prompts", "turnpool.serve.*")),
+    # the viewer: reads what rollout writes, draws boards with the envs, replays records
+    ("turnpool.view", ("turnpool.envs.*", "turnpool.rollout.*", "turnpool.view.*")),
     ("turnpool.integrations", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
                                "turnpool.worker.protocol", "turnpool.policies.*",
                                "turnpool.rollout.*", "turnpool.integrations.*")),

@@ -11,6 +11,7 @@ does not pay for ray or transformers:
     turnpool webshop serve
     turnpool serve --env sokoban [--config F] [--backend B] [--host H --port P]
     turnpool verl-config --env sokoban --out DIR [--train-groups N] [--val-groups M]
+    turnpool view trajectories.jsonl|run.jsonl.gz|tree.jsonl [--port P]
 
 Every command runs under `turnpool.cli.errors.user_errors`: a mistake the user can fix (a
 missing extra, an unknown env, a config file that is not there) is one ``Error:`` line with the
@@ -30,6 +31,7 @@ _COMMANDS: dict[str, str] = {
     "webshop": "turnpool.cli.webshop:webshop",
     "serve": "turnpool.cli.serve:serve",
     "verl-config": "turnpool.cli.verl_config:verl_config",
+    "view": "turnpool.cli.view:view",
 }
 
 

@@ -15,8 +15,9 @@ engine's and the sessions' own counters when scraped, so a scrape costs the hot 
   sessions per kind, and per worker how many of its slots sessions hold and their measured
   step cost in seconds, which decides where a new session goes).
 
-`Metrics.recent_latency` gives the status page the step latency percentiles since its last
-call, read from the same histogram.
+`Metrics.recent_latency` gives the status page the step latency histogram counts since its
+last call and since the start, read from the same histogram (over
+`turnpool.serve.status.BUCKETS`; `turnpool.serve.status.quantiles` reads them).
 """
 
 from __future__ import annotations
@@ -27,12 +28,9 @@ from typing import Any
 
 from turnpool.extras import require
 from turnpool.serve.service import Service
-from turnpool.serve.status import StepRate, sessions_per_worker
+from turnpool.serve.status import BUCKETS, StepRate, quantiles, sessions_per_worker
 from turnpool.worker.protocol import FAILURE_CLASSES
 
-#: Step latency buckets (seconds): sub-millisecond steps to a full deadline.
-BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
-           10.0, 30.0, 60.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -53,12 +51,13 @@ class Metrics:
         self.registry.register(_ServerCollector(service, rate))
 
     def recent_latency(self) -> dict[str, Any]:
-        """Step latency p50 / p99 in ms over the steps since the previous call (`quantiles`)
-        and the histogram's cumulative counts of those steps (``buckets``)."""
+        """Step latency p50 / p99 in ms over the steps since the previous call (`quantiles`),
+        the histogram's cumulative counts of those steps (``buckets``) and of every step
+        since the server started (``total_buckets``)."""
         counts = self._bucket_counts()
         previous, self._previous = self._previous, counts
         delta = [c - (previous[k] if previous else 0.0) for k, c in enumerate(counts)]
-        return {**quantiles(delta), "buckets": delta}
+        return {**quantiles(delta), "buckets": delta, "total_buckets": counts}
 
     def _bucket_counts(self) -> list[float]:
         """The histogram's cumulative bucket counts, ``+Inf`` last."""
@@ -71,20 +70,6 @@ class Metrics:
 
         out: bytes = generate_latest(self.registry)
         return out
-
-
-def quantiles(cumulative: list[float]) -> dict[str, float | None]:
-    """p50 / p99 in ms from cumulative histogram counts over `BUCKETS` (``+Inf`` last): the
-    upper bound of the bucket each falls in; None without steps."""
-    total = cumulative[-1] if cumulative else 0.0
-    out: dict[str, float | None] = {"p50_ms": None, "p99_ms": None}
-    if total <= 0:
-        return out
-    bounds = [*BUCKETS, float("inf")]
-    for name, q in (("p50_ms", 0.5), ("p99_ms", 0.99)):
-        k = next(k for k, c in enumerate(cumulative) if c >= q * total)
-        out[name] = bounds[k] * 1000.0 if bounds[k] != float("inf") else None
-    return out
 
 
 class _ServerCollector:

@@ -1,6 +1,8 @@
 """The page a person opens at ``/`` of ``turnpool serve``: what the server runs, its live
-sessions, step rate and failures, and plots of steps/s, sessions, step latency (p50 / p99),
-failures and each worker's load over the last two minutes. Static HTML that polls
+sessions, step rate, step latency quantiles (p50 / p90 / p99 / p99.9, since the last poll and
+since the start), failures by class (retryable or not, share, per 1000 steps, the latest
+error), and plots of steps/s, sessions, step latency (p50 / p99), failures and each worker's
+load over the last two minutes. Static HTML that polls
 ``/api/status`` once a second and keeps the plotted history itself, so the server renders
 nothing per viewer and the page needs no build step or outside asset."""
 
@@ -47,8 +49,12 @@ td,th{border-bottom:1px solid #ddd;padding:.2rem .6rem;text-align:left}
 <h2>Workers</h2>
 <table><thead><tr><th>worker</th><th>sessions</th><th>load (measured step cost, s)</th>
 </tr></thead><tbody id="workers"></tbody></table>
+<h2>Step latency (ms; the upper bound of the histogram bucket)</h2>
+<table><thead><tr><th>steps</th><th>count</th><th>p50</th><th>p90</th><th>p99</th>
+<th>p99.9</th></tr></thead><tbody id="latency-quantiles"></tbody></table>
 <h2>Failures by class</h2>
-<table><thead><tr><th>class</th><th>count</th></tr></thead><tbody id="failures"></tbody></table>
+<table><thead><tr><th>class</th><th>retryable</th><th>count</th><th>share</th>
+<th>per 1000 steps</th><th>latest error</th></tr></thead><tbody id="failures"></tbody></table>
 <h2>Recent failures</h2>
 <table><thead><tr><th>when</th><th>class</th><th>error</th></tr></thead>
 <tbody id="recent-failures"></tbody></table>
@@ -102,7 +108,16 @@ async function refresh() {
     set("backend", s.backend + " x" + s.num_workers);
     const fails = Object.entries(s.failures);
     set("failures-total", fails.reduce((a, [, n]) => a + n, 0));
-    fill("failures", fails.map(([k, n]) => ({cells: [k, n]})));
+    fill("failures", (s.failure_classes || []).map(f => ({
+      cls: "failure-row" + (f.count ? " fail" : ""), cells: [f.failure,
+      f.retryable ? "yes" : "no", f.count, (100 * f.share).toFixed(1) + "%",
+      f.per_1k_steps == null ? "-" : f.per_1k_steps.toFixed(2), f.last_error || ""]})));
+    const ms = v => v == null ? "-" : v.toFixed(1);
+    const lq = s.latency_quantiles || {};
+    fill("latency-quantiles", [["since the last poll", lq.recent],
+      ["since the start", lq.since_start]].filter(([, q]) => q).map(([name, q]) => ({
+      cls: "latency-row", cells: [name, q.steps, ms(q.p50_ms), ms(q.p90_ms), ms(q.p99_ms),
+      ms(q["p99.9_ms"])]})));
     fill("workers", (s.workers || []).map((w, i) => ({cls: "worker-row",
       cells: [i, w.sessions, w.load.toFixed(4)]})));
     keep("rate", s.step_rate); keep("sessions", s.active_sessions);

@@ -7,8 +7,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from turnpool.serve.metrics import quantiles
-from turnpool.serve.status import MAX_LISTED_SESSIONS
+from turnpool.serve.status import MAX_LISTED_SESSIONS, derived, quantiles
 
 _SUMMED = ("num_workers", "capacity", "active_sessions", "steps_total", "resets_total",
            "batches_total", "step_rate", "refused_sessions", "reaped_sessions")
@@ -36,6 +35,9 @@ def merge_status(parts: dict[int, dict[str, Any]], count: int) -> dict[str, Any]
     latency = quantiles(summed)
     out["latency_p50_ms"], out["latency_p99_ms"] = latency["p50_ms"], latency["p99_ms"]
     out["latency_buckets"] = summed
+    totals = [p.get("latency_total_buckets") for p in parts.values()]
+    out["latency_total_buckets"] = [sum(col) for col in zip(*[b for b in totals if b])]
+    derived(out)  # quantiles and failure classes of the sums
     out["frontends"] = [
         {"front": k, "up": k in parts,
          **({key: parts[k].get(key) for key in ("pid", "active_sessions", "step_rate",
