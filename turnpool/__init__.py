@@ -13,9 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from turnpool.envs.base import TextEnv
+from turnpool.envs.gym_ids import register_gym_ids
 from turnpool.envs.registry import load_entry_point, make, register, registered
 
 __version__ = "0.1.0"
+
+register_gym_ids()  # gymnasium.make("turnpool/Sokoban-v0") after `import turnpool`
 
 _LAZY: dict[str, str] = {
     "create_projection_function": "turnpool.ragen.projection",

@@ -216,8 +216,9 @@ def test_max_steps_truncates() -> None:
 def test_rgb_array() -> None:
     env = SokobanEnv(dim_room=(7, 5), num_boxes=1, render_mode="rgb_array")
     obs, _ = env.reset(seed=2)
-    assert isinstance(obs, str) and env.render() == obs
-    img = env.render("rgb_array")
+    assert isinstance(obs, str) and env.render("text") == obs
+    img = env.render()  # the render_mode it was made with
+    assert np.array_equal(img, env.render("rgb_array"))
     assert img.shape == (7 * 16, 5 * 16, 3) and img.dtype == np.uint8
     assert np.array_equal(img, env.render("rgb_array"))
     assert len({t.tobytes() for t in tiles()}) == 7  # every cell kind looks different

@@ -136,3 +136,38 @@ def test_a_sandbox_started_on_a_thread_that_ended_still_serves() -> None:
         pid = box.server_pid
         r = box.run(["python", "-c", "print(3)"], limits=FAST)
         assert r.stdout == "3\n" and box.server_pid == pid  # the same server, alive
+
+
+def test_a_forked_child_starts_its_own_sandbox_while_the_parents_spawner_waits() -> None:
+    """gymnasium's AsyncVectorEnv forks workers from a process whose spawner thread already
+    waits on its job queue: the child must not hand its job to that thread (gone in the
+    child) and wait for an answer that never comes."""
+    parent = Sandbox()
+    parent.start()  # the parent's spawner thread now waits for jobs
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: run one program in a sandbox of its own, report, leave
+            os.close(read)
+            code = 1
+            try:
+                with Sandbox() as box:
+                    result = box.run(["python", "-c", "print(6 * 7)"], limits=FAST)
+                code = 0 if result.stdout.strip() == "42" else 2
+            finally:
+                os.write(write, bytes([code]))
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            ready = select_ready(pipe.fileno(), 60.0)
+            answer = pipe.read(1) if ready else b""
+        os.waitpid(pid, 0)
+        assert answer == b"\x00"
+    finally:
+        parent.close()
+
+
+def select_ready(fd: int, timeout: float) -> bool:
+    import select
+
+    return bool(select.select([fd], [], [], timeout)[0])

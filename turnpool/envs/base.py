@@ -5,7 +5,8 @@ reward, terminated, truncated, info)``) with text observations. What it adds for
 LLM RL:
 
 * every env owns a ``numpy.random.Generator`` (``self.np_random``) created from the reset seed,
-  so the same seed gives byte-identical episodes in any process, thread or start method;
+  so the same seed gives byte-identical episodes in any process, thread or start method (a
+  seedless ``reset()`` after a seeded one takes `next_episode_seed` of the last seed);
 * ``info`` always carries ``success``, ``action_is_valid``, ``action_is_effective`` and
   ``anchor_obs`` (a state text without counters, for GiGPO step grouping);
 * ``get_state`` / ``set_state`` let the pool build a group's initial state once and copy it to
@@ -14,8 +15,10 @@ LLM RL:
 A `TextEnv` is a ``gymnasium.Env``: it has an ``observation_space`` (`TextSpace`, a
 ``gymnasium.spaces.Text``), an ``action_space`` (``Discrete`` over the ids of its
 ``action_lookup``, else `TextSpace`) and, when built by `turnpool.make`, a ``spec``, so
-``gymnasium.utils.env_checker.check_env`` and gymnasium wrappers accept it. As in gymnasium,
-``reset()`` without a seed continues from the env's generator once it has been seeded.
+``gymnasium.utils.env_checker.check_env`` and gymnasium wrappers accept it; the built-in envs
+are registered with gymnasium as ``turnpool/<Name>-v0`` (`turnpool.envs.gym_ids`), with a
+vector entry point over `EnvPool` (`turnpool.envs.gym_vector`). ``render()`` honours the
+``render_mode`` an env was made with (``rgb_array`` where the env draws frames).
 
 Example:
     >>> import turnpool
@@ -29,13 +32,15 @@ from __future__ import annotations
 
 import copy
 import inspect
+import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import read_from_shared_memory
 
 #: ``oracle(obs, env_config) -> action names`` that solve (or answer) the current state.
 OracleFn = Callable[..., list[str]]
@@ -58,21 +63,134 @@ _NOT_STATE = frozenset({"np_random", "_np_random", "_np_random_seed", "_action_s
                         "observation_space", "spec", "render_mode"})
 
 
+class _AllCharacters(frozenset):  # type: ignore[type-arg]
+    """Every Unicode character (a set that enumerates nothing): LLM text and env texts print
+    any of them (Sokoban's ``√``, Sudoku's ``❌``, a WebShop title)."""
+
+    def __contains__(self, char: object) -> bool:
+        return isinstance(char, str) and len(char) == 1
+
+    def __len__(self) -> int:
+        return sys.maxunicode + 1
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _AllCharacters)
+
+    def __hash__(self) -> int:
+        return hash(_AllCharacters)
+
+    def __reduce__(self) -> Any:
+        return (_AllCharacters, ())
+
+
+class _CodePoints(tuple):  # type: ignore[type-arg]
+    """Character ``i`` is ``chr(i)``: the index of a character is its code point."""
+
+    def __getitem__(self, index: Any) -> Any:
+        return chr(int(index))
+
+    def __len__(self) -> int:
+        return sys.maxunicode + 1
+
+    def __reduce__(self) -> Any:
+        return (_CodePoints, ())
+
+
+_ALL_CHARACTERS = _AllCharacters()
+_CODE_POINTS = _CodePoints()
+
+
 class TextSpace(spaces.Text):
-    """``gymnasium.spaces.Text`` for natural-language text: it contains any ``str`` of at most
-    ``max_length`` characters (LLM text and env texts are Unicode), and samples printable ASCII.
+    """``gymnasium.spaces.Text`` for natural-language text: it declares every Unicode
+    character (a character's index is its code point, so gymnasium's flattening and the shared
+    memory of ``AsyncVectorEnv`` carry any text the envs print) and contains any ``str`` of at
+    most ``max_length`` characters; it samples printable ASCII.
 
     Example:
         >>> space = TextSpace(max_length=8)
-        >>> "héllo" in space, "x" * 9 in space, 3 in space
+        >>> "héllo √" in space, "x" * 9 in space, 3 in space
         (True, False, False)
+        >>> from gymnasium.spaces.utils import flatten, unflatten
+        >>> unflatten(space, flatten(space, "❌ P_"))
+        '❌ P_'
     """
 
     def __init__(self, max_length: int, *, min_length: int = 0, seed: Any = None) -> None:
         super().__init__(max_length, min_length=min_length, charset=SAMPLE_CHARSET, seed=seed)
 
+    @property
+    def character_set(self) -> frozenset[str]:
+        return _ALL_CHARACTERS
+
+    @property
+    def character_list(self) -> tuple[str, ...]:
+        return _CODE_POINTS
+
+    def character_index(self, char: str) -> np.int32:
+        return np.int32(ord(char))
+
+    @property
+    def characters(self) -> str:
+        return "<every Unicode character>"
+
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """Printable ASCII of a random length (``mask``/``probability``: a length only)."""
+        given = mask if mask is not None else probability
+        length = given[0] if given is not None and given[0] is not None else None
+        if length is None:
+            length = int(self.np_random.integers(self.min_length, self.max_length + 1))
+        picks = self.np_random.integers(0, len(SAMPLE_CHARSET), size=int(length))
+        return "".join(SAMPLE_CHARSET[int(i)] for i in picks)
+
+    def __repr__(self) -> str:
+        return f"TextSpace({self.min_length}, {self.max_length})"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, TextSpace) and self.min_length == other.min_length
+                and self.max_length == other.max_length)
+
+    def __hash__(self) -> int:
+        return hash((TextSpace, self.min_length, self.max_length))
+
+
+class SharedTexts(Sequence[str]):
+    """The texts of ``n`` envs in an ``AsyncVectorEnv``'s shared memory, read when asked.
+
+    gymnasium reads a shared-memory observation buffer once, at construction, and relies on
+    the result being a live view (as numpy arrays over the buffer are); for a ``Text`` space
+    its own reader returns strings decoded that once, so the observations never change. This
+    view decodes the buffer on every access, and a ``deepcopy`` (what ``AsyncVectorEnv``
+    returns from ``reset``/``step``) is a plain tuple of the current texts.
+    """
+
+    def __init__(self, space: TextSpace, shared_memory: Any, n: int) -> None:
+        self._codes = np.frombuffer(shared_memory.get_obj(), dtype=np.int32).reshape(
+            (n, space.max_length))
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        row = self._codes[index]
+        return row[row <= sys.maxunicode].astype("<u4").tobytes().decode("utf-32-le")
+
+    def __len__(self) -> int:
+        return len(self._codes)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> tuple[str, ...]:
+        return tuple(self)
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, Sequence) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@read_from_shared_memory.register(TextSpace)
+def _read_texts(space: TextSpace, shared_memory: Any, n: int = 1) -> SharedTexts:
+    return SharedTexts(space, shared_memory, n)
 
 
 #: Shared by every env (spaces are immutable once built).
@@ -86,6 +204,17 @@ def action_space_for(lookup: dict[int, str] | None) -> spaces.Space[Any]:
         if ids == list(range(ids[0], ids[0] + len(ids))):
             return spaces.Discrete(len(ids), start=ids[0])
     return TextSpace(MAX_ACTION_CHARS)
+
+
+def next_episode_seed(seed: int) -> int:
+    """The seed of the episode after one seeded ``seed`` when ``reset()`` is given none.
+
+    Example:
+        >>> next_episode_seed(3) == next_episode_seed(3) != next_episode_seed(4)
+        True
+    """
+    state = np.random.SeedSequence([int(seed), 0x5EED]).generate_state(1, np.uint64)
+    return int(state[0] >> np.uint64(1))
 
 
 class TextEnv(gymnasium.Env[str, Any]):
@@ -161,13 +290,14 @@ class TextEnv(gymnasium.Env[str, Any]):
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """Start an episode. ``seed=None`` continues from the env's generator (OS entropy
-        before the first seed), as gymnasium does."""
+        """Start an episode. ``seed=None`` after a seeded episode uses `next_episode_seed`
+        of the last seed (a pure function of it, so a vector env that resets envs from outside
+        gives the same episodes); before the first seed, OS entropy."""
         if seed is None:
             if self.seed is None:
                 seed = int(np.random.SeedSequence().entropy % (2**63))  # type: ignore[operator]
             else:
-                seed = int(self.np_random.integers(2**63))
+                seed = next_episode_seed(self.seed)
         self.seed = int(seed)
         self.np_random = np.random.default_rng(self.seed)
         obs = self._reset(self.seed, options or {})
@@ -180,8 +310,16 @@ class TextEnv(gymnasium.Env[str, Any]):
         return obs, float(reward), bool(terminated), bool(truncated), self._info(info)
 
     def render(self, mode: str | None = None) -> Any:  # type: ignore[override]
-        """The current observation text (``mode="text"``); envs may offer ``rgb_array``."""
-        return self._render_text()
+        """The env drawn in ``mode``, else in the ``render_mode`` it was made with, else as
+        text: ``"text"`` is the current observation text, ``"rgb_array"`` an ``(h, w, 3)``
+        ``uint8`` image (envs whose ``metadata["render_modes"]`` list it)."""
+        mode = mode or self.render_mode or "text"
+        if mode == "text":
+            return self._render_text()
+        if mode not in self.metadata["render_modes"]:
+            raise ValueError(f"{type(self).__name__} renders {self.metadata['render_modes']}, "
+                             f"not {mode!r}")
+        return self._render_rgb_array()
 
     def close(self) -> None:
         """Release resources. Idempotent."""
@@ -235,6 +373,10 @@ class TextEnv(gymnasium.Env[str, Any]):
 
     def _render_text(self) -> str:
         raise NotImplementedError
+
+    def _render_rgb_array(self) -> np.ndarray:
+        """The ``rgb_array`` frame, for envs whose ``metadata["render_modes"]`` list it."""
+        raise NotImplementedError(f"{type(self).__name__} does not draw rgb_array frames")
 
     def _info(self, info: dict[str, Any]) -> dict[str, Any]:
         out = dict(info)

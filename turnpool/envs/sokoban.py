@@ -410,12 +410,8 @@ class SokobanEnv(TextEnv):
         entities += [(label, cells(codes == code)) for label, code in _COORD_ENTITIES]
         return formatted(self.observation_format, self._obs, self.dim_room, entities)
 
-    def render(self, mode: str | None = None) -> Any:
-        """The observation text, or with ``mode="rgb_array"`` an ``(h*16, w*16, 3)`` image."""
-        if mode is None or mode == "text":
-            return self._text()
-        if mode != "rgb_array":
-            raise ValueError(f"unknown render mode {mode!r}; use 'text' or 'rgb_array'")
+    def _render_rgb_array(self) -> np.ndarray:
+        """The room as an ``(h*16, w*16, 3)`` image (``render("rgb_array")``)."""
         if self._board is None:
             raise RuntimeError("call reset() before render()")
         codes = self._board.codes(self._player, self._boxes)

@@ -297,6 +297,14 @@ class _Spawner:
         self._jobs: queue.Queue[tuple[list[str], queue.Queue[Any]]] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        # A forked child inherits the queue with the parent's spawner thread still listed as
+        # its waiter: a job put there would wake that dead thread, never the child's own.
+        os.register_at_fork(after_in_child=self._forget_parent)
+
+    def _forget_parent(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs = queue.Queue()
+        self._thread = None
 
     def popen(self, argv: list[str]) -> subprocess.Popen[bytes]:
         with self._lock:

@@ -331,7 +331,7 @@ def _turn(env: TextEnv, actions: Sequence[Any]
         if terminated or truncated:
             break
     if n == 0:
-        obs = env.render()
+        obs = env.render("text")
         info = {"success": False, "action_is_valid": False, "action_is_effective": False,
                 "anchor_obs": env.anchor_obs()}
     return obs, total, terminated, truncated, info, n
