@@ -69,7 +69,11 @@ def resolve(name_or_entry_point: str) -> tuple[type[TextEnv], dict[str, Any]]:
     """The env class and default kwargs for a registered name (or alias) or an entry point
     string; RAGEN env classes and ``REGISTERED_ENVS`` names go through the RAGEN adapter."""
     import turnpool.envs.ragen_adapter as ragen_adapter
+    from turnpool.envs.hubs import hub_target
 
+    hub = hub_target(name_or_entry_point)
+    if hub is not None:
+        return load_entry_point(hub[0]), dict(hub[1])
     spec = _spec_of(name_or_entry_point)
     entry = spec.entry_point if spec else name_or_entry_point
     if ":" not in entry:
@@ -162,6 +166,12 @@ def build_target(env: EnvTarget, kwargs: dict[str, Any] | None = None
     if not isinstance(env, str):
         raise TypeError(f"an env is a name, an entry point, a gymnasium id or a callable, "
                         f"got {type(env).__name__}")
+    from turnpool.envs.hubs import hub_target
+
+    hub = hub_target(env)
+    if hub is not None:
+        load_entry_point(hub[0])
+        return hub[0], {**hub[1], **kwargs}
     spec = _REGISTRY.get(env)
     if spec is None and is_gym_id(env):
         return GYM_ENTRY_POINT, {"gym_id": env, **kwargs}

@@ -84,6 +84,7 @@ from turnpool.rollout.prompts import build_messages, env_prompts
 from turnpool.rollout.record import Recorder, record_header
 from turnpool.rollout.sampling import dynamic_groups
 from turnpool.rollout.scoring import compute_scores
+from turnpool.rollout.seats import num_seats, play_seats, seat_runners, start_games
 from turnpool.rollout.settings import CollectorSettings, RolloutPlan, TagSpec
 from turnpool.rollout.trajectory import (
     TokenView,
@@ -155,7 +156,8 @@ class TrajectoryCollector:
 
     def __init__(self, pool: EnvPool, policy: Policy, tags: Sequence[TagSpec] | None = None,
                  settings: CollectorSettings | None = None, *, owns_pool: bool = False,
-                 owns_policy: bool = False) -> None:
+                 owns_policy: bool = False, seat_policies: Mapping[int, Policy] | None = None
+                 ) -> None:
         self.pool = pool
         self.policy = policy
         self.settings = s = settings or CollectorSettings()
@@ -168,6 +170,8 @@ class TrajectoryCollector:
         self._prompt_of = env_prompts(self.tags, pool.tags, s.turn)
         self.seeds = SeedSchedule(s.seed_base, self.n_groups, s.mode)
         self.turns = TurnRunner(policy, s.turn)
+        #: multi-player games: the policy of each seat that is not played by ``policy``
+        self.seat_policies = dict(seat_policies or {})
         self._clock = Clock()
         self._failures: Counter[str] = Counter()
         self._trees = TreeTally()
@@ -266,6 +270,8 @@ class TrajectoryCollector:
         eps = start_episodes(self.pool, self._prompt_of, obs, infos)
         for ep in eps:
             ep.gen_batch = gen_batch
+        if num_seats(infos) > 1:
+            return self._play_seats(eps, infos, gen_batch)
         if self.settings.tree.enabled:
             return self._play_tree(eps, seed, gen_batch)
         if self.recorder is not None:
@@ -288,6 +294,27 @@ class TrajectoryCollector:
         self._failures["started"] += len(run.episodes)
         self._failures.update(run.failures)
         return run.episodes
+
+    def _play_seats(self, eps: list[EpisodeState], infos: Sequence[Mapping[str, Any]],
+                    gen_batch: int) -> list[EpisodeState]:
+        """Play the batch's multi-player games, every seat (`turnpool.rollout.seats`); one
+        episode per seat comes back. Lock-step only, not recorded, no retries."""
+        s = self.settings
+        if s.tree.enabled or s.collector_mode != "lockstep" or self.recorder is not None:
+            raise ValueError("multi-player games run in the lockstep collector only, without "
+                             "tree modes or --record")
+        games = start_games(eps, infos)
+        on_turn = self.on_turn
+        steps = play_seats(self.pool, games, seat_runners(self.turns, self.seat_policies, s.turn),
+                           s.turn, s.max_turn,
+                           None if on_turn is None
+                           else lambda turn, running: on_turn(gen_batch, turn, running))
+        self._clock.env_steps += steps
+        self._clock.turns += 1
+        seats = [ep for game in games for ep in game.seats]
+        self._failures["started"] += len(seats)
+        self._count_failures(seats)
+        return seats
 
     def _play(self, eps: list[EpisodeState], gen_batch: int) -> None:
         """Play freshly reset episodes to their end (or ``max_turn``)."""
@@ -420,11 +447,11 @@ class TrajectoryCollector:
     def _groups_of(self, eps: list[EpisodeState]) -> list[list[Trajectory]]:
         """The batch's groups, without those that hold a failed episode (dropped whole),
         unless ``failed_groups="keep"``."""
-        members: dict[int, list[EpisodeState]] = {}
-        for ep in eps:
-            members.setdefault(ep.group_id, []).append(ep)
+        members: dict[tuple[int, int], list[EpisodeState]] = {}
+        for ep in eps:  # a multi-player game's seats form groups of their own
+            members.setdefault((ep.group_id, -1 if ep.seat is None else ep.seat), []).append(ep)
         groups: list[list[Trajectory]] = []
-        for group_id, group in members.items():
+        for (group_id, _seat), group in members.items():
             failed = [ep for ep in group if ep.error is not None]
             if failed:
                 self._failures["unrecovered"] += len(failed)
@@ -451,6 +478,8 @@ class TrajectoryCollector:
         full = dataclasses.replace(self.settings.turn, max_context_window=-1)
         gen_batch = ep.gen_batch
         uid = group_uid(gen_batch, ep.group_id)
+        if ep.seat is not None:
+            uid = f"{uid}/seat{ep.seat}"
         for turn in ep.turns:
             turn.step_group_uid = step_group_uid(uid, turn.anchor_obs)
         end = ep.end_reason if ep.done else "max_turn"
@@ -462,7 +491,7 @@ class TrajectoryCollector:
             success=ep.success, terminated=ep.terminated, truncated=ep.truncated,
             end_reason=end, error=ep.error, failure=ep.failure,
             score=sum(t.reward for t in ep.turns),
-            gen_batch=gen_batch, chosen=ep.chosen)
+            gen_batch=gen_batch, chosen=ep.chosen, seat=ep.seat)
 
     def _score(self, trajectories: list[Trajectory]) -> None:
         s = self.settings

@@ -61,6 +61,9 @@ class EpisodeState:
     gen_batch: int = 0
     #: tree rollouts: whether this episode is its group's chosen path (None: no choice made)
     chosen: bool | None = None
+    #: multi-player games (`turnpool.rollout.seats`): the player this episode is (None: the
+    #: env has one player)
+    seat: int | None = None
 
     def fail(self, error: str, failure: str) -> None:
         """End the episode as failed (never scored: the collector retries or drops it)."""

@@ -132,6 +132,9 @@ class Trajectory:
     parent_id: str | None = None
     branch_turn: int | None = None
     chosen: bool | None = None
+    #: multi-player games (`turnpool.rollout.seats`): the player whose episode this is;
+    #: None (and left out of the JSONL) for one-player envs
+    seat: int | None = None
 
     @property
     def rewards(self) -> list[float]:
@@ -185,6 +188,8 @@ class Trajectory:
         if self.node_id is None:
             for key in TREE_FIELDS:
                 d.pop(key, None)
+        if self.seat is None:
+            d.pop("seat", None)
         if self.is_one_sequence:
             d["tokens"] = self.token_view().to_dict()
         elif self.has_tokens:
