@@ -19,7 +19,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 import turnpool
 from turnpool.envs.base import TextSpace, next_episode_seed
 from turnpool.envs.gym_ids import GYM_NAMES, gym_id
-from turnpool.envs.gym_vector import PoolVectorEnv
+from turnpool.pool.vector import PoolVectorEnv
 
 pytestmark = pytest.mark.timeout(240)
 

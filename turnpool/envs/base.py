@@ -17,7 +17,7 @@ A `TextEnv` is a ``gymnasium.Env``: it has an ``observation_space`` (`TextSpace`
 ``action_lookup``, else `TextSpace`) and, when built by `turnpool.make`, a ``spec``, so
 ``gymnasium.utils.env_checker.check_env`` and gymnasium wrappers accept it; the built-in envs
 are registered with gymnasium as ``turnpool/<Name>-v0`` (`turnpool.envs.gym_ids`), with a
-vector entry point over `EnvPool` (`turnpool.envs.gym_vector`). ``render()`` honours the
+vector entry point over `EnvPool` (`turnpool.pool.vector`). ``render()`` honours the
 ``render_mode`` an env was made with (``rgb_array`` where the env draws frames).
 
 Example:

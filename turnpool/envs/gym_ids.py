@@ -4,7 +4,7 @@
 without it, ``gymnasium.make("turnpool:turnpool/Sokoban-v0")`` imports turnpool first, as
 gymnasium does for ``"module:id"``. Each id has a ``vector_entry_point``, so
 ``gymnasium.make_vec(id, num_envs=N)`` (``vectorization_mode="vector_entry_point"``, the default
-for these ids) returns a `turnpool.envs.gym_vector.PoolVectorEnv` over an `EnvPool`
+for these ids) returns a `turnpool.pool.vector.PoolVectorEnv` over an `EnvPool`
 (``backend=``, ``num_workers=`` and ``autoreset_mode=`` as keyword arguments; gymnasium refuses
 ``vector_kwargs`` for a custom vector env), while ``vectorization_mode="sync"``/``"async"``
 give gymnasium's own vector envs over the same envs.
@@ -32,7 +32,7 @@ GYM_NAMES: dict[str, str] = {
     "webshop": "WebShop", "webshop_lite": "WebShopLite", "sudoku": "Sudoku",
     "game_2048": "Game2048", "rubikscube": "RubiksCube", "search": "SearchQA",
 }
-VECTOR_ENTRY_POINT = "turnpool.envs.gym_vector:PoolVectorEnv"
+VECTOR_ENTRY_POINT = "turnpool.pool.vector:PoolVectorEnv"
 
 
 def gym_id(name: str) -> str:

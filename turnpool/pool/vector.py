@@ -47,7 +47,7 @@ class PoolVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
                  num_workers: int | None = None,
                  autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
                  render_mode: str | None = None, **env_kwargs: Any) -> None:
-        from turnpool.pool import EnvPool
+        from turnpool.pool.api import EnvPool
 
         self.num_envs = int(num_envs)
         self.autoreset_mode = AutoresetMode(autoreset_mode)
