@@ -173,6 +173,12 @@ class TrajectoryCollector:
         self._trees = TreeTally()
         self.on_turn: Callable[[int, int, int], None] | None = None
         self.recorder: Recorder | None = None
+        # the driver, chosen once: a tree plays whole groups with its own bookkeeping; lock-step
+        # and async play episodes, retried alike
+        self._play_batch: Callable[[list[EpisodeState], int, int], list[EpisodeState]] = (
+            self._play_tree if s.driver == "tree" else self._play_retried)
+        self._play_episodes: Callable[[list[EpisodeState], int], None] = (
+            self._play_async if s.driver == "async" else self._play_lockstep)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -206,7 +212,7 @@ class TrajectoryCollector:
                                 v2=self.settings.turn.ragen_version == "v2")
         metrics.update(dyn)
         metrics.update(self._failure_metrics())
-        if not s.tree.enabled:
+        if s.driver != "tree":
             return RolloutBatch(trajectories, metrics)
         nodes, tree_metrics = self._trees.finish(groups)
         metrics.update(tree_metrics)
@@ -233,7 +239,7 @@ class TrajectoryCollector:
                              version=version)
 
     def _check_recordable(self) -> None:
-        if self.settings.tree.enabled:
+        if self.settings.driver == "tree":
             raise ValueError("a tree rollout cannot be recorded: its branches put envs into "
                              "other envs' states mid-episode, which a replay from seeds does "
                              "not see (set turnpool.collector.tree.mode=none to record)")
@@ -266,10 +272,13 @@ class TrajectoryCollector:
         eps = start_episodes(self.pool, self._prompt_of, obs, infos)
         for ep in eps:
             ep.gen_batch = gen_batch
-        if self.settings.tree.enabled:
-            return self._play_tree(eps, seed, gen_batch)
-        if self.recorder is not None:
+        if self.recorder is not None:  # never set on a tree collector (_check_recordable)
             self.recorder.begin(eps, obs, infos, attempt=0)
+        return self._play_batch(eps, seed, gen_batch)
+
+    def _play_retried(self, eps: list[EpisodeState], seed: int, gen_batch: int
+                      ) -> list[EpisodeState]:
+        """Play the batch's episodes (lock-step or async), then retry the failed ones."""
         self._play(eps, gen_batch)
         if self.recorder is not None:
             self.recorder.finish(eps)
@@ -291,17 +300,18 @@ class TrajectoryCollector:
 
     def _play(self, eps: list[EpisodeState], gen_batch: int) -> None:
         """Play freshly reset episodes to their end (or ``max_turn``)."""
-        if self.settings.collector_mode == "async":
-            self._play_async(eps, gen_batch)
-        else:
-            for turn in range(self.settings.max_turn):
-                active = [ep for ep in eps if not ep.done]
-                if not active:
-                    break
-                self.play_turn(active)
-                if self.on_turn is not None:
-                    self.on_turn(gen_batch, turn, len(active))
+        self._play_episodes(eps, gen_batch)
         self._clock.env_steps += sum(ep.num_actions for ep in eps)
+
+    def _play_lockstep(self, eps: list[EpisodeState], gen_batch: int) -> None:
+        """Every active episode in one batched policy call per turn."""
+        for turn in range(self.settings.max_turn):
+            active = [ep for ep in eps if not ep.done]
+            if not active:
+                break
+            self.play_turn(active)
+            if self.on_turn is not None:
+                self.on_turn(gen_batch, turn, len(active))
 
     def _retry_failed(self, eps: list[EpisodeState], seed: int, gen_batch: int
                       ) -> list[EpisodeState]:
@@ -403,6 +413,7 @@ class TrajectoryCollector:
         return out
 
     def _play_async(self, eps: list[EpisodeState], gen_batch: int) -> None:
+        """Each episode at its own pace in micro-batches (`turnpool.rollout.async_driver`)."""
         on_turn = self.on_turn
         timing = play_async(self.turns, self.pool, eps, self.settings.max_turn,
                             self.settings.async_settings,
