@@ -221,16 +221,6 @@ class RagenEnvAdapter(TextEnv):
 
     metadata = {"render_modes": ["text", "rgb_array"]}
 
-    @staticmethod
-    def effective_config(kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The wrapped env's config as RAGEN builds it (its dataclass defaults overlaid with
-        ``kwargs``): what RAGEN's manager reads ``action_lookup`` from."""
-        config_cls: Any = _config_class(str(kwargs.get("ragen_env", "")))
-        rest = {k: v for k, v in kwargs.items() if k not in ("ragen_env", "reset_mode")}
-        if not isinstance(config_cls, type) or not dataclasses.is_dataclass(config_cls):
-            return dict(kwargs)
-        return {**dataclasses.asdict(config_cls(**rest)), "ragen_env": kwargs["ragen_env"]}
-
     def __init__(self, ragen_env: str, reset_mode: str = "train", **env_config: Any) -> None:
         super().__init__(ragen_env=ragen_env, **env_config)
         self.reset_mode = reset_mode  # the manager's mode, passed to the wrapped env's reset
@@ -303,6 +293,19 @@ class RagenEnvAdapter(TextEnv):
         self._slot.close()
         if isinstance(self.inner, _Closable):
             self.inner.close()
+
+
+def effective_config(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The wrapped env's config as RAGEN builds it (its dataclass defaults overlaid with
+    ``kwargs``): what RAGEN's manager reads ``action_lookup`` from."""
+    config_cls: Any = _config_class(str(kwargs.get("ragen_env", "")))
+    rest = {k: v for k, v in kwargs.items() if k not in ("ragen_env", "reset_mode")}
+    if not isinstance(config_cls, type) or not dataclasses.is_dataclass(config_cls):
+        return dict(kwargs)
+    return {**dataclasses.asdict(config_cls(**rest)), "ragen_env": kwargs["ragen_env"]}
+
+
+RagenEnvAdapter.effective_config = staticmethod(effective_config)
 
 
 @dataclasses.dataclass

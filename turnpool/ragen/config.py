@@ -42,7 +42,6 @@ from turnpool.ragen.schema import (
     is_int,
     validate,
 )
-from turnpool.rollout.prompts import class_hook
 from turnpool.rollout.settings import (
     DEFAULT_MAX_TOKENS,
     AsyncSettings,
@@ -360,7 +359,7 @@ def _reset_takes_mode(env_type: str) -> bool:
         cls, _ = resolve(env_type)
     except (ImportError, ValueError, KeyError, AttributeError):
         return False  # reported where the env is built
-    return bool(class_hook(cls, "ragen_reset_mode", False))
+    return bool(cls.ragen_reset_mode)
 
 
 def _is_ragen_class(env_type: str) -> bool:
