@@ -58,7 +58,7 @@ from turnpool.bench.harness import (
     start,
     write_outputs,
 )
-from turnpool.bench.serve import ServerProcess, _read_line
+from turnpool.bench.servers import ServerProcess, _read_line
 
 #: fault action -> the failure class its error reply names when nothing else happens to it
 FAULTS = {"raise": "env_error", "hang": "timeout", "exit": "worker_lost"}

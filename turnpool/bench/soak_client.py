@@ -18,8 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from turnpool.bench.serve import WsClient, _raise_fd_limit
 from turnpool.bench.serve_soak import ACCEPTED, Settings
+from turnpool.bench.ws_client import WsClient, _raise_fd_limit
 
 #: how many lost sessions / unexpected replies the report keeps in detail
 _DETAIL = 20
