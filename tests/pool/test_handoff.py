@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults import RESTART_S, wait_gone
+from tests.faults import GONE_S, RESTART_S, wait_gone
 from turnpool.pool import EnvPool
 from turnpool.worker.handoff import MAX_STUCK_THREADS
 
@@ -104,7 +104,7 @@ def test_a_slow_env_is_answered_late_and_its_history_survives_a_restart(
     # Kill worker 0 from outside: its envs come back by replay, the late step included.
     victim = pool.worker_pids()[0]
     os.kill(victim, signal.SIGKILL)
-    assert wait_gone([victim], 10.0) == []
+    assert wait_gone([victim], GONE_S) == []
     nxt = [f"n{i}" for i in range(N)]
     assert pool.step(nxt) == reference.step(nxt)
 

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from tests.faults import (
+    GONE_S,
     RESTART_S,
     UNPICKLABLE_ENV,
     kill_parent_and_check,
@@ -76,7 +77,7 @@ def test_only_the_faulty_env_is_flagged(pool: EnvPool, reference: EnvPool, fault
         assert pool.worker_pids()[0] == pids_before[0]
     else:
         assert pool.worker_pids()[0] != pids_before[0]
-        assert wait_gone([pids_before[0]], 5.0) == []
+        assert wait_gone([pids_before[0]], GONE_S) == []
     assert pool.worker_pids()[1] == pids_before[1]  # the other worker was untouched
 
     # The restored envs keep going exactly as if nothing happened ...
