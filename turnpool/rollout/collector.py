@@ -173,12 +173,9 @@ class TrajectoryCollector:
         self._trees = TreeTally()
         self.on_turn: Callable[[int, int, int], None] | None = None
         self.recorder: Recorder | None = None
-        # the driver, chosen once: a tree plays whole groups with its own bookkeeping; lock-step
-        # and async play episodes, retried alike
-        self._play_batch: Callable[[list[EpisodeState], int, int], list[EpisodeState]] = (
-            self._play_tree if s.driver == "tree" else self._play_retried)
-        self._play_episodes: Callable[[list[EpisodeState], int], None] = (
-            self._play_async if s.driver == "async" else self._play_lockstep)
+        # the driver, chosen once: a tree plays whole groups, the others retry failed episodes
+        self._play_batch = self._play_tree if s.driver == "tree" else self._play_retried
+        self._play_episodes = self._play_async if s.driver == "async" else self._play_lockstep
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -279,7 +276,7 @@ class TrajectoryCollector:
     def _play_retried(self, eps: list[EpisodeState], seed: int, gen_batch: int
                       ) -> list[EpisodeState]:
         """Play the batch's episodes (lock-step or async), then retry the failed ones."""
-        self._play(eps, gen_batch)
+        self._play_episodes(eps, gen_batch)
         if self.recorder is not None:
             self.recorder.finish(eps)
         self._failures["started"] += len(eps)
@@ -298,13 +295,9 @@ class TrajectoryCollector:
         self._failures.update(run.failures)
         return run.episodes
 
-    def _play(self, eps: list[EpisodeState], gen_batch: int) -> None:
-        """Play freshly reset episodes to their end (or ``max_turn``)."""
-        self._play_episodes(eps, gen_batch)
-        self._clock.env_steps += sum(ep.num_actions for ep in eps)
-
     def _play_lockstep(self, eps: list[EpisodeState], gen_batch: int) -> None:
-        """Every active episode in one batched policy call per turn."""
+        """Play freshly reset episodes to their end (or ``max_turn``): every active episode
+        in one batched policy call per turn."""
         for turn in range(self.settings.max_turn):
             active = [ep for ep in eps if not ep.done]
             if not active:
@@ -312,6 +305,7 @@ class TrajectoryCollector:
             self.play_turn(active)
             if self.on_turn is not None:
                 self.on_turn(gen_batch, turn, len(active))
+        self._clock.env_steps += sum(ep.num_actions for ep in eps)
 
     def _retry_failed(self, eps: list[EpisodeState], seed: int, gen_batch: int
                       ) -> list[EpisodeState]:
@@ -332,7 +326,7 @@ class TrajectoryCollector:
             log.info("retrying %d failed episode(s) from their seeds", len(fresh))
             if self.recorder is not None:
                 self.recorder.begin(fresh, obs, infos, attempt=attempt)
-            self._play(fresh, gen_batch)
+            self._play_episodes(fresh, gen_batch)
             if self.recorder is not None:
                 self.recorder.finish(fresh)
             self._failures["retried"] += len(fresh)
@@ -348,11 +342,8 @@ class TrajectoryCollector:
 
     def _failure_metrics(self) -> dict[str, float]:
         f = self._failures
-        m = {f"failures/{name}": float(f[name]) for name in FAILURE_CLASSES}
-        m["failures/retried"] = float(f["retried"])
-        m["failures/dropped_groups"] = float(f["dropped_groups"])
-        m["failures/unrecovered"] = float(f["unrecovered"])
-        m["failures/started"] = float(f["started"])
+        m = {f"failures/{name}": float(f[name]) for name in (
+            *FAILURE_CLASSES, "retried", "dropped_groups", "unrecovered", "started")}
         m["failures/unrecovered_fraction"] = (f["unrecovered"] / f["started"]
                                               if f["started"] else 0.0)
         return m
@@ -413,7 +404,8 @@ class TrajectoryCollector:
         return out
 
     def _play_async(self, eps: list[EpisodeState], gen_batch: int) -> None:
-        """Each episode at its own pace in micro-batches (`turnpool.rollout.async_driver`)."""
+        """The same, each episode at its own pace in micro-batches
+        (`turnpool.rollout.async_driver`)."""
         on_turn = self.on_turn
         timing = play_async(self.turns, self.pool, eps, self.settings.max_turn,
                             self.settings.async_settings,
@@ -426,6 +418,7 @@ class TrajectoryCollector:
         c.overlap_s += timing.overlap_s
         c.turn_s += timing.wall_s
         c.turns += timing.calls
+        c.env_steps += sum(ep.num_actions for ep in eps)
 
     # ------------------------------------------------------------------ sampling
     def _groups_of(self, eps: list[EpisodeState]) -> list[list[Trajectory]]:
