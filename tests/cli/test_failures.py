@@ -114,8 +114,9 @@ def test_ctrl_c_ends_the_rollout_at_once(tmp_path: Path) -> None:
         assert children  # the process backend's workers
         os.kill(proc.pid, signal.SIGINT)
         interrupted = time.monotonic()
-        _, err = proc.communicate(timeout=30)
-        assert time.monotonic() - interrupted < 15.0  # not the 100,000 batches; bounded under load
+        # not the 100,000 batches (hours): a generous ceiling, for a loaded one-core machine
+        _, err = proc.communicate(timeout=120)
+        assert time.monotonic() - interrupted < 120
     finally:
         if proc.poll() is None:
             proc.kill()
