@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.faults import (
+    GONE_S,
     UNPICKLABLE_ENV,
     check_fault_isolated,
     faulty_pool,
@@ -82,7 +83,7 @@ def test_process_pool_fault_is_isolated(process_pool_faulty: EnvPool, fault: str
     pids, now = check_fault_isolated(process_pool_faulty, fault)
     assert now[1] == pids[1]  # the other worker was untouched
     if fault != "raise":
-        assert now[0] != pids[0] and wait_gone([pids[0]], 5.0) == []
+        assert now[0] != pids[0] and wait_gone([pids[0]], GONE_S) == []
 
 
 def test_process_pool_workers_die_with_a_killed_parent(tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ from typing import Any
 import pytest  # noqa: E402
 import ray  # noqa: E402
 
-from tests.faults import (  # noqa: E402
+from tests.faults import (
+    GONE_S,
+    # noqa: E402
     check_fault_isolated,
     faults_for,
     faulty_pool,
@@ -84,7 +86,7 @@ def test_only_the_faulty_env_is_flagged(pool: EnvPool, fault: str) -> None:
     pids, now = check_fault_isolated(pool, fault, expected)
     assert now[1] == pids[1]  # the other actor was untouched
     if fault not in ("raise", "lambda"):  # the actor was replaced and its process is gone
-        assert now[0] != pids[0] and wait_gone([pids[0]], 5.0) == []
+        assert now[0] != pids[0] and wait_gone([pids[0]], GONE_S) == []
 
 
 def test_envs_an_actor_cannot_build_or_import_fail_the_constructor(tmp_path: Any) -> None:

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from tests.faults import wait_gone
+from tests.faults import GONE_S, wait_gone
 from turnpool.cli import main
 from turnpool.cli.rollout import EXIT_INTERRUPTED, EXIT_POLICY_UNREACHABLE, EXIT_TOO_MANY_FAILURES
 from turnpool.policies.tiny_llm import free_port
@@ -114,14 +114,15 @@ def test_ctrl_c_ends_the_rollout_at_once(tmp_path: Path) -> None:
         assert children  # the process backend's workers
         os.kill(proc.pid, signal.SIGINT)
         interrupted = time.monotonic()
-        _, err = proc.communicate(timeout=30)
-        assert time.monotonic() - interrupted < 15.0  # not the 100,000 batches; bounded under load
+        # not the 100,000 batches (hours): a generous ceiling, for a loaded one-core machine
+        _, err = proc.communicate(timeout=120)
+        assert time.monotonic() - interrupted < 120
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
     assert proc.returncode == EXIT_INTERRUPTED, err
     assert "interrupted" in err and "Traceback" not in err
-    assert wait_gone(children, 5.0) == []
+    assert wait_gone(children, GONE_S) == []
     lines = out.read_text().splitlines()
     assert lines and all(json.loads(line)["env_id"] >= 0 for line in lines)

@@ -1,7 +1,8 @@
 """``step_timeout`` holds in every thread on every backend: an env blocked in ``time.sleep``
-(which no asynchronous exception can cut) is failed with ``timeout`` within the deadline + 1 s
-while the other envs of the pool keep playing exactly the episode they would have played.
-The pool is driven from a thread that is not the main one, as a server's or a trainer's is."""
+(which no asynchronous exception can cut) is failed with ``timeout`` (the hang lasts an hour,
+so an answer well within that is the deadline firing) while the other envs of the pool keep
+playing exactly the episode they would have played. The pool is driven from a thread that is
+not the main one, as a server's or a trainer's is."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults import ALL_FAULTS_ENV
+from tests.faults import ALL_FAULTS_ENV, RESTART_S
 from turnpool.backends import LOCAL_BACKENDS
 from turnpool.pool import EnvPool
 
@@ -63,7 +64,7 @@ def test_a_sleeping_env_is_cut_at_its_deadline_off_the_main_thread(backend: str)
     first, took, dones, infos, after, again, name = _off_main(play)
     want_first, want_infos, want_after, want_again = _off_main(reference)
     assert first == want_first
-    assert took < STEP_TIMEOUT + 1.0, (name, took)
+    assert STEP_TIMEOUT - 0.5 < took < STEP_TIMEOUT + RESTART_S, (name, took)
     assert infos[0]["failure"] == "timeout" and dones[0]
     assert infos[1:] == want_infos[1:]  # the innocent envs, exact
     for got, want in zip(after, want_after):

@@ -120,7 +120,9 @@ def test_sequential_stops_a_hang_on_the_main_thread() -> None:
         assert pool.reset() == ref.reset()
         started = time.monotonic()
         _, _, dones, infos = pool.step(["hang", "a", "spin", "b"])
-        assert time.monotonic() - started < 2 * 1.0 + 1.5
+        # both cut (the hang would last an hour, the spin forever), with room for a loaded
+        # machine; the failures below say which deadline fired
+        assert time.monotonic() - started < 2 * 1.0 + 15
         assert [i.get("failure") for i in infos] == ["timeout", None, "timeout", None]
         assert dones == [True, False, True, False]
         want = ref.step(["x", "a", "x", "b"])

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults import wait_gone
+from tests.faults import GONE_S, RESTART_S, wait_gone
 from turnpool.pool import EnvPool
 from turnpool.worker.handoff import MAX_STUCK_THREADS
 
@@ -68,15 +68,17 @@ def test_worker_mates_of_a_hung_env_are_answered_long_before_its_deadline(
     actions[STUCK] = "hang"
     got = _arrivals(pool, actions)
     ref = reference.step_turns([["go"]] * N)
+    stuck_s, stuck = got[STUCK]
     for i in range(N):
         if i == STUCK:
             continue
         seconds, result = got[i]
-        assert seconds < STEP_TIMEOUT / 2, (i, seconds)  # not held until the deadline
+        # not held until the deadline: answered by an earlier poll than the stuck env
+        assert seconds < stuck_s, (i, seconds, stuck_s)
         assert result == ref[i]  # and exactly what a clean run gives
-    seconds, stuck = got[STUCK]
     assert stuck.failure == "timeout" and "step timeout" in stuck.error
-    assert STEP_TIMEOUT - 0.5 < seconds < STEP_TIMEOUT + 1.0
+    # the deadline fired, not before it was due (the hang itself lasts an hour)
+    assert STEP_TIMEOUT - 0.5 < stuck_s < STEP_TIMEOUT + RESTART_S
     # the worker answered the timeout itself: it was not killed, nobody was replayed
     assert pool.worker_pids()[:2] == pids[:2]
     # the others keep going exactly; the stuck env is failed until its reset
@@ -102,7 +104,7 @@ def test_a_slow_env_is_answered_late_and_its_history_survives_a_restart(
     # Kill worker 0 from outside: its envs come back by replay, the late step included.
     victim = pool.worker_pids()[0]
     os.kill(victim, signal.SIGKILL)
-    assert wait_gone([victim], 10.0) == []
+    assert wait_gone([victim], GONE_S) == []
     nxt = [f"n{i}" for i in range(N)]
     assert pool.step(nxt) == reference.step(nxt)
 
@@ -135,7 +137,7 @@ def test_a_hang_holding_the_gil_still_gets_the_worker_replaced(
     actions[STUCK] = "hang_gil"
     t0 = time.monotonic()
     results = pool.step_turns([[a] for a in actions])
-    assert time.monotonic() - t0 < STEP_TIMEOUT + 1.0
+    assert time.monotonic() - t0 < STEP_TIMEOUT + RESTART_S  # the hang lasts an hour
     assert results[STUCK].failure == "timeout"
     assert pool.worker_pids()[0] != pids[0]
     ref = reference.step_turns([["go"]] * N)
@@ -185,7 +187,7 @@ def test_a_hung_straggler_is_sent_again_once_when_workers_keep_dying() -> None:
     """A hung env whose worker dies (another env's fault) is sent again once; if that worker
     dies too, it fails ``worker_lost`` at once instead of starting its deadline over and over
     (which lost sessions under a soak with frequent worker deaths)."""
-    with _pool(step_timeout=8.0) as p:
+    with _pool(step_timeout=30.0) as p:
         p.reset(seed=4)
         # each request goes out when the one before is answered in part, i.e. while env 1
         # hangs as a straggler
@@ -200,5 +202,5 @@ def test_a_hung_straggler_is_sent_again_once_when_workers_keep_dying() -> None:
         assert got[0][1].failure == "worker_lost" and got[2][1].failure == "worker_lost"
         seconds, hung = got[STUCK]
         assert hung.failure == "worker_lost"
-        assert seconds < 8.0 / 2  # not held until a deadline restarted at each death
+        assert seconds < 30.0  # failed before its deadline, let alone one restarted per death
         assert p.step_turns([["go"]], env_ids=[3])[0].error is None

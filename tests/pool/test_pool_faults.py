@@ -9,7 +9,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.faults import UNPICKLABLE_ENV, kill_parent_and_check, mp_helpers, wait_gone
+from tests.faults import (
+    GONE_S,
+    RESTART_S,
+    UNPICKLABLE_ENV,
+    kill_parent_and_check,
+    mp_helpers,
+    wait_gone,
+)
 from turnpool.pool import EnvPool
 
 pytestmark = pytest.mark.timeout(90)
@@ -50,7 +57,9 @@ def test_only_the_faulty_env_is_flagged(pool: EnvPool, reference: EnvPool, fault
     started = time.monotonic()
     obs, rewards, dones, infos = pool.step(actions)
     elapsed = time.monotonic() - started
-    assert elapsed < STEP_TIMEOUT + 1.0
+    # bounded: the deadline plus a worker restart, with room for a loaded machine; a hang
+    # would never return (how fast is `turnpool bench`'s to say)
+    assert elapsed < STEP_TIMEOUT + RESTART_S
 
     ref = reference.step(["go"] * n)
     expected_error = {"raise": "RuntimeError", "exit": "worker died",
@@ -68,7 +77,7 @@ def test_only_the_faulty_env_is_flagged(pool: EnvPool, reference: EnvPool, fault
         assert pool.worker_pids()[0] == pids_before[0]
     else:
         assert pool.worker_pids()[0] != pids_before[0]
-        assert wait_gone([pids_before[0]], 5.0) == []
+        assert wait_gone([pids_before[0]], GONE_S) == []
     assert pool.worker_pids()[1] == pids_before[1]  # the other worker was untouched
 
     # The restored envs keep going exactly as if nothing happened ...

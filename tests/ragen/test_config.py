@@ -303,6 +303,7 @@ def test_unknown_turnpool_and_top_level_keys_fail_naming_the_intended_key(
     ("seed:\n  train: 1.5\n", "seed.train"),
     ("turnpool:\n  collector:\n    on_budget_exhausted: retry\n",
      "turnpool.collector.on_budget_exhausted"),
+    ("turnpool:\n  collector:\n    mode: asynch\n", "turnpool.collector"),
 ])
 def test_ill_typed_key_names_key_and_file(tmp_path: Path, line: str, key: str) -> None:
     f = tmp_path / "bad.yaml"

@@ -245,6 +245,15 @@ def test_a_user_score_function_by_import_path_picks_the_kept_node() -> None:
             assert all(n.score == n.env_id for n in sibs)
 
 
+def test_a_misspelt_collector_mode_is_a_one_line_error() -> None:
+    with pytest.raises(ValueError, match=r"^collector mode must be one of lockstep, async, "
+                                         r"got 'asynch'$"):
+        CollectorSettings(collector_mode="asynch")  # type: ignore[arg-type]
+    assert CollectorSettings(collector_mode="async").driver == "async"
+    assert CollectorSettings().driver == "lockstep"
+    assert CollectorSettings(tree=TreeSettings(mode="beam")).driver == "tree"
+
+
 def test_tree_modes_refuse_what_they_cannot_play() -> None:
     with pytest.raises(ValueError, match="needs the lockstep collector"):
         CollectorSettings(collector_mode="async", tree=TreeSettings(mode="best_of_n"))

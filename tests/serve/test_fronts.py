@@ -139,7 +139,7 @@ def test_a_burst_at_full_capacity_is_served_in_full(group: FrontGroup) -> None:
     """16 sessions opened at once on 16 slots (8 per front): whichever front the kernel
     hands each to, every one gets a slot, as on one front; three times over."""
     async def burst() -> list[str]:
-        from turnpool.bench.serve import WsClient
+        from turnpool.bench.ws_client import WsClient
 
         async def one(i: int) -> tuple[Any, str]:
             ws = await WsClient.connect(group.url)

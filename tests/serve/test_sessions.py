@@ -236,7 +236,9 @@ def test_a_pool_that_does_not_answer_is_bounded_by_call_timeout() -> None:
             assert _ask(ws, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
             t0 = time.monotonic()
             reply = _ask(ws, {"type": "step", "data": {"action": "a"}})
-            assert time.monotonic() - t0 < 3.5
+            # a timeout reply can only come from call_timeout (the pool has no deadline, the
+            # env answers after 4 s with an observation); the bound only says it came at all
+            assert time.monotonic() - t0 < 30
             assert reply["type"] == "error" and reply["data"]["failure"] == "timeout"
         # the slot whose env may still be running is not leased again
         with _raw(srv.url) as one, _raw(srv.url) as two:

@@ -8,13 +8,13 @@ a backend the user names is never silently replaced by another.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 from turnpool.backends.base import Backend, BackendUnavailable
 from turnpool.backends.choice import AUTO, BackendChoice, choose_backend, fallback_choice
+from turnpool.envs.entry import load_entry_point
 from turnpool.extras import MissingExtra
 from turnpool.worker.protocol import EnvBuild, short_error
 
@@ -45,13 +45,10 @@ def get_backend(name: str) -> type[Backend]:
         raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
     if not entry:
         raise BackendUnavailable(f"{name!r} is not one backend: start_backend picks one")
-    module_name, _, attr = entry.partition(":")
-    try:
-        module = importlib.import_module(module_name)
+    try:  # the registry names classes by string so that optional backends load lazily
+        cls: type[Backend] = load_entry_point(entry)
     except ImportError as exc:
         raise BackendUnavailable(f"backend {name!r} cannot be imported: {exc}") from exc
-    # the registry names classes by string so that optional backends are imported lazily
-    cls: type[Backend] = getattr(module, attr)
     return cls
 
 

@@ -126,7 +126,7 @@ class BlockingWs:
 
 
 def _served(env: str, forks: int) -> tuple[list[float], int, list[float]]:
-    from turnpool.bench.serve import ServerProcess
+    from turnpool.bench.servers import ServerProcess
 
     _, workers, _ = PLACES["served"]
     cmd = [sys.executable, "-m", "turnpool.cli", "serve", "--env", env, "--port", "0",

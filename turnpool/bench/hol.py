@@ -161,7 +161,7 @@ def _pool_window(sessions: int, special: dict[int, str], handoff: bool, warmup: 
 # ---------------------------------------------------------------------- through the server
 async def _drive_server(url: str, sessions: int, special: dict[int, str], warmup: float,
                         seconds: float) -> dict[str, Any]:
-    from turnpool.bench.serve import WsClient
+    from turnpool.bench.ws_client import WsClient
 
     lat: dict[int, list[float]] = {s: [] for s in range(sessions)}
     pending: dict[int, float | None] = {s: None for s in range(sessions)}
@@ -215,7 +215,7 @@ async def _drive_server(url: str, sessions: int, special: dict[int, str], warmup
 
 def _server_window(sessions: int, special: dict[int, str], warmup: float, seconds: float,
                    step_timeout: float) -> dict[str, Any]:
-    from turnpool.bench.serve import ServerProcess
+    from turnpool.bench.servers import ServerProcess
 
     server = ServerProcess("turnpool", sessions, cmd=[
         sys.executable, "-m", "turnpool.cli", "serve", "--env", ENV, "--port", "0",

@@ -55,7 +55,13 @@ from turnpool.bench.harness import (
 )
 from turnpool.policies.base import Message, Policy, PolicyStats, TurnContext
 from turnpool.rollout.collector import TrajectoryCollector
-from turnpool.rollout.settings import AsyncSettings, CollectorSettings, TagSpec, TurnSettings
+from turnpool.rollout.settings import (
+    AsyncSettings,
+    CollectorMode,
+    CollectorSettings,
+    TagSpec,
+    TurnSettings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +170,8 @@ def _compare(pool: Any, policy: Policy, tags: list[TagSpec], base: CollectorSett
              row: Row, seed: int, repeats: int = 1) -> Row:
     """Lock-step and async alternately on the same pool, policy and seed; the fastest run
     of each mode is kept (the others are in ``extra``)."""
-    runs: dict[str, list[tuple[dict[str, float], str]]] = {"lockstep": [], "async": []}
+    runs: dict[CollectorMode, list[tuple[dict[str, float], str]]] = {"lockstep": [],
+                                                                       "async": []}
     for _ in range(max(1, repeats)):
         for mode, out in runs.items():
             col = TrajectoryCollector(pool, policy, tags, replace(base, collector_mode=mode))

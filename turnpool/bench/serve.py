@@ -30,18 +30,12 @@ user's own OpenEnv server, say) in place of starting NAME; its CPU and RSS are n
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
-import threading
 import time
-import uuid
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -55,375 +49,19 @@ from turnpool.bench.harness import (
     start,
     write_outputs,
 )
+from turnpool.bench.servers import (
+    ENV,
+    SERVERS,
+    RunningServer,
+    ServerProcess,
+    _read_line,
+    fronts_of,
+    known_server,
+)
+from turnpool.bench.ws_client import SKETCH
 
 log = logging.getLogger(__name__)
 
-ENV = "sokoban"
-ACTIONS = ("Up", "Down", "Left", "Right")
-SERVERS = ("openenv", "turnpool")
-#: latency quantiles each load client reports, so several clients' latencies can be merged
-SKETCH = 1000
-
-
-def fronts_of(kind: str) -> int:
-    """The front processes of a server kind: ``turnpool`` 1, ``turnpool-f<N>`` N."""
-    m = re.fullmatch(r"turnpool-f(\d+)", kind)
-    return int(m.group(1)) if m else 1
-
-
-def known_server(kind: str) -> bool:
-    return kind in SERVERS or fronts_of(kind) > 1
-
-
-# ---------------------------------------------------------------------- the reference server
-def reference_app(max_sessions: int) -> Any:
-    """OpenEnv's ``create_app`` over turnpool's Sokoban class wrapped as an OpenEnv env."""
-    from openenv.core.env_server.http_server import create_app
-    from openenv.core.env_server.interfaces import Environment
-    from openenv.core.env_server.types import Action, Observation, State
-
-    from turnpool.envs.registry import make
-
-    class TextAction(Action):
-        action: str | int
-
-    class TextObservation(Observation):
-        text: str = ""
-
-    class WrappedEnv(Environment):  # type: ignore[misc]
-        SUPPORTS_CONCURRENT_SESSIONS = True
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.env = make(ENV)
-            self._state = State()
-
-        def reset(self, seed: int | None = None, episode_id: str | None = None,
-                  **kwargs: Any) -> TextObservation:
-            obs, _ = self.env.reset(seed=seed)
-            self._state = State(episode_id=episode_id or uuid.uuid4().hex, step_count=0)
-            return TextObservation(text=obs, done=False, reward=None)
-
-        def step(self, action: TextAction, timeout_s: float | None = None,
-                 **kwargs: Any) -> TextObservation:
-            obs, reward, terminated, truncated, _ = self.env.step(action.action)
-            self._state.step_count += 1
-            return TextObservation(text=obs, done=terminated or truncated, reward=reward)
-
-        @property
-        def state(self) -> State:
-            return self._state
-
-        def close(self) -> None:
-            self.env.close()
-
-    return create_app(WrappedEnv, TextAction, TextObservation, env_name=ENV,
-                      max_concurrent_envs=max_sessions)
-
-
-def _run_reference(max_sessions: int) -> None:
-    import uvicorn
-
-    from turnpool.serve.running import bind_socket
-
-    _raise_fd_limit()
-    sock = bind_socket("127.0.0.1", 0)
-    host, port = sock.getsockname()[:2]
-    app = reference_app(max_sessions)
-    print(f"reference serving at http://{host}:{port}", flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, loop="asyncio",
-                            ws_ping_interval=None, timeout_graceful_shutdown=3)
-    uvicorn.Server(config).run(sockets=[sock])
-
-
-def _raise_fd_limit() -> None:
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-class RunningServer:
-    """A server started elsewhere (``--url``): only its URL is known."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-
-    def rss_mb(self) -> float | None:
-        return None
-
-    def cpu_s(self) -> float | None:
-        return None
-
-    def close(self) -> None:
-        pass
-
-
-class ServerProcess:
-    """A server in a child process; ``url`` once it is listening."""
-
-    def __init__(self, kind: str, max_sessions: int, timeout: float = 300.0,
-                 cmd: list[str] | None = None, stderr: Any = None) -> None:
-        """``cmd``: another server command line (it must print its URL on its first line),
-        ``stderr``: where its stderr goes (default: ours)."""
-        if cmd is None and kind == "openenv":
-            cmd = [sys.executable, "-m", "turnpool.bench.serve", "reference", str(max_sessions)]
-        elif cmd is None:
-            cmd = [sys.executable, "-m", "turnpool.cli", "serve", "--env", ENV, "--port", "0",
-                   "--max-sessions", str(max_sessions), "--session-timeout", "3600",
-                   "--frontends", str(fronts_of(kind))]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        line = _read_line(self.proc, timeout)
-        if "http://" not in line:
-            self.close()
-            raise RuntimeError(f"the {kind} server did not start within {timeout:.0f} s: "
-                               f"{line!r}")
-        url = next(w for w in line.split() if w.startswith("http://"))
-        self.url = url.rstrip(",")
-
-    def _procs(self) -> list[Any]:
-        import psutil
-
-        try:
-            root = psutil.Process(self.proc.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return []
-
-    def rss_mb(self) -> float:
-        """Resident memory of the server process and its children (the pool's workers)."""
-        total = 0
-        for p in self._procs():
-            with contextlib.suppress(Exception):
-                total += p.memory_info().rss
-        return total / 2**20
-
-    def cpu_s(self) -> float:
-        """CPU seconds (user + system) the server process and its live children used."""
-        total = 0.0
-        for p in self._procs():
-            with contextlib.suppress(Exception):
-                t = p.cpu_times()
-                total += t.user + t.system
-        return total
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-
-
-def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
-    out = proc.stdout
-    assert out is not None
-    got: list[str] = []
-    reader = threading.Thread(target=lambda: got.append(out.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return got[0] if got else ""
-
-
-# ---------------------------------------------------------------------- the client load
-class WsClient:
-    """A minimal WebSocket client over asyncio streams, on the server's own codec
-    (`turnpool.serve.codec`), so the load generator costs far less CPU per message than
-    either server and the two servers, not the client, set the numbers. Frames are masked
-    with a zero key (allowed by the RFC; the key only matters to proxies)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        from turnpool.serve.codec import FrameDecoder
-
-        self.reader = reader
-        self.writer = writer
-        self.decoder = FrameDecoder(max_bytes=2**24, masked=False)
-        self.frames: deque[tuple[bool, int, bytes]] = deque()
-
-    @classmethod
-    async def connect(cls, url: str) -> WsClient:
-        import base64
-
-        from turnpool.serve.codec import upgrade_request
-
-        host, _, port = url.removeprefix("http://").partition(":")
-        reader, writer = await asyncio.open_connection(host, int(port), limit=2**24)
-        key = base64.b64encode(os.urandom(16)).decode()
-        writer.write(upgrade_request(host, int(port), key))
-        head = await reader.readuntil(b"\r\n\r\n")
-        if b" 101 " not in head.split(b"\r\n", 1)[0]:
-            writer.close()
-            raise ConnectionError(head.split(b"\r\n", 1)[0].decode(errors="replace"))
-        return cls(reader, writer)
-
-    def send(self, text: str, opcode: int = 0x1) -> None:
-        from turnpool.serve.codec import encode_frame
-
-        self.writer.write(encode_frame(opcode, text.encode(), mask=b"\0\0\0\0"))
-
-    async def recv(self) -> str:
-        while True:
-            while not self.frames:
-                data = await self.reader.read(2**16)
-                if not data:
-                    raise ConnectionError("closed by the server")
-                self.frames.extend(self.decoder.feed(data))
-            _, opcode, payload = self.frames.popleft()
-            if opcode in (0x1, 0x2):
-                return payload.decode()
-            if opcode == 0x8:
-                raise ConnectionError("closed by the server")
-            if opcode == 0x9:  # ping -> pong
-                self.send(payload.decode(errors="replace"), 0xA)
-
-    async def ask(self, text: str) -> str:
-        self.send(text)
-        return await self.recv()
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.send("", 0x8)
-            self.writer.close()
-            await asyncio.wait_for(self.writer.wait_closed(), 5)
-
-
-def _is_observation(reply: str) -> bool:
-    return reply.startswith('{"type":"observation"')
-
-
-async def _load(url: str, sessions: int, warmup: float, seconds: float,
-                connect_parallel: int = 64, think: float = 0.0, first: int = 0,
-                sync: bool = False) -> dict[str, Any]:
-    """``sessions`` closed-loop sessions (seeds from ``first``) for ``warmup + seconds``;
-    counts the window only. With ``think`` each session waits that long after each reply (an
-    LLM's pace), the sessions' phases spread evenly over it. With ``sync`` (one of several
-    client processes) it prints ``ready`` once its sessions are open and starts when a line
-    comes on stdin."""
-    gate = asyncio.Semaphore(connect_parallel)
-    started = asyncio.Event()
-    ready = 0
-    lat: list[float] = []
-    counts = {"steps": 0, "all_steps": 0, "errors": 0, "refused": 0}
-    window = [0.0, 0.0]
-    stop = asyncio.Event()
-    steps = [json.dumps({"type": "step", "data": {"action": a}}) for a in ACTIONS]
-
-    async def one(i: int) -> None:
-        nonlocal ready
-        try:
-            async with gate:
-                ws = await WsClient.connect(url)
-        except Exception:
-            counts["refused"] += 1
-            return
-        try:
-            reset = json.dumps({"type": "reset", "data": {"seed": first + i}})
-            if not _is_observation(await ws.ask(reset)):
-                counts["refused"] += 1
-                return
-            ready += 1
-            await started.wait()
-            if think:
-                await asyncio.sleep(think * i / sessions)
-            k = i
-            while not stop.is_set():
-                if think and k != i:
-                    await asyncio.sleep(think)
-                k += 1
-                t0 = time.perf_counter()
-                reply = await ws.ask(steps[k % 4])
-                t1 = time.perf_counter()
-                if not _is_observation(reply):
-                    counts["errors"] += 1
-                    await ws.ask(reset)
-                    continue
-                if not stop.is_set():
-                    counts["all_steps"] += 1
-                if window[0] <= t0 and t1 <= window[1]:
-                    counts["steps"] += 1
-                    lat.append(t1 - t0)
-                if '"done":true' in reply:
-                    await ws.ask(reset)
-        except Exception:
-            counts["errors"] += 1
-        finally:
-            await ws.close()
-
-    tasks = [asyncio.create_task(one(i)) for i in range(sessions)]
-    deadline = time.monotonic() + 300
-    while ready + counts["refused"] < sessions and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    if sync:
-        print("ready", flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    now = time.perf_counter()
-    window[0], window[1] = now + warmup, now + warmup + seconds
-    started.set()
-    print("started", flush=True)  # the parent starts counting server CPU time here
-    cpu0 = time.process_time()
-    await asyncio.sleep(warmup + seconds)
-    stop.set()
-    client_cpu = time.process_time() - cpu0
-    print("stopped", flush=True)  # ... and stops here (closing sessions is not counted)
-    await asyncio.wait(tasks, timeout=60)
-    lat.sort()
-
-    def pct(q: float) -> float | None:
-        return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else None
-
-    return {"sessions": sessions, "think_s": think, "running": ready, "steps": counts["steps"],
-            "all_steps": counts["all_steps"], "steps_per_s": counts["steps"] / seconds,
-            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "errors": counts["errors"],
-            "refused": counts["refused"], "client_cpu_s": client_cpu,
-            "quantiles_ms": [pct(k / SKETCH) for k in range(SKETCH)] if lat else []}
-
-
-async def _hold(url: str, sessions: int, connect_parallel: int = 64) -> dict[str, Any]:
-    """Open ``sessions`` sessions, reset and step each once, all held open; how many made it."""
-    gate = asyncio.Semaphore(connect_parallel)
-    held: list[WsClient] = []
-    answered = 0
-    step = json.dumps({"type": "step", "data": {"action": "Up"}})
-
-    async def one(i: int) -> None:
-        nonlocal answered
-        try:
-            async with gate:
-                ws = await WsClient.connect(url)
-                held.append(ws)
-                reset = json.dumps({"type": "reset", "data": {"seed": i}})
-                if not _is_observation(await asyncio.wait_for(ws.ask(reset), 120)):
-                    return
-                if _is_observation(await asyncio.wait_for(ws.ask(step), 120)):
-                    answered += 1
-        except Exception:
-            return
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(sessions)))
-    took = time.perf_counter() - t0
-    result = {"asked": sessions, "held": answered, "open_s": took}
-    print(json.dumps(result), flush=True)  # the parent samples RSS now, then tells us to close
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    await asyncio.gather(*(ws.close() for ws in held), return_exceptions=True)
-    return result
-
-
-def _client_main(argv: list[str]) -> None:
-    _raise_fd_limit()
-    mode, url = argv[0], argv[1]
-    if mode == "load":
-        think = float(argv[5]) if len(argv) > 5 else 0.0
-        first = int(argv[6]) if len(argv) > 6 else 0
-        out = asyncio.run(_load(url, int(argv[2]), float(argv[3]), float(argv[4]),
-                                think=think, first=first, sync=len(argv) > 7))
-        print(json.dumps(out), flush=True)
-    else:
-        asyncio.run(_hold(url, int(argv[2])))
 
 
 def _client(args: list[str], timeout: float, on_mark: Any = None) -> dict[str, Any]:
@@ -445,7 +83,7 @@ def _client(args: list[str], timeout: float, on_mark: Any = None) -> dict[str, A
 
 
 def _start_client(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "turnpool.bench.serve", "client", *args],
+    return subprocess.Popen([sys.executable, "-m", "turnpool.bench.ws_client", *args],
                             stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
 
 
@@ -800,9 +438,3 @@ def command(sessions: str, hold: int, seconds: float, warmup: float, servers: st
                                       given, think, clients), render)
     write_outputs(console, report, json_path, plot_path, plot)
 
-
-if __name__ == "__main__":  # the child processes of the benchmark
-    if sys.argv[1] == "reference":
-        _run_reference(int(sys.argv[2]))
-    elif sys.argv[1] == "client":
-        _client_main(sys.argv[2:])

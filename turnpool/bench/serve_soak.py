@@ -1,15 +1,15 @@
 """``turnpool bench serve-soak``: ``turnpool serve`` under a long load with injected faults.
 
 A server (``turnpool serve --env faulty --backend process --num-workers 2``) runs in a child
-process and a load client in another. The client holds ``--sessions`` WebSocket sessions; each
-resets with its own seed, then, every ``--think`` seconds (the sessions' phases spread evenly
-over the think time), steps with a normal action or, with probability ``--fault-rate`` (drawn
-from the session's own ``random.Random``), with a fault chosen evenly among ``raise``, ``hang``
-and ``exit``. A normal step must be answered with an observation; a faulted one with an error
-reply that names the fault's failure class (``raise``: ``env_error``, ``hang``: ``timeout``,
-``exit``: ``worker_lost``). After an error or the end of an episode the session resets. Every
-``--reconnect-every`` seconds 1% of the sessions close their connection and open a new session
-(churn).
+process and a load client (`turnpool.bench.soak_client`) in another. The client holds
+``--sessions`` WebSocket sessions; each resets with its own seed, then, every ``--think``
+seconds (the sessions' phases spread evenly over the think time), steps with a normal action
+or, with probability ``--fault-rate`` (drawn from the session's own ``random.Random``), with a
+fault chosen evenly among ``raise``, ``hang`` and ``exit``. A normal step must be answered with
+an observation; a faulted one with an error reply that names the fault's failure class
+(``raise``: ``env_error``, ``hang``: ``timeout``, ``exit``: ``worker_lost``). After an error or
+the end of an episode the session resets. Every ``--reconnect-every`` seconds 1% of the
+sessions close their connection and open a new session (churn).
 
 A session is **lost** when a reply does not come within ``step_timeout + 30`` s or the server
 closes its connection; the client then opens a new session in its place, so the load stays the
@@ -33,18 +33,15 @@ restarts out).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
 import os
-import random
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,7 +58,7 @@ from turnpool.bench.harness import (
     start,
     write_outputs,
 )
-from turnpool.bench.serve import ServerProcess, WsClient, _raise_fd_limit, _read_line
+from turnpool.bench.servers import ServerProcess, _read_line
 
 #: fault action -> the failure class its error reply names when nothing else happens to it
 FAULTS = {"raise": "env_error", "hang": "timeout", "exit": "worker_lost"}
@@ -76,8 +73,6 @@ LOST_SLACK_S = 30.0
 RSS_GOAL = 0.05
 #: samples whose median is the RSS at the start / the end of the measured span
 WINDOW = 5
-#: how many lost sessions / unexpected replies the report keeps in detail
-_DETAIL = 20
 
 
 @dataclass
@@ -147,238 +142,6 @@ class SoakServer(ServerProcess):
         return list(tail)
 
 
-# ---------------------------------------------------------------------- the client load
-class _Lost(Exception):
-    """No reply within the bound, or the connection closed under the session."""
-
-
-class _Stats:
-    """Counters of one sample interval (and, merged, of the whole run)."""
-
-    def __init__(self) -> None:
-        self.c: Counter[str] = Counter()
-        self.faults: Counter[str] = Counter()
-        self.classified: Counter[str] = Counter()  # "hang->timeout"
-        self.replies: Counter[str] = Counter()  # "observation", "error:timeout", ...
-        self.unexpected: Counter[str] = Counter()  # normal steps answered with an error
-        self.lost: Counter[str] = Counter()  # reason -> n
-        self.lat: list[float] = []
-
-    def as_dict(self) -> dict[str, Any]:
-        lat = sorted(self.lat)
-        return {"steps": self.c["steps"], "normal_steps": self.c["normal_steps"],
-                "resets": self.c["resets"], "reset_errors": self.c["reset_errors"],
-                "reconnects": self.c["reconnects"], "refused": self.c["refused"],
-                "misclassified": self.c["misclassified"], "lost": sum(self.lost.values()),
-                "lost_by": dict(self.lost), "faults": dict(self.faults),
-                "classified": dict(self.classified), "replies": dict(self.replies),
-                "unexpected_errors": dict(self.unexpected),
-                "p50_ms": _pct(lat, 0.50), "p99_ms": _pct(lat, 0.99),
-                "max_ms": lat[-1] * 1000 if lat else None}
-
-
-def _pct(lat: list[float], q: float) -> float | None:
-    return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else None
-
-
-def _kind(reply: str) -> tuple[str, dict[str, Any]]:
-    """``("observation", {})`` or ``("error:<failure or code>", data)``."""
-    if reply.startswith('{"type":"observation"'):
-        return "observation", {}
-    try:
-        msg = json.loads(reply)
-        data = msg.get("data") or {}
-    except (ValueError, AttributeError):
-        return "unparsable", {}
-    if msg.get("type") != "error":
-        return str(msg.get("type")), data
-    return f"error:{data.get('failure') or data.get('code')}", data
-
-
-async def _load(url: str, s: Settings) -> dict[str, Any]:
-    """Drive ``s.sessions`` sessions for ``s.seconds``; print a ``sample`` line per interval
-    and return the totals."""
-    gate = asyncio.Semaphore(s.connect_parallel)
-    started, stop = asyncio.Event(), asyncio.Event()
-    interval, total = _Stats(), _Stats()
-    churn: set[int] = set()
-    opened = 0  # sessions that reset once (the start waits for all)
-    open_now = 0
-    details: list[dict[str, Any]] = []
-    t_start = 0.0
-
-    def count(key: str, n: int = 1) -> None:
-        interval.c[key] += n
-        total.c[key] += n
-
-    def note(what: str, i: int, **extra: Any) -> None:
-        if len(details) < _DETAIL:
-            details.append({"t_s": round(time.monotonic() - t_start, 1) if t_start else None,
-                            "what": what, "session": i, **extra})
-
-    async def pause(seconds: float) -> None:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), seconds)
-
-    async def ask(ws: WsClient, text: str) -> str:
-        try:
-            return await asyncio.wait_for(ws.ask(text), s.reply_bound)
-        except asyncio.TimeoutError as exc:
-            raise _Lost("no_reply") from exc
-        except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
-            raise _Lost("closed") from exc
-
-    async def one(i: int) -> None:
-        nonlocal opened, open_now
-        rng = random.Random(s.seed + i)
-        ws: WsClient | None = None
-        needs_reset = True
-        first = True
-        episode = 0
-        asking = "connect"  # what the request in flight is: reset, step or a fault's name
-        while not stop.is_set():
-            try:
-                if ws is None:
-                    try:
-                        async with gate:
-                            ws = await asyncio.wait_for(WsClient.connect(url), s.reply_bound)
-                    except Exception as exc:
-                        count("refused")
-                        note("connect failed", i, error=repr(exc)[:200])
-                        await pause(1.0)
-                        continue
-                    open_now += 1
-                    needs_reset = True
-                if needs_reset:
-                    episode += 1
-                    asking = "reset"
-                    reply = await ask(ws, json.dumps(
-                        {"type": "reset", "data": {"seed": (s.seed + i) * 1000 + episode}}))
-                    kind, data = _kind(reply)
-                    count("resets")
-                    if kind != "observation":
-                        count("reset_errors")
-                        note("reset error", i, reply=kind, message=str(data.get("message"))[:200])
-                        if data.get("code") == "CAPACITY_REACHED":  # closed by the server
-                            count("refused")
-                            await ws.close()
-                            ws = None
-                            open_now -= 1
-                        await pause(1.0)
-                        continue
-                    needs_reset = False
-                    if first:
-                        first = False
-                        opened += 1
-                        await started.wait()
-                        await pause(s.think * i / s.sessions)
-                        continue
-                await pause(s.think)
-                if stop.is_set():
-                    break
-                if i in churn:
-                    churn.discard(i)
-                    count("reconnects")
-                    await ws.close()
-                    ws = None
-                    open_now -= 1
-                    continue
-                fault = None
-                if rng.random() < s.fault_rate:
-                    fault = rng.choice(s.faults)
-                action = fault or f"a{rng.randrange(10)}"
-                asking = fault or "step"
-                if fault is not None:  # counted when sent: a lost one was injected too
-                    interval.faults[fault] += 1
-                    total.faults[fault] += 1
-                t0 = time.perf_counter()
-                reply = await ask(ws, json.dumps({"type": "step", "data": {"action": action}}))
-                took = time.perf_counter() - t0
-                kind, data = _kind(reply)
-                count("steps")
-                interval.replies[kind] += 1
-                total.replies[kind] += 1
-                if fault is not None:
-                    got = str(data.get("failure"))
-                    interval.classified[f"{fault}->{got}"] += 1
-                    total.classified[f"{fault}->{got}"] += 1
-                    if got not in ACCEPTED[fault]:
-                        count("misclassified")
-                        note("misclassified", i, fault=fault, reply=kind,
-                             message=str(data.get("message"))[:200])
-                    needs_reset = True
-                    continue
-                count("normal_steps")
-                if kind != "observation":
-                    interval.unexpected[kind] += 1
-                    total.unexpected[kind] += 1
-                    note("normal step answered with an error", i, reply=kind,
-                         message=str(data.get("message"))[:200])
-                    needs_reset = True
-                    continue
-                interval.lat.append(took)
-                total.lat.append(took)
-                if '"done":true' in reply:
-                    needs_reset = True
-            except _Lost as exc:
-                reason = f"{exc}:{asking}"  # e.g. no_reply:hang
-                interval.lost[reason] += 1
-                total.lost[reason] += 1
-                note("lost", i, reason=reason)
-                if ws is not None:
-                    await ws.close()
-                    ws = None
-                    open_now -= 1
-        if ws is not None:
-            await ws.close()
-            open_now -= 1
-
-    tasks = [asyncio.create_task(one(i)) for i in range(s.sessions)]
-    deadline = time.monotonic() + 600
-    while opened < s.sessions and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    t_start = time.monotonic()
-    open_s = None if opened < s.sessions else t_start - (deadline - 600)
-    print(json.dumps({"started": opened, "open_s": open_s}), flush=True)
-    started.set()
-    churn_rng = random.Random(s.seed)
-    next_churn = s.reconnect_every
-    samples = 0
-    end = t_start + s.seconds
-    while time.monotonic() < end:
-        wake = min(t_start + (samples + 1) * s.sample_every, end)
-        if s.reconnect_every > 0:
-            wake = min(wake, t_start + next_churn)
-        await asyncio.sleep(max(0.0, wake - time.monotonic()))
-        now = time.monotonic() - t_start
-        if s.reconnect_every > 0 and now >= next_churn - 1e-6:
-            churn.update(churn_rng.sample(range(s.sessions), max(1, s.sessions // 100)))
-            next_churn += s.reconnect_every
-        if now >= (samples + 1) * s.sample_every - 1e-6 or time.monotonic() >= end:
-            samples += 1
-            out = {"t_s": round(now, 2), "sessions_open": open_now, **interval.as_dict()}
-            interval = _Stats()
-            print("sample " + json.dumps(out), flush=True)
-    stop.set()
-    _, pending = await asyncio.wait(tasks, timeout=s.reply_bound + 10)
-    for task in pending:
-        task.cancel()
-    out = total.as_dict()
-    # steps in flight at the last sample finish after it: counted in the totals and here
-    out.update(sessions=s.sessions, started=opened, open_s=open_s,
-               ended_unfinished=len(pending), after_last_sample=interval.as_dict(),
-               details=details)
-    return out
-
-
-def _client_main(argv: list[str]) -> None:
-    _raise_fd_limit()
-    given = json.loads(argv[1])
-    url, s = argv[0], Settings(**{**given, "faults": tuple(given["faults"])})
-    result = asyncio.run(_load(url, s))
-    print("result " + json.dumps(result), flush=True)
-
-
 # ---------------------------------------------------------------------- the benchmark
 def _sample_line(x: dict[str, Any]) -> str:
     def ms(v: float | None) -> str:
@@ -406,7 +169,7 @@ def run(s: Settings, progress: ProgressFn | None = None) -> Report:
         rss_idle = server.rss_mb()
         if progress:
             progress(f"opening {s.sessions} sessions")
-        cmd = [sys.executable, "-m", "turnpool.bench.serve_soak", "client", server.url,
+        cmd = [sys.executable, "-m", "turnpool.bench.soak_client", server.url,
                json.dumps(asdict(s))]
         client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         try:
@@ -600,8 +363,3 @@ def command(sessions: int, think: float, fault_rate: float, reconnect_every: flo
     if not report["ok"]:
         failed = [k for k, v in report["checks"].items() if not v]
         raise click.ClickException(f"soak checks failed: {', '.join(failed)}")
-
-
-if __name__ == "__main__":  # the load client
-    if sys.argv[1] == "client":
-        _client_main(sys.argv[2:])

@@ -231,6 +231,18 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     return k
 
 
+def _reply(tools: bool, rng: np.random.Generator) -> tuple[bool, str]:
+    """A random reply: a tool call (where the family has tools), a thinking reply or text;
+    whether it is a tool call."""
+    tool = bool(tools and rng.random() < 0.25)
+    if tool:
+        return tool, ('<tool_call>\n{"name": "act", "arguments": {"action": "'
+                      + _text(rng, 1, 3).replace('"', "'") + '"}}\n</tool_call>')
+    if rng.random() < 0.6:
+        return tool, f"<think>{_text(rng, 1, 15)}</think>{_text(rng, 0, 6)}<answer>Up</answer>"
+    return tool, _text(rng, 1, 20)
+
+
 def play_episode(tok: ChatTokenizer, rng: np.random.Generator, turns: int,
                  max_reply: int = 48, baseline: bool = True) -> EpisodeResult:
     """One random episode through the renderer, checked (see the module doc)."""
@@ -258,14 +270,7 @@ def play_episode(tok: ChatTokenizer, rng: np.random.Generator, turns: int,
             if base_prev is not None and base[: len(base_prev)] != base_prev:
                 res.drifted = True
                 res.drifted_tokens += len(base_prev) - _lcp(base, base_prev)
-        tool = fam.tools and rng.random() < 0.25
-        if tool:
-            reply = ('<tool_call>\n{"name": "act", "arguments": {"action": "'
-                     + _text(rng, 1, 3).replace('"', "'") + '"}}\n</tool_call>')
-        elif rng.random() < 0.6:
-            reply = f"<think>{_text(rng, 1, 15)}</think>{_text(rng, 0, 6)}<answer>Up</answer>"
-        else:
-            reply = _text(rng, 1, 20)
+        tool, reply = _reply(fam.tools, rng)
         ids = tok.encode(reply)
         cut = rng.random() < 0.15 and len(ids) > 1
         sampled = ids[: int(rng.integers(1, len(ids)))] if cut else [*ids[:max_reply], end]

@@ -197,4 +197,4 @@ def episode_lookup(obs: str, env_config: dict[str, Any]) -> dict[int, str] | Non
     return {start: shown[0], start + 1: shown[1]} if shown else None
 
 
-BanditEnv.episode_lookup = staticmethod(episode_lookup)  # type: ignore[attr-defined]
+BanditEnv.episode_lookup = staticmethod(episode_lookup)

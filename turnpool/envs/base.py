@@ -44,6 +44,9 @@ from gymnasium.vector.utils import read_from_shared_memory
 
 #: ``oracle(obs, env_config) -> action names`` that solve (or answer) the current state.
 OracleFn = Callable[..., list[str]]
+#: A class-level reader of an observation text: ``fn(obs, env_config) -> value``; it runs
+#: where only the text is at hand (the RAGEN facade's manager, in the trainer's process).
+ObsHook = Callable[[str, dict[str, Any]], Any]
 
 #: What an env's actions look like to the projection (LLM text -> action):
 #: ``discrete`` (a fixed ``action_lookup``: names -> ids), ``names`` (names whose ids change
@@ -220,9 +223,14 @@ def next_episode_seed(seed: int) -> int:
 class TextEnv(gymnasium.Env[str, Any]):
     """Base class: a text environment with a per-env RNG and RAGEN-compatible info keys.
 
-    Subclasses implement ``_reset(seed) -> obs`` and ``_step(action) -> (obs, reward,
-    terminated, truncated, info)``; the base class seeds ``np_random``, fills the standard info
-    keys and maps action names to ids for discrete envs.
+    Subclasses implement ``_reset(seed, options) -> obs``, ``_step(action) -> (obs, reward,
+    terminated, truncated, info)`` and ``_render_text() -> str`` (the current state as text:
+    ``render()`` and, unless overridden, ``anchor_obs()``); the base class seeds
+    ``np_random``, fills the standard info keys and maps action names to ids for discrete envs.
+
+    The class attributes below are the whole contract a class may declare; the ones under
+    "optional hooks" matter to a few envs only (grid remapping, the RAGEN facade), and their
+    defaults say "not offered".
     """
 
     #: id -> name for discrete envs (None for free-text envs such as countdown).
@@ -255,6 +263,33 @@ class TextEnv(gymnasium.Env[str, Any]):
     #: Whether ``get_state`` / ``set_state`` capture the whole episode, so the pool branches
     #: the env by state (`EnvPool.fork`); false: by seed + action replay (wrapped envs).
     snapshot_by_state: ClassVar[bool] = True
+    # ------------------------------------------------------------ optional hooks
+    #: code -> symbol of the grid as drawn by default, for envs whose ``grid_lookup`` kwarg
+    #: renames the symbols: the prompt legend re-keys ``grid_vocab`` through it.
+    grid_lookup: ClassVar[dict[int, str] | None] = None
+    #: ``fn(env_kwargs) -> env_kwargs`` as the wrapped library builds its config (the RAGEN
+    #: adapter: its dataclass defaults under the given keys); the RAGEN facade's manager reads
+    #: ``action_lookup`` from the result. None: the kwargs as given.
+    effective_config: ClassVar[staticmethod[..., dict[str, Any]]
+                               | Callable[[dict[str, Any]], dict[str, Any]] | None] = None
+    #: for envs whose action ids change per episode (`action_lookup_for_episode`): the
+    #: episode's id -> name map read back from its first observation (an `ObsHook`), for
+    #: code that sees only the text.
+    episode_lookup: ClassVar[staticmethod[..., dict[int, str] | None] | ObsHook | None] = None
+    #: the ``info`` keys RAGEN's own env returns, in its order (the RAGEN facade passes on
+    #: only these). None: every key.
+    ragen_info_keys: ClassVar[tuple[str, ...] | None] = None
+    #: whether RAGEN's env returns integer rewards (the facade converts back from float).
+    ragen_int_rewards: ClassVar[bool] = False
+    #: whether RAGEN's env reads its manager's mode at reset (WebShop's split): a RAGEN config
+    #: then passes ``mode=`` to the env.
+    ragen_reset_mode: ClassVar[bool] = False
+    #: the ``rgb_array`` frame of an observation text (an `ObsHook` returning an array): the
+    #: facade draws frames from the text instead of shipping pixels between processes.
+    frame_from_obs: ClassVar[staticmethod[..., Any] | ObsHook | None] = None
+    #: the reference answer of a first observation (an `ObsHook`; question-answer envs): the
+    #: RAGEN facade attaches it as ``correct_answer``.
+    answer_for_obs: ClassVar[staticmethod[..., Any] | ObsHook | None] = None
     metadata: dict[str, Any] = {"render_modes": ["text"], "render_fps": 1}  # noqa: RUF012
 
     def __init__(self, **config: Any) -> None:

@@ -182,4 +182,4 @@ class MetaMathQAEnv(TextEnv):
 
 MetaMathQAEnv.oracle = staticmethod(oracle)
 #: the reference answer of a question text (RAGEN's facade attaches it as ``correct_answer``)
-MetaMathQAEnv.answer_for_obs = staticmethod(answer_for)  # type: ignore[attr-defined]
+MetaMathQAEnv.answer_for_obs = staticmethod(answer_for)

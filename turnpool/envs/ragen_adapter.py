@@ -52,6 +52,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from turnpool.envs.base import TextEnv
+from turnpool.envs.entry import load_entry_point
 from turnpool.envs.frames import INFO_KEY, FrameDesc, FrameSlot
 from turnpool.extras import MissingExtra
 
@@ -125,12 +126,6 @@ def is_ragen_style(cls: Any) -> bool:
     return inspect.isclass(cls) and not issubclass(cls, TextEnv) and issubclass(cls, RagenStyle)
 
 
-def _load(entry: str) -> Any:
-    module_name, _, attr = entry.partition(":")
-    # an entry point names its attribute in a string: only getattr can fetch it
-    return getattr(importlib.import_module(module_name), attr)
-
-
 def _registries_of(module_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A module's own ``(REGISTERED_ENVS, REGISTERED_ENV_CONFIGS)`` (empty when it has none),
     read from its namespace."""
@@ -146,7 +141,7 @@ def _config_class(ragen_env: str) -> Any:
     found = ragen_registry()
     if ":" not in ragen_env:
         return None if found is None else found[1].get(ragen_env)
-    cls = _load(ragen_env)
+    cls = load_entry_point(ragen_env)
     # an optional attribute of a class turnpool does not own (no base class to declare it)
     config_cls = getattr(cls, "config_class", None)
     for envs, configs in (_registries_of(cls.__module__), found or ({}, {})):
@@ -162,7 +157,7 @@ def _build(ragen_env: str, kwargs: dict[str, Any]) -> tuple[Any, Any]:
     config_cls = _config_class(ragen_env)
     config = config_cls(**kwargs) if config_cls is not None else None
     if ":" in ragen_env:
-        cls = _load(ragen_env)
+        cls = load_entry_point(ragen_env)
         return (cls(config) if config is not None else cls(**kwargs)), config
     found = ragen_registry()
     if found is None or ragen_env not in found[0]:
@@ -191,7 +186,7 @@ def uses_global_rng(ragen_env: str) -> bool:
     as RAGEN Sudoku's ``utils``) seed the process-global RNG? Such envs are deterministic per
     seed only while no other thread of the process draws in between."""
     if ":" in ragen_env:
-        cls = _load(ragen_env)
+        cls = load_entry_point(ragen_env)
     else:
         found = ragen_registry()
         if found is None or ragen_env not in found[0]:
@@ -220,16 +215,6 @@ class RagenEnvAdapter(TextEnv):
     """A RAGEN env as a `TextEnv` (see the module docstring)."""
 
     metadata = {"render_modes": ["text", "rgb_array"]}
-
-    @staticmethod
-    def effective_config(kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The wrapped env's config as RAGEN builds it (its dataclass defaults overlaid with
-        ``kwargs``): what RAGEN's manager reads ``action_lookup`` from."""
-        config_cls: Any = _config_class(str(kwargs.get("ragen_env", "")))
-        rest = {k: v for k, v in kwargs.items() if k not in ("ragen_env", "reset_mode")}
-        if not isinstance(config_cls, type) or not dataclasses.is_dataclass(config_cls):
-            return dict(kwargs)
-        return {**dataclasses.asdict(config_cls(**rest)), "ragen_env": kwargs["ragen_env"]}
 
     def __init__(self, ragen_env: str, reset_mode: str = "train", **env_config: Any) -> None:
         super().__init__(ragen_env=ragen_env, **env_config)
@@ -303,6 +288,19 @@ class RagenEnvAdapter(TextEnv):
         self._slot.close()
         if isinstance(self.inner, _Closable):
             self.inner.close()
+
+
+def effective_config(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The wrapped env's config as RAGEN builds it (its dataclass defaults overlaid with
+    ``kwargs``): what RAGEN's manager reads ``action_lookup`` from."""
+    config_cls: Any = _config_class(str(kwargs.get("ragen_env", "")))
+    rest = {k: v for k, v in kwargs.items() if k not in ("ragen_env", "reset_mode")}
+    if not isinstance(config_cls, type) or not dataclasses.is_dataclass(config_cls):
+        return dict(kwargs)
+    return {**dataclasses.asdict(config_cls(**rest)), "ragen_env": kwargs["ragen_env"]}
+
+
+RagenEnvAdapter.effective_config = staticmethod(effective_config)
 
 
 @dataclasses.dataclass

@@ -13,7 +13,6 @@ rebuild from.
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 from gymnasium.envs.registration import EnvSpec as GymEnvSpec
 
 from turnpool.envs.base import ACTION_KINDS, OracleFn, TextEnv
+from turnpool.envs.entry import load_entry_point
 
 
 @dataclass(frozen=True)
@@ -191,16 +191,6 @@ def target_name(env: EnvTarget) -> str:
     if isinstance(env, type | FunctionType | MethodType):
         return env.__qualname__
     return type(env).__name__
-
-
-def load_entry_point(entry: str) -> Any:
-    """The object an entry point ``"package.module:name"`` names, its module imported now.
-
-    The one place where a name given as text becomes an object: the env registry, the policy
-    kinds, the CLI's lazy commands and ``turnpool``'s lazy public names all resolve here."""
-    module_name, _, attr = entry.partition(":")
-    # getattr: the attribute's name is data (the entry point's text), not known to the code
-    return getattr(importlib.import_module(module_name), attr)
 
 
 def make(name_or_entry_point: EnvTarget, **kwargs: Any) -> TextEnv:

@@ -652,4 +652,4 @@ def oracle(obs: str, env_config: Mapping[str, Any] | None = None) -> list[str]:
 
 
 SokobanEnv.oracle = staticmethod(oracle)
-SokobanEnv.frame_from_obs = staticmethod(frame_from_obs)  # type: ignore[attr-defined]
+SokobanEnv.frame_from_obs = staticmethod(frame_from_obs)

@@ -42,7 +42,6 @@ from turnpool.ragen.schema import (
     is_int,
     validate,
 )
-from turnpool.rollout.prompts import class_hook
 from turnpool.rollout.settings import (
     DEFAULT_MAX_TOKENS,
     AsyncSettings,
@@ -51,6 +50,7 @@ from turnpool.rollout.settings import (
     TagSpec,
     TreeSettings,
     TurnSettings,
+    collector_mode,
 )
 
 if TYPE_CHECKING:
@@ -359,7 +359,7 @@ def _reset_takes_mode(env_type: str) -> bool:
         cls, _ = resolve(env_type)
     except (ImportError, ValueError, KeyError, AttributeError):
         return False  # reported where the env is built
-    return bool(class_hook(cls, "ragen_reset_mode", False))
+    return bool(cls.ragen_reset_mode)
 
 
 def _is_ragen_class(env_type: str) -> bool:
@@ -474,8 +474,8 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
             filter_groups=enable, max_num_gen_batches=max_batches,
             on_budget_exhausted=str(col.get("on_budget_exhausted", "raise")),
             target_groups=col.get("target_groups"), seed_base=seeds.get(mode), mode=mode,
-            collector_mode=str(col.get("mode", "lockstep")), async_settings=_async_settings(col),
-            tree=_tree_settings(col))
+            collector_mode=collector_mode(col.get("mode", "lockstep")),
+            async_settings=_async_settings(col), tree=_tree_settings(col))
     except ValueError as exc:  # settings that contradict each other (tree + async)
         raise ConfigError(f"turnpool.collector: {exc}") from exc
     return RolloutPlan(tags=tags, group_size=int(mode_cfg.group_size), collector=collector,

@@ -75,7 +75,6 @@ from turnpool.ragen.config import load_config, pool_options, rollout_plan, user_
 from turnpool.rollout.collector import build_pool
 from turnpool.rollout.episode import RAW_REWARD_KEY, step_singly
 from turnpool.rollout.metrics import POOL_INFO_KEYS, TURN_LVL_METRICS
-from turnpool.rollout.prompts import class_hook
 
 log = logging.getLogger(__name__)
 
@@ -117,17 +116,17 @@ class _TagInfo:
         cls, defaults = resolve(env_type)
         self.cls = cls
         self.kwargs = {**defaults, **dict(env_kwargs)}
-        effective = class_hook(cls, "effective_config")  # RAGEN env classes (adapter)
+        effective = cls.effective_config  # RAGEN env classes (adapter)
         if callable(effective):
             self.kwargs = effective(self.kwargs)
         lookup = self.kwargs.get("action_lookup") or cls.action_lookup
         self.lookup = {int(k): str(v) for k, v in dict(lookup).items()} if lookup else None
-        found = class_hook(cls, "episode_lookup")
+        found = cls.episode_lookup
         self.episode_lookup: Any = found if callable(found) else None
-        self.info_keys: tuple[str, ...] | None = class_hook(cls, "ragen_info_keys")
-        self.int_rewards = bool(class_hook(cls, "ragen_int_rewards", False))
+        self.info_keys: tuple[str, ...] | None = cls.ragen_info_keys
+        self.int_rewards = cls.ragen_int_rewards
         self.visual = self.kwargs.get("render_mode") == "rgb_array" and callable(
-            class_hook(cls, "frame_from_obs"))
+            cls.frame_from_obs)
         self.config = SimpleNamespace(**self.kwargs)
         self.config.action_lookup = self.lookup
 
@@ -410,15 +409,16 @@ class EnvStateManager:
     def _render_one(self, env_id: int) -> Any:
         info = self._tags[self.envs[env_id]["tag"]]
         text = self._state[env_id]
-        if info.visual:
-            return info.cls.frame_from_obs(text, info.kwargs)  # type: ignore[attr-defined]
+        frame_of = info.cls.frame_from_obs
+        if info.visual and frame_of is not None:
+            return frame_of(text, info.kwargs)
         if self._frames[env_id] is not None:  # an env that sends frames through shared memory
             return self._reader.read(self._frames[env_id])
         return text
 
     def _correct_answer(self, env_id: int) -> Any:
         info = self._tags[self.envs[env_id]["tag"]]
-        answer_for = class_hook(info.cls, "answer_for_obs")
+        answer_for = info.cls.answer_for_obs
         return answer_for(self._first_state[env_id], info.kwargs) if answer_for else None
 
 

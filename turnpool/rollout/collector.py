@@ -84,7 +84,7 @@ from turnpool.rollout.prompts import build_messages, env_prompts
 from turnpool.rollout.record import Recorder, record_header
 from turnpool.rollout.sampling import dynamic_groups
 from turnpool.rollout.scoring import compute_scores
-from turnpool.rollout.seats import num_seats, play_seats, seat_runners, start_games
+from turnpool.rollout.seats import num_seats, play_games, seat_runners
 from turnpool.rollout.settings import CollectorSettings, RolloutPlan, TagSpec
 from turnpool.rollout.trajectory import (
     TokenView,
@@ -177,6 +177,9 @@ class TrajectoryCollector:
         self._trees = TreeTally()
         self.on_turn: Callable[[int, int, int], None] | None = None
         self.recorder: Recorder | None = None
+        # the driver, chosen once: a tree plays whole groups, the others retry failed episodes
+        self._play_batch = self._play_tree if s.driver == "tree" else self._play_retried
+        self._play_episodes = self._play_async if s.driver == "async" else self._play_lockstep
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -210,7 +213,7 @@ class TrajectoryCollector:
                                 v2=self.settings.turn.ragen_version == "v2")
         metrics.update(dyn)
         metrics.update(self._failure_metrics())
-        if not s.tree.enabled:
+        if s.driver != "tree":
             return RolloutBatch(trajectories, metrics)
         nodes, tree_metrics = self._trees.finish(groups)
         metrics.update(tree_metrics)
@@ -237,7 +240,7 @@ class TrajectoryCollector:
                              version=version)
 
     def _check_recordable(self) -> None:
-        if self.settings.tree.enabled:
+        if self.settings.driver == "tree":
             raise ValueError("a tree rollout cannot be recorded: its branches put envs into "
                              "other envs' states mid-episode, which a replay from seeds does "
                              "not see (set turnpool.collector.tree.mode=none to record)")
@@ -272,11 +275,14 @@ class TrajectoryCollector:
             ep.gen_batch = gen_batch
         if num_seats(infos) > 1:
             return self._play_seats(eps, infos, gen_batch)
-        if self.settings.tree.enabled:
-            return self._play_tree(eps, seed, gen_batch)
-        if self.recorder is not None:
+        if self.recorder is not None:  # never set on a tree collector (_check_recordable)
             self.recorder.begin(eps, obs, infos, attempt=0)
-        self._play(eps, gen_batch)
+        return self._play_batch(eps, seed, gen_batch)
+
+    def _play_retried(self, eps: list[EpisodeState], seed: int, gen_batch: int
+                      ) -> list[EpisodeState]:
+        """Play the batch's episodes (lock-step or async), then retry the failed ones."""
+        self._play_episodes(eps, gen_batch)
         if self.recorder is not None:
             self.recorder.finish(eps)
         self._failures["started"] += len(eps)
@@ -297,37 +303,27 @@ class TrajectoryCollector:
 
     def _play_seats(self, eps: list[EpisodeState], infos: Sequence[Mapping[str, Any]],
                     gen_batch: int) -> list[EpisodeState]:
-        """Play the batch's multi-player games, every seat (`turnpool.rollout.seats`); one
-        episode per seat comes back. Lock-step only, not recorded, no retries."""
-        s = self.settings
-        if s.tree.enabled or s.collector_mode != "lockstep" or self.recorder is not None:
-            raise ValueError("multi-player games run in the lockstep collector only, without "
-                             "tree modes or --record")
-        games = start_games(eps, infos)
-        on_turn = self.on_turn
-        steps = play_seats(self.pool, games, seat_runners(self.turns, self.seat_policies, s.turn),
-                           s.turn, s.max_turn,
-                           None if on_turn is None
-                           else lambda turn, running: on_turn(gen_batch, turn, running))
+        """Multi-player games, every seat played (`turnpool.rollout.seats.play_games`)."""
+        s, on_turn = self.settings, self.on_turn
+        seats, steps = play_games(
+            self.pool, eps, infos, seat_runners(self.turns, self.seat_policies, s.turn), s,
+            recording=self.recorder is not None,
+            on_turn=None if on_turn is None else lambda t, n: on_turn(gen_batch, t, n))
         self._clock.env_steps += steps
-        self._clock.turns += 1
-        seats = [ep for game in games for ep in game.seats]
         self._failures["started"] += len(seats)
         self._count_failures(seats)
         return seats
 
-    def _play(self, eps: list[EpisodeState], gen_batch: int) -> None:
-        """Play freshly reset episodes to their end (or ``max_turn``)."""
-        if self.settings.collector_mode == "async":
-            self._play_async(eps, gen_batch)
-        else:
-            for turn in range(self.settings.max_turn):
-                active = [ep for ep in eps if not ep.done]
-                if not active:
-                    break
-                self.play_turn(active)
-                if self.on_turn is not None:
-                    self.on_turn(gen_batch, turn, len(active))
+    def _play_lockstep(self, eps: list[EpisodeState], gen_batch: int) -> None:
+        """Play freshly reset episodes to their end (or ``max_turn``): every active episode
+        in one batched policy call per turn."""
+        for turn in range(self.settings.max_turn):
+            active = [ep for ep in eps if not ep.done]
+            if not active:
+                break
+            self.play_turn(active)
+            if self.on_turn is not None:
+                self.on_turn(gen_batch, turn, len(active))
         self._clock.env_steps += sum(ep.num_actions for ep in eps)
 
     def _retry_failed(self, eps: list[EpisodeState], seed: int, gen_batch: int
@@ -349,7 +345,7 @@ class TrajectoryCollector:
             log.info("retrying %d failed episode(s) from their seeds", len(fresh))
             if self.recorder is not None:
                 self.recorder.begin(fresh, obs, infos, attempt=attempt)
-            self._play(fresh, gen_batch)
+            self._play_episodes(fresh, gen_batch)
             if self.recorder is not None:
                 self.recorder.finish(fresh)
             self._failures["retried"] += len(fresh)
@@ -365,11 +361,8 @@ class TrajectoryCollector:
 
     def _failure_metrics(self) -> dict[str, float]:
         f = self._failures
-        m = {f"failures/{name}": float(f[name]) for name in FAILURE_CLASSES}
-        m["failures/retried"] = float(f["retried"])
-        m["failures/dropped_groups"] = float(f["dropped_groups"])
-        m["failures/unrecovered"] = float(f["unrecovered"])
-        m["failures/started"] = float(f["started"])
+        m = {f"failures/{name}": float(f[name]) for name in (
+            *FAILURE_CLASSES, "retried", "dropped_groups", "unrecovered", "started")}
         m["failures/unrecovered_fraction"] = (f["unrecovered"] / f["started"]
                                               if f["started"] else 0.0)
         return m
@@ -430,6 +423,8 @@ class TrajectoryCollector:
         return out
 
     def _play_async(self, eps: list[EpisodeState], gen_batch: int) -> None:
+        """The same, each episode at its own pace in micro-batches
+        (`turnpool.rollout.async_driver`)."""
         on_turn = self.on_turn
         timing = play_async(self.turns, self.pool, eps, self.settings.max_turn,
                             self.settings.async_settings,
@@ -442,6 +437,7 @@ class TrajectoryCollector:
         c.overlap_s += timing.overlap_s
         c.turn_s += timing.wall_s
         c.turns += timing.calls
+        c.env_steps += sum(ep.num_actions for ep in eps)
 
     # ------------------------------------------------------------------ sampling
     def _groups_of(self, eps: list[EpisodeState]) -> list[list[Trajectory]]:

@@ -96,21 +96,13 @@ def describe_env(env_type: str, env_kwargs: Mapping[str, Any] | None = None) -> 
     kw = {**defaults, **dict(env_kwargs or {})}
     vocab = _as_str_dict(kw.get("grid_vocab")) or _as_str_dict(cls.grid_vocab)
     if kw.get("grid_lookup") and not kw.get("grid_vocab"):
-        vocab = _rekey_vocab(vocab, class_hook(cls, "grid_lookup"), kw["grid_lookup"])
+        vocab = _rekey_vocab(vocab, cls.grid_lookup, kw["grid_lookup"])
     lookup = _as_lookup(kw.get("action_lookup")) or _as_lookup(cls.action_lookup)
     episode_names: tuple[str, ...] | None = None
     if lookup is None and _has_episode_lookup(cls):
         episode_names = _episode_action_names(cls, kw)
     return EnvDescription(str(cls.instruction or ""), vocab, lookup,
                           episode_names)
-
-
-def class_hook(cls: type, name: str, default: Any = None) -> Any:
-    """An optional class attribute that only some env classes define (``grid_lookup``, and
-    the RAGEN facade's hooks: ``effective_config``, ``episode_lookup``, ``ragen_info_keys``,
-    ``ragen_int_rewards``, ``ragen_reset_mode``, ``frame_from_obs``, ``answer_for_obs``), or
-    ``default``. `TextEnv` does not declare them, so this is the one dynamic lookup."""
-    return getattr(cls, name, default)  # optional per-class hooks, not part of TextEnv
 
 
 def _has_episode_lookup(cls: type[TextEnv]) -> bool:

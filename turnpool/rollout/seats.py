@@ -32,7 +32,7 @@ from typing import Any
 from turnpool.policies.base import Policy
 from turnpool.pool import EnvPool, TurnResult
 from turnpool.rollout.episode import EpisodeState, TurnPlan, TurnRunner, step_plans
-from turnpool.rollout.settings import TurnSettings
+from turnpool.rollout.settings import CollectorSettings, TurnSettings
 from turnpool.rollout.trajectory import Turn
 
 
@@ -72,6 +72,21 @@ def start_games(eps: Sequence[EpisodeState], infos: Sequence[Mapping[str, Any]])
                 seat.fail(str(ep.error), str(ep.failure))
         games.append(game)
     return games
+
+
+def play_games(pool: EnvPool, eps: Sequence[EpisodeState], infos: Sequence[Mapping[str, Any]],
+               runners: Callable[[int], TurnRunner], settings: CollectorSettings, *,
+               recording: bool, on_turn: Callable[[int, int], None] | None = None
+               ) -> tuple[list[EpisodeState], int]:
+    """The collector's multi-player batch: seat episodes for freshly reset ``eps``, played
+    to the end; returns every seat's episode and the pool steps taken. Lock-step only, not
+    recorded, no retries."""
+    if settings.tree.enabled or settings.collector_mode != "lockstep" or recording:
+        raise ValueError("multi-player games run in the lockstep collector only, without "
+                         "tree modes or --record")
+    games = start_games(eps, infos)
+    steps = play_seats(pool, games, runners, settings.turn, settings.max_turn, on_turn)
+    return [ep for game in games for ep in game.seats], steps
 
 
 def play_seats(pool: EnvPool, games: Sequence[Game], runners: Callable[[int], TurnRunner],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 #: RAGEN's fallback for ``max_tokens`` (``actor_rollout_ref.rollout.response_length``).
 DEFAULT_MAX_TOKENS = 400
@@ -91,6 +91,24 @@ class AsyncSettings:
             raise ValueError(f"policy_workers must be >= 1, got {self.policy_workers}")
 
 
+#: how the collector plays an episode: "lockstep" (one batched policy call per turn, every
+#: active env in step) or "async" (`turnpool.rollout.async_driver`: micro-batches, each env at
+#: its own pace)
+CollectorMode = Literal["lockstep", "async"]
+COLLECTOR_MODES: tuple[str, ...] = get_args(CollectorMode)
+#: the collector's drivers, chosen once from the settings (`CollectorSettings.driver`): the two
+#: collector modes, and "tree" for a lock-step collector with a tree mode
+Driver = Literal["lockstep", "async", "tree"]
+
+
+def collector_mode(value: object) -> CollectorMode:
+    """``value`` as a `CollectorMode`; anything else is a one-line ValueError."""
+    for mode in COLLECTOR_MODES:
+        if value == mode:
+            return mode  # type: ignore[return-value]  # one of the literal's own values
+    raise ValueError(f"collector mode must be one of {', '.join(COLLECTOR_MODES)}, got "
+                     f"{value!r}")
+
 #: the collector's tree modes (`TreeSettings.mode`)
 TREE_MODES = ("none", "best_of_n", "beam", "shared_prefix")
 #: the built-in scores of a tree node: the episode's env reward so far, or its last turn's
@@ -164,7 +182,7 @@ class CollectorSettings:
     seed_base: int | None = 10000
     mode: str = "train"
     #: "lockstep" (one batched policy call per turn) or "async" (`turnpool.rollout.async_driver`)
-    collector_mode: str = "lockstep"
+    collector_mode: CollectorMode = "lockstep"
     async_settings: AsyncSettings = field(default_factory=AsyncSettings)
     #: a failed episode whose failure is retryable is played again from the same seed at
     #: most this many times; a group that still holds a failed episode is dropped (a failure
@@ -194,10 +212,16 @@ class CollectorSettings:
             raise ValueError(f"max_turn must be >= 1, got {self.max_turn}")
         if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
             raise ValueError(f"max_episode_tokens must be >= 1, got {self.max_episode_tokens}")
+        collector_mode(self.collector_mode)
         if self.tree.enabled and self.collector_mode != "lockstep":
             raise ValueError(f"tree mode {self.tree.mode!r} needs the lockstep collector "
                              f"(turnpool.collector.mode=lockstep): the async driver plays "
                              f"each env on its own and cannot branch a group's turn")
+
+    @property
+    def driver(self) -> Driver:
+        """The collector's driver: "tree" when a tree mode is on, else the collector mode."""
+        return "tree" if self.tree.enabled else self.collector_mode
 
 
 @dataclass(frozen=True)
