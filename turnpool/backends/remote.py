@@ -293,7 +293,7 @@ class RemoteBackend(Backend, Generic[H]):
                 self._await_standby(self._standby, deadline)
             elif self._use_standby:  # now, so that it never takes CPU from the first steps
                 self._standby = self._launch(None)
-        except EnvBuildError:  # the envs are broken, not the backend
+        except (EnvBuildError, BackendUnavailable):  # the envs are broken, or it says why
             self.close()
             raise
         except self.start_errors as exc:
