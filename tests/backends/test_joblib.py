@@ -13,8 +13,9 @@ import pytest
 from tests.faults import check_fault_isolated, faulty_pool, kill_parent_and_check, wait_gone
 from tests.traces import short_trace
 from turnpool.backends.joblib import JoblibBackend
+from turnpool.envs.synthetic import TrivialEnv
 from turnpool.pool import EnvPool
-from turnpool.worker.protocol import EnvBuild
+from turnpool.worker.protocol import BackendUnavailable, EnvBuild
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,3 +85,20 @@ def test_joblib_fault_is_isolated(flavour: str, fault: str) -> None:
 
 def test_joblib_workers_die_with_a_killed_parent(tmp_path: Path) -> None:
     kill_parent_and_check(tmp_path, {"backend": "joblib", "joblib_backend": "loky"})
+
+
+class GlobalRngEnv(TrivialEnv):
+    """Says it draws from the process-global RNG (as a wrapped library env may)."""
+
+    uses_global_rng = True
+
+
+def test_joblib_threads_refuse_envs_that_draw_from_the_global_rng() -> None:
+    """The refusal the thread backend has holds for joblib's threading flavour too: made once,
+    at the choice, before any worker starts."""
+    env = f"{__name__}:GlobalRngEnv"
+    with pytest.raises(BackendUnavailable, match="GlobalRngEnv draw from the process-global"):
+        EnvPool(env, env_num=2, backend="joblib", joblib_backend="threading", num_workers=2)
+    with EnvPool(env, env_num=2, backend="joblib", joblib_backend="threading",
+                 num_workers=1) as pool:  # one thread: nothing interleaves
+        assert len(pool.reset()[0]) == 2

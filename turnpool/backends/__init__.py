@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnpool.backends.base import Backend, BackendUnavailable
-from turnpool.backends.choice import AUTO, BackendChoice, choose_backend, fallback_choice
+from turnpool.backends.choice import (
+    AUTO,
+    BackendChoice,
+    choose_backend,
+    fallback_choice,
+    refuse_unsupported,
+)
 from turnpool.envs.entry import load_entry_point
 from turnpool.extras import MissingExtra
 from turnpool.worker.protocol import EnvBuild, short_error
@@ -88,6 +94,7 @@ def _start(choice: BackendChoice, builds: Sequence[EnvBuild], mp_context: str | 
     backend.label, backend.profile = choice.label, choice.profile
     backend.step_timeout, backend.reset_timeout = timeouts
     try:
+        refuse_unsupported(backend, options)
         backend.start(start_timeout)
     except BaseException:
         backend.close()

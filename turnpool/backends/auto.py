@@ -22,7 +22,7 @@ which return within the deadline whatever the env does.
 A parallel choice must beat sequential by 20% on these estimates, so a close call stays
 in-process. Called from a script's unguarded top-level code (no ``if __name__ ==
 "__main__":``), auto never picks processes, which would re-run that code in every worker (see
-`turnpool.backends.process.unguarded_main_call`); this keeps pasted snippets working.
+`turnpool.backends.choice.unguarded_main_call`); this keeps pasted snippets working.
 Any env can be measured: the probe action is a named action, else a seeded sample of the
 env's ``action_space``. ``pool.backend_name`` reports the choice, e.g. ``"auto->sequential"``, and
 ``pool.backend.profile`` holds the measurement. If the chosen backend cannot start, auto runs

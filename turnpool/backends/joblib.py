@@ -4,9 +4,12 @@ joblib runs stateless tasks and cannot send a task to the worker that holds env 
 that calls ``Parallel`` per step ships envs (or rebuilds them) per call and pays joblib's
 result-polling floor on every step. Here each turnpool worker is **one joblib task that
 lives as long as the pool**: it builds its slice of envs, connects back to the pool over a
-private local socket (Linux abstract namespace, no file; the first bytes must be a random token
-before anything is unpickled) and serves requests there, one message per worker per step, like
-the process backend. joblib chooses and manages the processes or threads
+private local socket (`turnpool.backends.remote.Rendezvous`: Linux abstract namespace, no file;
+the first bytes must be a random token before anything is unpickled) and serves requests there
+with the request loop every worker runs, one message per worker per step, like the process
+backend (``handoff_after`` turns hand-off on; it is off by default here). The lifecycle
+(handshake, restart, close) is `turnpool.backends.remote.RemoteBackend`'s. joblib chooses and
+manages the processes or threads
 (``joblib_backend``: ``"loky"`` (default), ``"multiprocessing"`` or ``"threading"``;
 ``n_jobs=-1`` means one worker per core, joblib's rule), and no joblib call happens per step.
 
@@ -22,7 +25,8 @@ Faults, per joblib flavour:
 * ``multiprocessing``: joblib never returns from a call whose worker died (it waits for the
   lost result); turnpool relaunches the slice and, at close, stops that stuck call.
 * ``threading``: like the thread backend, a hung thread cannot be stopped (it is abandoned) and
-  an env that ends the process ends the caller.
+  an env that ends the process ends the caller; envs that draw from the process-global RNG are
+  refused on more than one thread (`turnpool.backends.choice.refuse_unsupported`).
 
 Limits: loky's executor is shared by the whole process and resized only when idle, so two
 joblib/loky pools alive at once need the same ``num_workers`` (a second pool that cannot get
@@ -34,47 +38,32 @@ backends.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
-import pickle
-import secrets
 import signal
-import socket
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection
-from multiprocessing.connection import wait as wait_connections
 from typing import Any, ClassVar
 
-from turnpool.backends.base import (
-    Backend,
-    BackendUnavailable,
-    EnvBuildError,
-    WorkerHandle,
-    WorkerLost,
-    raise_build_errors,
+from turnpool.backends.remote import (
+    Hello,
+    Rendezvous,
+    Stream,
+    StreamBackend,
+    WorkerInit,
+    dial_and_serve,
 )
 from turnpool.extras import MissingExtra, require
-from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error
-from turnpool.worker.transport import (
-    CLOSE_GRACE_S,
-    PROTOCOL,
-    ProgressSlot,
-    ProgressWriter,
-    serve,
-    watch_parent,
-)
+from turnpool.worker.protocol import BackendUnavailable, EnvBuild, short_error
+from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot, ProgressWriter, watch_parent
 
 log = logging.getLogger(__name__)
 
 JOBLIB_BACKENDS = ("loky", "multiprocessing", "threading")
 _INTERRUPT_GRACE_S = 1.0
 _BROKEN_EXECUTOR_WAIT_S = 15.0
-_TOKEN_BYTES = 32
 
 
 def resolve_n_jobs(n_jobs: int, num_envs: int) -> int:
@@ -105,10 +94,9 @@ def _on_interrupt(signum: int, frame: Any) -> None:
     raise _Interrupted()
 
 
-def serve_slice(address: str, token: bytes, worker: int, incarnation: int,
-                builds: list[EnvBuild], progress_path: str, owner_pid: int) -> int:
-    """One joblib task = one turnpool worker: build the envs, then answer requests until the
-    pool closes the connection. Returns the worker index (joblib's result, unused).
+def serve_slice(address: str, token: bytes, init: WorkerInit, owner_pid: int) -> int:
+    """One joblib task = one turnpool worker: dial back, build the envs, then answer requests
+    until the pool closes the connection. Returns the worker index (joblib's result, unused).
 
     A stuck task is stopped with a signal rather than by killing its process: killing a loky
     worker makes loky terminate every other worker (every other slice) too.
@@ -118,24 +106,16 @@ def serve_slice(address: str, token: bytes, worker: int, incarnation: int,
         watch_parent(owner_pid)
         if threading.current_thread() is threading.main_thread():
             signal.signal(_INTERRUPT, _on_interrupt)
-    progress = ProgressWriter(progress_path)
-    conn = None
+    progress = ProgressWriter(init.progress_path)  # opened now: the pool unlinks it soon
     try:
-        conn = Client(address, family="AF_UNIX")
-        conn.send_bytes(token)
-        host = EnvHost(builds, progress)
-        conn.send_bytes(pickle.dumps(("hello", worker, incarnation, os.getpid(),
-                                      host.build_errors), PROTOCOL))
-        serve(conn.recv_bytes, conn.send_bytes, host)
+        dial_and_serve(address, token, init, progress)
     except (EOFError, OSError, _Interrupted):
         pass
     finally:
         if in_process and threading.current_thread() is threading.main_thread():
             signal.signal(_INTERRUPT, signal.SIG_IGN)  # the process goes on serving joblib
-        if conn is not None:
-            conn.close()
         progress(_FINISHED)
-    return worker
+    return init.slot
 
 
 # ------------------------------------------------------------------------- caller side
@@ -175,23 +155,24 @@ class _Launch:
 
 
 @dataclass(eq=False, kw_only=True)
-class _Task(WorkerHandle):
-    """A long-running joblib task serving one slice: the pipe it talks over, and which start
-    of the slot it is (a task of an older incarnation is ignored)."""
+class _Task(Stream):
+    """A long-running joblib task serving one slice, over one socket (``conn`` = ``out``),
+    and the ``Parallel`` call that runs it."""
 
-    conn: Connection | None
-    incarnation: int = 0
+    launch: _Launch
 
 
-class JoblibBackend(Backend):
+class JoblibBackend(StreamBackend[_Task]):
     """Slices served by long-lived joblib tasks (see the module docstring).
 
     Options: ``n_jobs`` (joblib's worker count, used when ``num_workers`` is None;
-    default -1 = one per core) and ``joblib_backend`` (``loky``, ``multiprocessing``,
-    ``threading``).
+    default -1 = one per core), ``joblib_backend`` (``loky``, ``multiprocessing``,
+    ``threading``) and ``handoff_after``.
     """
 
     name: ClassVar[str] = "joblib"
+    #: a restart may land on a loky executor that is still dying: it is tried twice
+    restart_attempts: ClassVar[int] = 2
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:
@@ -207,56 +188,35 @@ class JoblibBackend(Backend):
             raise ValueError(f"joblib_backend must be one of {JOBLIB_BACKENDS}, "
                              f"got {joblib_backend!r}")
         self.flavour = joblib_backend
-        self._workers: list[_Task | None] = [None] * self.num_workers
         self._launches: list[_Launch] = []
-        self._sock: socket.socket | None = None
-        self._token = secrets.token_bytes(_TOKEN_BYTES)
-        self._address = "\0turnpool-joblib-" + secrets.token_hex(12)
-        self._early: dict[tuple[int, int], tuple[Connection, int, dict[int, str]]] = {}
-        self._timeout = 60.0
-        self._closed = False
-        self._owner_pid = os.getpid()
+        self._rendezvous = Rendezvous("joblib")
         self._stuck_call = False
         #: loky: the executor generation, and the one each worker's task was launched on
         self._epoch = 0
         self._epoch_of: dict[int, int] = {}
 
-    # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float) -> None:
-        self._timeout = timeout
+    def _start_failed(self, exc: BaseException) -> str:
+        return f"joblib ({self.flavour}) workers did not start: {short_error(exc)}"
+
+    def _prepare(self) -> None:
         try:
             require("joblib", feature="the joblib backend", extra="joblib")
         except MissingExtra as exc:
             raise BackendUnavailable(str(exc)) from exc
-        progress: list[ProgressSlot] = []
-        try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.bind(self._address)
-            sock.listen(max(8, self.num_workers))
-            self._sock = sock
-            progress = [ProgressSlot() for _ in range(self.num_workers)]
-            launch = self._launch(list(range(self.num_workers)), progress, incarnation=0)
-            deadline = time.monotonic() + timeout
-            for k in range(self.num_workers):
-                self._await_worker(k, 0, progress[k], deadline, launch)
-        except EnvBuildError:  # the envs are broken, not the backend
-            self.close()
-            for slot in progress:
-                slot.close()
-            raise
-        except (OSError, TimeoutError, WorkerLost, ValueError) as exc:
-            self.close()
-            for slot in progress:  # those of workers that never connected
-                slot.close()
-            raise BackendUnavailable(f"joblib ({self.flavour}) workers did not start: "
-                                     f"{short_error(exc)}") from exc
+        self._rendezvous.open(self.num_workers)
 
-    def _launch(self, slots: list[int], progress: list[ProgressSlot], incarnation: int
-                ) -> _Launch:
+    # ------------------------------------------------------------------ a worker's start
+    def _launch(self, slot: int | None) -> _Task:
+        assert slot is not None  # no standby: joblib decides where its tasks run
+        return self._launch_all([slot])[0]
+
+    def _launch_all(self, slots: list[int]) -> list[_Task]:
+        """One ``Parallel`` call for all of ``slots`` (at start: every slice)."""
         from joblib import delayed
 
-        tasks = [delayed(serve_slice)(self._address, self._token, k, incarnation,
-                                      self.builds_of(k), p.path, self._owner_pid)
+        progress = [ProgressSlot() for _ in slots]
+        tasks = [delayed(serve_slice)(self._rendezvous.address, self._rendezvous.token,
+                                      self._init(k, p), self._owner_pid)
                  for k, p in zip(slots, progress)]
         if self.flavour == "loky":
             # loky's executor is process-wide and only resized when idle: every call asks for
@@ -270,77 +230,40 @@ class JoblibBackend(Backend):
         for k in slots:
             self._epoch_of[k] = self._epoch
         self._launches.append(launch)
-        return launch
+        return [_Task(progress=p, launch=launch) for p in progress]
 
-    def _await_worker(self, k: int, incarnation: int, progress: ProgressSlot,
-                      deadline: float, launch: _Launch) -> None:
-        """Accept connections until worker ``k`` (this incarnation) has said hello."""
-        while (k, incarnation) not in self._early:
-            left = deadline - time.monotonic()
-            if left <= 0 or not launch.thread.is_alive():
-                progress.close()
-                why = "in time" if left <= 0 else "(its joblib call ended first)"
-                raise TimeoutError(f"joblib worker {k} did not connect {why}")
-            assert self._sock is not None
-            # Short slices: a joblib call that fails (e.g. on a broken loky executor) is
-            # noticed within a fraction of a second instead of at the deadline.
-            self._sock.settimeout(min(left, 0.2))
-            try:
-                client, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            client.settimeout(None)
-            conn = Connection(client.detach())
-            try:
-                hello = self._handshake(conn, deadline)
-            except (OSError, EOFError, TimeoutError, ValueError) as exc:
-                log.warning("rejected a connection on the joblib socket: %s", exc)
-                conn.close()
-                continue
-            _, worker, inc, pid, errors = hello
-            self._early[(int(worker), int(inc))] = (conn, int(pid), dict(errors))
-        conn, pid, errors = self._early.pop((k, incarnation))
-        progress.unlink()
-        self._workers[k] = _Task(progress=progress, conn=conn, pid=pid, incarnation=incarnation)
-        raise_build_errors(errors)
-
-    def _handshake(self, conn: Connection, deadline: float) -> tuple[Any, ...]:
-        if not conn.poll(max(0.0, deadline - time.monotonic())):
-            raise TimeoutError("no token")
-        if not hmac.compare_digest(conn.recv_bytes(maxlength=_TOKEN_BYTES), self._token):
-            raise ValueError("bad token")
-        # Envs are built between token and hello; the worker is ours, so its pickles are trusted.
-        if not conn.poll(max(0.0, deadline - time.monotonic())):
-            raise TimeoutError("no hello")
-        hello = pickle.loads(conn.recv_bytes())
-        if not (isinstance(hello, tuple) and len(hello) == 5 and hello[0] == "hello"):
-            raise ValueError("bad hello")
+    def _await_hello(self, worker: _Task, slot: int, deadline: float) -> Hello:
+        conn, hello = self._rendezvous.accept(slot, self._incarnations[slot], deadline,
+                                              worker.launch.thread.is_alive)
+        worker.conn = worker.out = conn
         return hello
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        workers = [w for w in self._workers if w is not None]
-        self._workers = [None] * len(self._workers)
-        for conn, _pid, _errors in self._early.values():
-            conn.close()
-        self._early.clear()
-        if os.getpid() != self._owner_pid:  # a forked copy of the owner: not ours to stop
-            return
-        bye = pickle.dumps((0, Op.CLOSE, None), PROTOCOL)
-        for w in workers:
-            if w.conn is not None and not w.lost:
-                with contextlib.suppress(OSError):
-                    w.conn.send_bytes(bye)
+    # ------------------------------------------------------------------ a worker's end
+    def _stop(self, worker: _Task) -> None:
+        """Stop a lost or stuck worker: interrupt its task (a thread can only be abandoned)."""
+        worker.close_pipes()  # a thread worker that ever returns sees EOF and exits
+        if not worker.lost:
+            self._stop_task(worker)
+        self._stuck_call |= (worker.pid == self._owner_pid
+                             or (worker.lost and self.flavour == "multiprocessing"))
+        worker.progress.close()
+        worker.lost = True
+
+    def _retire(self, worker: _Task, slot: int) -> None:
+        lost = worker.lost
+        self._stop(worker)
+        if lost and self.flavour == "loky":
+            self._await_broken_executor(slot)
+
+    def _shutdown(self, workers: list[_Task]) -> None:
+        self._say_close(workers)
         # A call with a lost (multiprocessing) or abandoned (threading) task never returns.
         grace = 0.1 if self._stuck_call else CLOSE_GRACE_S
         deadline = time.monotonic() + grace
         for launch in self._launches:
             launch.thread.join(max(0.0, deadline - time.monotonic()))
         for w in workers:
-            if w.conn is not None:
-                w.conn.close()
+            w.close_pipes()
             mark = w.progress.read()
             if not w.lost and mark is not None and mark[0] != _FINISHED:
                 self._stop_task(w)  # still in env code after the grace period
@@ -350,9 +273,12 @@ class JoblibBackend(Backend):
         self._launches.clear()
         if self.flavour == "loky":
             _shutdown_loky(CLOSE_GRACE_S)
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+
+    def _release(self) -> None:
+        self._rendezvous.close()
+
+    def _abandon_forked(self, workers: list[_Task]) -> None:
+        self._rendezvous.close()
 
     def _kill(self, pid: int) -> None:
         if pid <= 0 or pid == self._owner_pid:
@@ -376,71 +302,8 @@ class JoblibBackend(Backend):
         log.warning("joblib worker pid %d ignored the interrupt; killing it", w.pid)
         self._kill(w.pid)
 
-    # ------------------------------------------------------------------ protocol
-    def send(self, worker: int, request: Request) -> None:
-        w = self._workers[worker]
-        if w is None or w.lost or w.conn is None:
-            raise WorkerLost("joblib worker is gone")
-        try:
-            w.conn.send_bytes(pickle.dumps(request, PROTOCOL))
-        except OSError as exc:
-            w.lost = True
-            raise WorkerLost(f"joblib worker {worker}: {exc}") from exc
-
-    def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
-        conns: dict[Any, int] = {}
-        dead: list[int] = []
-        for k in workers:
-            w = self._workers[k]
-            if w is None or w.lost or w.conn is None:
-                dead.append(k)
-            else:
-                conns[w.conn] = k
-        if dead:
-            return dead
-        ready = wait_connections(list(conns), timeout)
-        return sorted(conns[c] for c in ready)
-
-    def recv(self, worker: int) -> Reply:
-        w = self._workers[worker]
-        if w is None or w.lost or w.conn is None:
-            raise WorkerLost("joblib worker is gone")
-        try:
-            reply: Reply = pickle.loads(w.conn.recv_bytes())
-        except (EOFError, OSError) as exc:
-            w.lost = True
-            raise WorkerLost(f"joblib worker {worker} ({self.flavour}) died") from exc
-        return reply
-
-    def progress(self, worker: int) -> tuple[int, float] | None:
-        w = self._workers[worker]
-        return None if w is None else w.read_progress()
-
-    def restart(self, worker: int) -> None:
-        old = self._workers[worker]
-        incarnation = 1
-        if old is not None:
-            incarnation = old.incarnation + 1
-            if old.conn is not None:
-                old.conn.close()  # a thread worker that ever returns sees EOF and exits
-            if not old.lost:
-                self._stop_task(old)
-            self._stuck_call |= (old.pid == self._owner_pid
-                                 or (old.lost and self.flavour == "multiprocessing"))
-            old.progress.close()
-            if old.lost and self.flavour == "loky":
-                self._await_broken_executor(worker)
-        self._workers[worker] = None
-        deadline = time.monotonic() + self._timeout
-        for attempt in range(2):  # a call may land on a loky executor that is still dying
-            progress = ProgressSlot()
-            launch = self._launch([worker], [progress], incarnation + attempt)
-            try:
-                self._await_worker(worker, incarnation + attempt, progress, deadline, launch)
-                return
-            except (OSError, TimeoutError, EnvBuildError) as exc:
-                error = exc
-        raise WorkerLost(f"joblib worker {worker} did not restart: {error}")
+    def _death(self, worker: int, w: _Task) -> str:
+        return f"joblib worker {worker} ({self.flavour}) died"
 
     def _await_broken_executor(self, worker: int) -> None:
         """A loky worker died, so loky is terminating its whole executor (every other slice
@@ -457,10 +320,6 @@ class JoblibBackend(Backend):
         for launch in ending:
             launch.thread.join(max(0.0, deadline - time.monotonic()))
         self._epoch += 1
-
-    def worker_pids(self) -> list[int]:
-        return [w.pid for w in self._workers
-                if w is not None and w.pid != self._owner_pid]
 
 
 def _shutdown_loky(timeout: float) -> None:

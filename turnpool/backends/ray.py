@@ -43,24 +43,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from turnpool.backends.base import (
-    Backend,
-    BackendUnavailable,
-    EnvBuildError,
-    WorkerHandle,
-    WorkerLost,
-    one_per_core,
-    raise_build_errors,
-)
+from turnpool.backends.base import BackendUnavailable, WorkerHandle, WorkerLost, one_per_core
+from turnpool.backends.remote import Hello, RemoteBackend, WorkerInit, build_host
 from turnpool.extras import MissingExtra, require
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error
-from turnpool.worker.transport import (
-    CLOSE_GRACE_S,
-    ProgressSlot,
-    ProgressWriter,
-    encode,
-)
+from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot, encode
 
 log = logging.getLogger(__name__)
 
@@ -106,20 +94,18 @@ def ensure_ray(address: str | None = None, init_kwargs: dict[str, Any] | None = 
 class SliceActor:
     """The actor body: an `EnvHost` for one slice (wrapped by ``ray.remote`` at start).
 
-    Envs arrive with `load`, not with the constructor, so an idle standby actor can take over
-    a slice the moment its actor is lost.
+    Envs arrive with `load` (a `WorkerInit`; the answer is the worker's `Hello`), not with the
+    constructor, so an idle standby actor can take over a slice the moment its actor is lost.
     """
 
     def __init__(self) -> None:
         self.host: EnvHost | None = None
 
-    def load(self, builds: list[EnvBuild], progress_path: str
-             ) -> tuple[int, str, str, dict[int, str]]:
+    def load(self, init: WorkerInit) -> Hello:
         import ray
 
-        self.host = EnvHost(builds, ProgressWriter(progress_path))
-        return (os.getpid(), socket.gethostname(), ray.get_runtime_context().get_node_id(),
-                dict(self.host.build_errors))
+        self.host, hello = build_host(init, ray.get_runtime_context().get_node_id())
+        return hello
 
     def ping(self) -> int:
         return os.getpid()
@@ -151,15 +137,17 @@ def _remote_class() -> Any:
 
 @dataclass(eq=False, kw_only=True)
 class _Actor(WorkerHandle):
-    """A Ray actor handle and its requests in flight ``(seq, op, object ref)``."""
+    """A Ray actor handle, its ``load`` (or, on standby, ``ping``) call, and its requests in
+    flight ``(seq, op, object ref)``."""
 
     runner: Any
+    hello: Any = None
     pending: deque[tuple[int, Op, Any]] = field(default_factory=deque)
     #: the Ray node the actor runs on
     node: str = ""
 
 
-class RayBackend(Backend):
+class RayBackend(RemoteBackend[_Actor]):
     """``num_workers`` actors (default: one per usable core of this host, at most one per env).
 
     Options: ``ray_address``, ``ray_init_kwargs``, ``ray_actor_options``, ``standby`` (keep
@@ -167,6 +155,10 @@ class RayBackend(Backend):
     """
 
     name: ClassVar[str] = "ray"
+    start_errors: ClassVar[tuple[type[BaseException], ...]] = (Exception,)
+    # The standby starts alongside the workers and start() waits for it too: a Python
+    # process starting up later would steal CPU from the first steps.
+    standby_with_workers: ClassVar[bool] = True
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:
@@ -178,23 +170,20 @@ class RayBackend(Backend):
                  ray_actor_options: dict[str, Any] | None = None, standby: bool = True,
                  **options: Any) -> None:
         super().__init__(builds, num_workers, mp_context=mp_context, **options)
-        self.use_standby = standby
-        self._standby: Any = None
+        self._use_standby = standby
         self.ray_address = ray_address
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
         self.actor_options: dict[str, Any] = {"num_cpus": 0, **(ray_actor_options or {})}
         #: the nodes worker k is placed on in turn (empty: Ray's own placement)
         self._nodes: list[str] = []
         self._started = False
-        self._actors: list[_Actor | None] = [None] * self.num_workers
-        self._timeout = 60.0
-        self._closed = False
         self._hostname = socket.gethostname()
         self._killed: list[int] = []
 
-    # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float) -> None:
-        self._timeout = timeout
+    def _start_failed(self, exc: BaseException) -> str:
+        return f"ray actors did not start: {short_error(exc)}"
+
+    def _prepare(self) -> None:
         try:
             require("ray", feature="the ray backend", extra="ray")
             ensure_ray(self.ray_address, self.ray_init_kwargs)
@@ -202,96 +191,82 @@ class RayBackend(Backend):
             raise BackendUnavailable(str(exc)) from exc
         except Exception as exc:  # ray.init raises many types (ConnectionError, RuntimeError..)
             raise BackendUnavailable(f"ray could not start: {short_error(exc)}") from exc
-        import ray
-
         if "scheduling_strategy" not in self.actor_options:
             self._nodes = _nodes_with_cpus()
-        try:
-            hellos = [self._create(k) for k in range(self.num_workers)]
-            # The standby starts alongside the workers and start() waits for it too: a
-            # Python process starting up later would steal CPU from the first steps.
-            self._replenish()
-            standby = [self._standby.ping.remote()] if self._standby is not None else []
-            self._greet(list(range(self.num_workers)), hellos, timeout)
-            ray.get(standby, timeout=timeout)
-            self._started = True
-        except EnvBuildError:  # the envs are broken, not the backend
-            self.close()
-            raise
-        except Exception as exc:
-            self.close()
-            raise BackendUnavailable(f"ray actors did not start: {short_error(exc)}") from exc
 
-    def _create(self, k: int) -> Any:
-        """Give slice ``k`` to the standby actor (or a new one); returns its ``load`` call."""
-        progress = ProgressSlot()
-        handle, self._standby = self._standby, None
-        if handle is None:
-            handle = self._new_actor(k)
-        self._actors[k] = _Actor(runner=handle, progress=progress, local=False)
-        return handle.load.remote(self.builds_of(k), progress.path)
+    def start(self, timeout: float) -> None:
+        super().start(timeout)
+        self._started = True
 
-    def _new_actor(self, k: int | None = None) -> Any:
-        """A new actor: worker ``k``'s on its node, or the standby (None)."""
+    # ------------------------------------------------------------------ a worker's start
+    def _launch(self, slot: int | None) -> _Actor:
+        """A new actor: worker ``slot``'s on its node, or the standby (None)."""
         options = dict(self.actor_options)
-        if self._nodes and k is not None:
+        if self._nodes and slot is not None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             if self._started:  # a replacement: the nodes alive now
                 self._nodes = _nodes_with_cpus() or self._nodes
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                self._nodes[k % len(self._nodes)], soft=False)
-        return _remote_class().options(**options).remote()
+                self._nodes[slot % len(self._nodes)], soft=False)
+        actor = _Actor(runner=_remote_class().options(**options).remote(),
+                       progress=ProgressSlot(file=False), local=False)
+        if slot is None:
+            actor.hello = actor.runner.ping.remote()
+        else:
+            self._load(actor, slot)
+        return actor
 
-    def _replenish(self) -> None:
-        """Start the next standby; after a restart nobody waits for it (recovery first)."""
-        if self.use_standby and self._standby is None and not self._closed:
-            self._standby = self._new_actor()
+    def _load(self, worker: _Actor, slot: int) -> None:
+        worker.progress = ProgressSlot()
+        worker.hello = worker.runner.load.remote(self._init(slot, worker.progress))
 
-    def _greet(self, workers: list[int], hellos: list[Any], timeout: float) -> None:
+    def _await_hello(self, worker: _Actor, slot: int, deadline: float) -> Hello:
         import ray
 
-        errors: dict[int, str] = {}
-        for k, (pid, host, node, failed) in zip(workers, ray.get(hellos, timeout=timeout)):
-            actor = self._actors[k]
-            assert actor is not None
-            actor.pid, actor.local, actor.node = int(pid), host == self._hostname, str(node)
-            actor.progress.unlink()
-            errors.update(failed)
-        raise_build_errors(errors)
+        hello: Hello = ray.get(worker.hello, timeout=max(0.0, deadline - time.monotonic()))
+        worker.local, worker.node = hello.hostname == self._hostname, hello.node
+        return hello
+
+    def _await_standby(self, standby: _Actor, deadline: float) -> None:
+        import ray
+
+        ray.get(standby.hello, timeout=max(0.0, deadline - time.monotonic()))
 
     def worker_nodes(self) -> list[str | None]:
         """Per worker, the id of the Ray node its actor runs on (None: none now)."""
-        return [a.node if a is not None and a.node else None for a in self._actors]
+        return [a.node if a is not None and a.node else None for a in self._workers]
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        actors = [a for a in self._actors if a is not None]
-        self._actors = [None] * len(self._actors)
-        standby, self._standby = self._standby, None
-        if not actors and not self._killed and standby is None:
+    # ------------------------------------------------------------------ a worker's end
+    def _stop(self, worker: _Actor) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.kill(worker.runner, no_restart=True)
+        if worker.local and worker.pid > 0:
+            self._killed.append(worker.pid)  # its exit is awaited in close, not here
+        worker.lost = True
+        worker.progress.close()
+
+    def _shutdown(self, workers: list[_Actor]) -> None:
+        if not workers and not self._killed:
             return
         import ray
 
         if ray.is_initialized():
-            live = [a for a in actors if not a.lost]
+            live = [a for a in workers if not a.lost]
             with contextlib.suppress(Exception):  # envs get a chance to close cleanly
                 ray.wait([a.runner.handle.remote((0, Op.CLOSE, None)) for a in live],
                          num_returns=len(live), timeout=CLOSE_GRACE_S)
-            for handle in [a.runner for a in actors] + ([standby] if standby else []):
-                with contextlib.suppress(Exception):
-                    ray.kill(handle, no_restart=True)
-        _wait_gone([a.pid for a in actors if a.local] + self._killed, _EXIT_WAIT_S)
-        for a in actors:
+            for a in workers:
+                self._stop(a)
+        _wait_gone(self._killed, _EXIT_WAIT_S)
+        for a in workers:
             a.progress.close()
 
     # ------------------------------------------------------------------ protocol
     def send(self, worker: int, request: Request) -> None:
-        actor = self._actors[worker]
-        if actor is None or actor.lost:
-            raise WorkerLost("ray actor is gone")
+        actor = self._live(worker)
         actor.pending.append((request[0], request[1], actor.runner.handle.remote(request)))
 
     def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
@@ -300,7 +275,7 @@ class RayBackend(Backend):
         heads: dict[Any, int] = {}
         dead: list[int] = []
         for k in workers:
-            actor = self._actors[k]
+            actor = self._workers[k]
             if actor is None or actor.lost:
                 dead.append(k)
             elif actor.pending:
@@ -318,8 +293,8 @@ class RayBackend(Backend):
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
-        actor = self._actors[worker]
-        if actor is None or actor.lost or not actor.pending:
+        actor = self._live(worker)
+        if not actor.pending:
             raise WorkerLost("ray actor is gone")
         seq, op, ref = actor.pending.popleft()
         try:
@@ -334,34 +309,10 @@ class RayBackend(Backend):
             return (seq, op, None, "unpicklable", short_error(exc))
         return reply
 
-    def progress(self, worker: int) -> tuple[int, float] | None:
-        actor = self._actors[worker]
-        return None if actor is None else actor.read_progress()
-
-    def restart(self, worker: int) -> None:
-        import ray
-
-        old = self._actors[worker]
-        if old is not None:
-            with contextlib.suppress(Exception):
-                ray.kill(old.runner, no_restart=True)
-            if old.local:
-                self._killed.append(old.pid)  # its exit is awaited in close, not here
-            old.progress.close()
-        self._actors[worker] = None
-        try:
-            self._greet([worker], [self._create(worker)], self._timeout)
-        except Exception as exc:
-            raise WorkerLost(f"ray actor {worker} did not restart: {short_error(exc)}") from exc
-        self._replenish()
-
-    def worker_pids(self) -> list[int]:
-        return [a.pid for a in self._actors if a is not None and a.local and a.pid > 0]
-
     def worker_dead(self, worker: int) -> bool:
         # Ray can take longer than a step deadline to report a dead actor; on this host the
         # process table answers at once.
-        actor = self._actors[worker]
+        actor = self._workers[worker]
         return actor is not None and actor.local and actor.pid > 0 and not _alive(actor.pid)
 
 

@@ -21,8 +21,7 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
-from turnpool.backends.base import Backend, BackendUnavailable, WorkerLost, raise_build_errors
-from turnpool.envs.registry import draws_from_global_rng
+from turnpool.backends.base import Backend, WorkerLost, raise_build_errors
 from turnpool.worker.deadline import StepInterrupted, raise_in_thread
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error
@@ -87,12 +86,8 @@ class ThreadBackend(Backend):
         self.abandoned = 0
 
     def start(self, timeout: float) -> None:
-        """Start one thread per slice, each with its freshly built envs."""
-        shared = {n for b in self.builds if (n := draws_from_global_rng(b.entry_point, b.kwargs))}
-        if self.num_workers > 1 and shared:  # their draws would interleave across threads
-            raise BackendUnavailable(
-                f"{', '.join(sorted(shared))} draw from the process-global RNG, so threads would "
-                "interleave their draws; use backend 'process' or 'sequential'")
+        """Start one thread per slice, each with its freshly built envs (envs that draw from
+        the process-global RNG were refused at the choice, `choice.refuse_unsupported`)."""
         for k in range(self.num_workers):
             worker = _ThreadWorker(self, k, self.builds_of(k), 0)
             self._workers.append(worker)
