@@ -4,12 +4,20 @@ An episode is one item of a dataset: the observation is its ``question``, the on
 the answer text (the projection takes it from ``<answer>...</answer>``, reasoning-gym's own
 answer format), the reward is the dataset's ``score_answer(answer, item)`` and the episode
 terminates. ``info["score"]`` repeats the score; ``success`` is full marks (score 1.0).
+Some scorers raise on text they cannot read (prime_factorization's on a word): such an answer
+scores 0.0 and ends the episode too, with ``info["scoring_error"]`` saying why (LLM text never
+makes an env fail).
 
 Seeds: reasoning-gym seeds a dataset, not an item. The episode of seed ``s`` is item
 ``s % size`` of the dataset built with ``seed = s // size`` (``size`` its config's, 500 by
 default), so consecutive seeds walk through one dataset, built once, as reasoning-gym's own
 ``ReseedingDataset`` walks through chunks. Every other kwarg is the dataset's config
 (``rg:leg_counting`` with ``min_animals=3``, ...), checked by reasoning-gym.
+
+Three generators iterate over sets of strings (`HASH_DEPENDENT`), so their questions depend
+on Python's string hash: identical across processes (the process backends, Ray, a rerun) only
+when ``PYTHONHASHSEED`` is set in the environment (workers inherit it); the adapter logs a
+warning when one is built without it.
 
 Some generators draw from the process-global ``random`` (pool_matrix), so the adapter runs
 the library in its own global RNG scope (`turnpool.envs.hubs.base.GlobalRngScope`).
@@ -25,9 +33,16 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from turnpool.envs.hubs.base import HubEnv
+
+log = logging.getLogger(__name__)
+
+#: Datasets whose items follow the iteration order of sets of strings (see the module doc).
+HASH_DEPENDENT = frozenset({"isomorphic_strings", "polynomial_multiplication", "ransom_note"})
 
 
 class ReasoningGymEnv(HubEnv):
@@ -39,6 +54,9 @@ class ReasoningGymEnv(HubEnv):
     def _build(self, env_id: str, kwargs: dict[str, Any]) -> Any:
         from reasoning_gym.factory import DATASETS
 
+        if env_id in HASH_DEPENDENT and "PYTHONHASHSEED" not in os.environ:
+            log.warning("rg:%s depends on Python's string hash: set PYTHONHASHSEED for the "
+                        "same items in every process", env_id)
         config_cls = DATASETS[env_id][1]
         self.config_kwargs = {k: v for k, v in kwargs.items() if k not in ("seed", "size")}
         self.size = int(kwargs.get("size", getattr(config_cls(), "size", 500)))
@@ -62,8 +80,17 @@ class ReasoningGymEnv(HubEnv):
         return self.entry["question"], {}
 
     def _library_step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        score = float(self.inner.score_answer(action, self.entry))
+        try:
+            score = float(self.inner.score_answer(action, self.entry))
+        except Exception as exc:  # noqa: BLE001 - a scorer that chokes on the text scores 0
+            first = (str(exc).splitlines() or [""])[0][:200]
+            return self.entry["question"], 0.0, True, False, {
+                "score": 0.0, "scoring_error": f"{type(exc).__name__}: {first}"}
         return self.entry["question"], score, True, False, {"score": score}
+
+    def library_success(self, reward: float, terminated: bool,
+                        info: dict[str, Any]) -> bool | None:
+        return None if "scoring_error" not in info else False
 
     def _library_close(self) -> None:
         """Nothing to release: a dataset is plain Python."""
