@@ -120,15 +120,12 @@ def measure(copies: int, rounds: int, steps: int, workers: int,
             progress: ProgressFn) -> dict[str, Any]:
     rows = []
     for prefix in IDS:
-        cases: list[tuple[str, Callable[[], tuple[int, float]]]] = [
-            ("library loop", lambda p=prefix: LOOPS[p](IDS[p], copies, rounds, steps)),
-            ("pool sequential", lambda p=prefix: _pool(p, "sequential", 1, copies, rounds,
-                                                       steps)),
-            (f"pool process x{workers}", lambda p=prefix: _pool(p, "process", workers, copies,
-                                                                rounds, steps))]
-        for label, run in cases:
+        cases = [("library loop", "library", 1), ("pool sequential", "sequential", 1),
+                 (f"pool process x{workers}", "process", workers)]
+        for label, backend, n_workers in cases:
             progress(f"{prefix}: {label}")
-            n, secs = run()
+            n, secs = (LOOPS[prefix](IDS[prefix], copies, rounds, steps) if backend == "library"
+                       else _pool(prefix, backend, n_workers, copies, rounds, steps))
             rows.append({"library": prefix, "ids": len(IDS[prefix]), "how": label,
                          "steps": n, "seconds": secs, "steps_per_s": n / secs})
     return {"machine": machine_info(load_avg=os.getloadavg()[0]), "copies": copies,
