@@ -184,7 +184,9 @@ def build_target(env: EnvTarget, kwargs: dict[str, Any] | None = None
 def _hub_target(hub: hubs.Hub, env_id: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """A library's env: its adapter's entry point with ``env_id``, checked here (the library
     installed, the id one it offers) so that a missing extra or a typo fails in the caller."""
-    hub.check(env_id)
+    hub.require()
+    with hubs.GlobalRngScope():  # a library's registry may draw on first read
+        load_entry_point(hub.entry_point).check_id(env_id)
     return hub.entry_point, {**kwargs, "env_id": env_id}
 
 

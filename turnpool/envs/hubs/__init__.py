@@ -100,15 +100,6 @@ class Hub:
             return require(self.library, feature=f"{self.title} envs ({self.prefix}:...)",
                            extra=self.extra)
 
-    def check(self, env_id: str) -> None:
-        """The library installed and ``env_id`` one it offers, else `MissingExtra` /
-        `KeyError` (one line); the library's registry is read in a global RNG scope."""
-        from turnpool.envs.registry import load_entry_point
-
-        self.require()
-        with GlobalRngScope():
-            load_entry_point(self.entry_point).check_id(env_id)
-
 
 _MOD = "turnpool.envs.hubs"
 
