@@ -84,7 +84,7 @@ def _plain(v: Any) -> Any:
               help="Also list the synthetic envs of turnpool's tests and benchmarks "
                    "(cpu, faulty, sleep, trivial).")
 @click.option("--hub", "hub_name", default=None, metavar="LIBRARY",
-              help="List one library's env ids instead (gem, rg, textarena, skyrl, verifiers), "
+              help="List one library's env ids instead (gem, rg, textarena, skyrl), "
                    "each built and reset offline to say whether it runs here.")
 @click.option("--no-check", is_flag=True, default=False,
               help="With --hub: list the ids without building them.")
