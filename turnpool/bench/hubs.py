@@ -1,7 +1,8 @@
 """``turnpool bench hubs``: env-steps/s of other libraries' envs through an `EnvPool` against
 the library's own sequential loop, on the same ids, seeds and actions.
 
-Per library (GEM: eight game ids; reasoning-gym: ten datasets), ``--copies`` envs of each id
+Per library (GEM: eight game ids; reasoning-gym: ten datasets; SkyRL-gym: its three math ids
+with turnpool's generated tasks), ``--copies`` envs of each id
 play ``--rounds`` episodes of at most ``--steps`` steps. The library's loop is what a user of
 the library writes: build each env once, then reset with a seed and step, one env after the
 other, in this process (reasoning-gym: a dataset per chunk of seeds, ``score_answer`` per
@@ -40,11 +41,13 @@ IDS: dict[str, tuple[str, ...]] = {
             "game:Sudoku-v0-easy", "game:Crosswords-v0-easy"),
     "rg": ("leg_counting", "basic_arithmetic", "countdown", "arc_1d", "family_relationships",
            "chain_sum", "word_sorting", "letter_counting", "spell_backward", "gsm_symbolic"),
+    "skyrl": ("gsm8k", "gsm8k_multi_turn", "aime"),
 }
 #: the actions each library's episodes take, in turn (GEM parses ``\\boxed{...}``)
 ACTIONS: dict[str, tuple[str, ...]] = {
     "gem": ("\\boxed{up}", "\\boxed{1 2}", "\\boxed{3}", "\\boxed{A B 1}", "\\boxed{left}"),
     "rg": ("1",),
+    "skyrl": ("#### 1", "Answer: 2", "#### 3"),
 }
 RG_SIZE = 50
 
@@ -88,8 +91,30 @@ def _rg_loop(ids: tuple[str, ...], copies: int, rounds: int, steps: int) -> tupl
     return done, time.perf_counter() - t0
 
 
+def _skyrl_loop(ids: tuple[str, ...], copies: int, rounds: int, steps: int
+                ) -> tuple[int, float]:
+    import skyrl_gym
+
+    from turnpool.envs.hubs.skyrl import generated_row
+
+    names = [i for i in ids for _ in range(copies)]
+    actions, done = ACTIONS["skyrl"], 0
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        for k, name in enumerate(names):
+            row = generated_row(name, r * len(names) + k)
+            env = skyrl_gym.make(name, env_config=None, extras=row)
+            env.init(row["prompt"])
+            for t in range(steps):
+                done += 1
+                if env.step(actions[t % len(actions)])["done"]:
+                    break
+            env.close()
+    return done, time.perf_counter() - t0
+
+
 LOOPS: dict[str, Callable[[tuple[str, ...], int, int, int], tuple[int, float]]] = {
-    "gem": _gem_loop, "rg": _rg_loop}
+    "gem": _gem_loop, "rg": _rg_loop, "skyrl": _skyrl_loop}
 
 
 def _pool(prefix: str, backend: str, workers: int, copies: int, rounds: int, steps: int
@@ -150,7 +175,7 @@ def render(report: dict[str, Any]) -> list[Any]:
 @click.option("--workers", default=2, show_default=True, help="Process backend's workers.")
 @json_option("Write the report as JSON.")
 def command(copies: int, rounds: int, steps: int, workers: int, json_path: Path | None) -> None:
-    """Library envs (GEM, reasoning-gym) through the pool vs the library's own loop."""
+    """Library envs (GEM, reasoning-gym, SkyRL-gym) through the pool vs their own loops."""
     console = start(width=100)
     report = measure_and_print(
         console, lambda progress: measure(copies, rounds, steps, workers, progress), render)
