@@ -14,7 +14,8 @@ import pytest
 import textarena as ta
 
 import turnpool
-from turnpool.envs.hubs.textarena import GlobalRngJail, TextArenaEnv, observation_text
+from turnpool.envs.hubs import GlobalRngScope
+from turnpool.envs.hubs.textarena import TextArenaEnv, observation_text
 from turnpool.pool import EnvPool
 
 #: 24 offline ids, one- to three-player, boards, cards, words and numbers
@@ -126,10 +127,10 @@ def test_two_games_interleaved_in_one_process_play_as_if_alone() -> None:
     assert seen == alone
 
 
-def test_the_rng_jail_restores_the_callers_state_after_an_error() -> None:
+def test_the_rng_scope_restores_the_callers_state_after_an_error() -> None:
     state = random.getstate()
-    jail = GlobalRngJail(1)
-    with pytest.raises(RuntimeError), jail:
+    scope = GlobalRngScope(1)
+    with pytest.raises(RuntimeError), scope:
         random.seed(99)
         raise RuntimeError("inside")
     assert random.getstate() == state

@@ -1,4 +1,4 @@
-"""``turnpool bench envs|pool|rollout|webshop|serve|serve-soak|soak|hol|tokens|sandbox|fork``:
+"""``turnpool bench envs|pool|rollout|webshop|serve|serve-soak|soak|hol|tokens|sandbox|fork|hubs``:
 each benchmark is imported only when run."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ _BENCHES: dict[str, str] = {
     "sandbox": "turnpool.bench.sandbox:command",
     "ragen-threads": "turnpool.bench.ragen_threads:command",
     "fork": "turnpool.bench.fork:command",
+    "hubs": "turnpool.bench.hubs:command",
 }
 
 

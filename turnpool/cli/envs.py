@@ -3,6 +3,7 @@ RAGEN task tags, as tables or JSON.
 
     turnpool envs --json envs.json
     turnpool envs --all          # also the envs turnpool's own tests and benchmarks use
+    turnpool envs --hub gem      # GEM's env ids, and whether each runs offline here
 """
 
 from __future__ import annotations
@@ -82,8 +83,16 @@ def _plain(v: Any) -> Any:
 @click.option("--all", "show_all", is_flag=True, default=False,
               help="Also list the synthetic envs of turnpool's tests and benchmarks "
                    "(cpu, faulty, sleep, trivial).")
-def envs(json_path: str | None, show_all: bool) -> None:
+@click.option("--hub", "hub_name", default=None, metavar="LIBRARY",
+              help="List one library's env ids instead (gem, rg, textarena, skyrl), "
+                   "each built and reset offline to say whether it runs here.")
+@click.option("--no-check", is_flag=True, default=False,
+              help="With --hub: list the ids without building them.")
+def envs(json_path: str | None, show_all: bool, hub_name: str | None, no_check: bool) -> None:
     """Registered envs (with their defaults) and the packaged RAGEN task tags."""
+    if hub_name is not None:
+        _hub_listing(hub_name, json_path, check=not no_check)
+        return
     rows, tags = env_rows(show_all), tag_rows()
     console = Console()
     listed = []
@@ -105,4 +114,29 @@ def envs(json_path: str | None, show_all: bool) -> None:
     console.print(fit(console, ttable))
     if json_path:
         Path(json_path).write_text(json.dumps({"envs": rows, "tags": tags}, indent=2,
+                                              ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _hub_listing(name: str, json_path: str | None, *, check: bool) -> None:
+    """``turnpool envs --hub NAME``: one row per id the library offers."""
+    from turnpool.cli.errors import UserError, user_errors
+    from turnpool.envs.hubs import hub
+    from turnpool.envs.hubs.base import listing
+
+    try:
+        prefix = hub(name).prefix
+    except KeyError as exc:
+        raise UserError(str(exc.args[0])) from None
+    with user_errors("envs"):
+        rows = listing(prefix, check=check)
+    runs = sum(bool(r.runs) for r in rows)
+    table = make_table(f"{prefix}: {runs} of {len(rows)} ids run offline here"
+                       if check else f"{prefix}: {len(rows)} ids",
+                       ["name", "runs", "why not"],
+                       [[r.name, {True: "yes", False: "no", None: "-"}[r.runs], r.reason]
+                        for r in rows])
+    console = Console()
+    console.print(fit(console, table))
+    if json_path:
+        Path(json_path).write_text(json.dumps([vars(r) for r in rows], indent=2,
                                               ensure_ascii=False) + "\n", encoding="utf-8")

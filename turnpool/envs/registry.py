@@ -3,11 +3,12 @@
 Workers in other processes rebuild envs from ``(name_or_entry_point, kwargs)``, so a user env
 registered by entry point works on every backend, including spawn and Ray.
 
-What names an env (`make`, ``EnvPool(env_type=...)``), tried in this order: a registered name,
-a gymnasium id (``"FrozenLake-v1"``, wrapped in `turnpool.envs.gym_adapter.GymTextEnv`), an
-entry point ``"module.path:Name"``, or a callable factory returning a `TextEnv` or a
-gymnasium env. `build_target` reduces each to an entry point string + kwargs, the form workers
-rebuild from.
+What names an env (`make`, ``EnvPool(env_type=...)``), tried in this order: a library's id
+behind its hub prefix (``"gem:game:Sokoban-v0-easy"``, ``"rg:leg_counting"``: the table
+`turnpool.envs.hubs.HUBS`), a registered name, a gymnasium id (``"FrozenLake-v1"``, wrapped
+in `turnpool.envs.gym_adapter.GymTextEnv`), an entry point ``"module.path:Name"``, or a
+callable factory returning a `TextEnv` or a gymnasium env. `build_target` reduces each to an
+entry point string + kwargs, the form workers rebuild from.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from gymnasium.envs.registration import EnvSpec as GymEnvSpec
 
+from turnpool.envs import hubs
 from turnpool.envs.base import ACTION_KINDS, OracleFn, TextEnv
 from turnpool.envs.entry import load_entry_point
 
@@ -69,11 +71,10 @@ def resolve(name_or_entry_point: str) -> tuple[type[TextEnv], dict[str, Any]]:
     """The env class and default kwargs for a registered name (or alias) or an entry point
     string; RAGEN env classes and ``REGISTERED_ENVS`` names go through the RAGEN adapter."""
     import turnpool.envs.ragen_adapter as ragen_adapter
-    from turnpool.envs.hubs import hub_target
 
-    hub = hub_target(name_or_entry_point)
-    if hub is not None:
-        return load_entry_point(hub[0]), dict(hub[1])
+    library_env = hubs.split(name_or_entry_point)
+    if library_env is not None:
+        return load_entry_point(library_env[0].entry_point), {"env_id": library_env[1]}
     spec = _spec_of(name_or_entry_point)
     entry = spec.entry_point if spec else name_or_entry_point
     if ":" not in entry:
@@ -166,12 +167,9 @@ def build_target(env: EnvTarget, kwargs: dict[str, Any] | None = None
     if not isinstance(env, str):
         raise TypeError(f"an env is a name, an entry point, a gymnasium id or a callable, "
                         f"got {type(env).__name__}")
-    from turnpool.envs.hubs import hub_target
-
-    hub = hub_target(env)
-    if hub is not None:
-        load_entry_point(hub[0])
-        return hub[0], {**hub[1], **kwargs}
+    found = hubs.split(env)
+    if found is not None:
+        return _hub_target(*found, kwargs)
     spec = _REGISTRY.get(env)
     if spec is None and is_gym_id(env):
         return GYM_ENTRY_POINT, {"gym_id": env, **kwargs}
@@ -181,6 +179,15 @@ def build_target(env: EnvTarget, kwargs: dict[str, Any] | None = None
         return spec.entry_point, {**spec.kwargs, **kwargs}
     resolve(env)
     return env, kwargs
+
+
+def _hub_target(hub: hubs.Hub, env_id: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A library's env: its adapter's entry point with ``env_id``, checked here (the library
+    installed, the id one it offers) so that a missing extra or a typo fails in the caller."""
+    hub.require()
+    with hubs.GlobalRngScope():  # a library's registry may draw on first read
+        load_entry_point(hub.entry_point).check_id(env_id)
+    return hub.entry_point, {**kwargs, "env_id": env_id}
 
 
 def target_name(env: EnvTarget) -> str:
