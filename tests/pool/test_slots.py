@@ -226,6 +226,9 @@ class FakePool:
     def worker_nodes(self) -> list[str | None]:
         return [None, None]
 
+    def owner_of(self, env_id: int) -> int:
+        return 0 if env_id < self.num_envs // 2 else 1
+
     def step_async(self, env_ids: list[int], action_lists: list[Any]) -> None:
         self.calls.append(("step", list(env_ids), list(action_lists)))
 

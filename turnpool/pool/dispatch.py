@@ -93,7 +93,7 @@ class Dispatcher:
         table = self.table
         failed = table.failed
         spans = self._spans if whole and not failed else None
-        requests, skipped = step_requests(ticket, action_lists, single, table.owner, spans,
+        requests, skipped = step_requests(ticket, action_lists, single, table.owners, spans,
                                           failed.__contains__ if failed else None)
         for w, pending in requests:
             self.enqueue(w, pending)
@@ -106,7 +106,7 @@ class Dispatcher:
 
     def resets(self, ticket: Ticket, base: int, group_ids: Sequence[int]) -> None:
         """Reset the envs of ``ticket``: group ``g`` gets seed ``base + g``."""
-        for w, pending in reset_requests(ticket, base, group_ids, self.table.owner):
+        for w, pending in reset_requests(ticket, base, group_ids, self.table.owners):
             self.enqueue(w, pending)
         if ticket.is_async:
             self.table.sent_async(ticket.env_ids)
@@ -283,7 +283,7 @@ class Dispatcher:
             results = as_turn_results(wire)
             for k in failed:
                 table.fail(ids[k], results[k].error, Failure.of(results[k].failure))
-            table.replay.stepped(worker, ids, request.actions, request.single)  # = table.stepped
+            table.stepped(worker, ids, request.actions, request.single)
             positions = head.positions
             if not ticket.is_async and isinstance(positions, range) and positions.step == 1:
                 ticket.out[positions.start:positions.stop] = results
@@ -315,11 +315,11 @@ class Dispatcher:
         """The worker answered ``head`` except its stalled envs, which become stragglers."""
         wire, pending = payload
         limit = self._limits[head.op]
-        late = self.table.stragglers[worker]
         waiting = set()
         for k, since in pending:
             due = since + limit + LATE_GRACE_S if limit is not None else float("inf")
-            late[int(head.env_ids[k])] = Straggler(head, k, due)
+            env_id = int(head.env_ids[k])
+            self.table.straggling(worker, env_id, Straggler(head, k, due))
             waiting.add(k)
         ids, actions = head.env_ids, head.actions()
         done = [k for k in range(len(ids)) if k not in waiting]
@@ -332,13 +332,11 @@ class Dispatcher:
 
     def _late_results(self, worker: int, seq: int, payload: Any) -> None:
         """Results of stragglers (an `Op.LATE` reply); stale ones are dropped."""
-        late = self.table.stragglers[worker]
         for env_id, wire in payload:
-            straggler = late.get(env_id)
-            if straggler is None or straggler.head.seq != seq:
+            straggler = self.table.straggler_done(worker, env_id, seq)
+            if straggler is None:
                 log.debug("discarding a stale late result of env %d", env_id)
                 continue
-            del late[env_id]
             head = straggler.head
             self.table.stepped(worker, [env_id], [head.actions()[straggler.k]],
                                head.op is Op.STEP1)
@@ -356,7 +354,7 @@ class Dispatcher:
         ticket.out[pos] = result
         ticket.remaining -= 1
         if ticket.is_async:  # stays in flight until polled
-            self.table.ready.append((env_id, result))
+            self.table.finished_async(env_id, result)
 
     def _fail(self, pending: Pending, k: int, env_id: int, reason: str,
               failure: Failure = Failure.ENV_ERROR) -> None:
@@ -382,8 +380,7 @@ class Dispatcher:
         waiting = list(queue)
         queue.clear()
         table = self.table
-        late = list(table.stragglers[worker].values())
-        table.stragglers[worker] = {}
+        late = table.drop_stragglers(worker)
         progress = self.backend.progress(worker)
         culprit = int(progress[0]) if progress is not None else None
         log.warning("worker %d of %s backend: %s (env %s); restarting it", worker,
@@ -402,7 +399,7 @@ class Dispatcher:
         plan = decide(fault, head, late, waiting, culprit, table.live(worker))
         self._blame(plan.blame, fault.reason, fault.failure)
         if plan.restore:
-            queue.append(restore_request(table.replay.restore_items(worker, plan.restore)))
+            queue.append(restore_request(table.restore_items(worker, plan.restore)))
         queue.extend(plan.resend)
         if queue:
             self._send(worker, queue[0])

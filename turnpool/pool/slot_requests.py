@@ -150,6 +150,8 @@ class SlotPool(Protocol):
     @property
     def worker_slices(self) -> list[list[int]]: ...
 
+    def owner_of(self, env_id: int) -> int: ...
+
     @property
     def backend_name(self) -> str: ...
 
@@ -188,6 +190,9 @@ class EnvPoolSlots:
     @property
     def worker_slices(self) -> list[list[int]]:
         return [list(ids) for ids in self.pool.backend.slices]
+
+    def owner_of(self, env_id: int) -> int:
+        return self.pool.owner_of(env_id)
 
     @property
     def backend_name(self) -> str:

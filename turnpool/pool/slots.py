@@ -112,12 +112,8 @@ class SlotEngine:
         self._slots: SlotPool = slot_pool
         self._lock = threading.Lock()
         slices = self._slots.worker_slices
-        #: slot -> its worker (the one map of it: ask `worker_of`); per worker its free
-        #: slots (most recently released first)
-        self._worker = [0] * self._slots.num_envs
-        for w, ids in enumerate(slices):
-            for i in ids:
-                self._worker[i] = w
+        #: per worker its free slots (most recently released first); which worker holds a
+        #: slot is the pool's to say (`worker_of`)
         self._free: list[deque[int]] = [deque(ids) for ids in slices]
         self._leased: set[int] = set()
         #: per slot, its moving-average step cost in seconds (0: not measured yet)
@@ -157,11 +153,11 @@ class SlotEngine:
 
     def worker_of(self, slot: int) -> int:
         """The worker whose envs include ``slot``'s."""
-        return self._worker[slot]
+        return self._slots.owner_of(slot)
 
     def slots_of(self, worker: int) -> list[int]:
         """The slots whose envs ``worker`` runs."""
-        return [s for s, w in enumerate(self._worker) if w == worker]
+        return list(self._slots.worker_slices[worker])
 
     @property
     def backend_name(self) -> str:
@@ -183,7 +179,7 @@ class SlotEngine:
             if best is None:
                 raise PoolFull(f"all {self.capacity} env slots are leased")
             if near is not None:
-                w = self._worker[near]
+                w = self._slots.owner_of(near)
                 if self._free[w] and self.load[w] <= self.load[best] + self._mean_cost:
                     best = w
             slot = self._free[best].popleft()
@@ -196,7 +192,7 @@ class SlotEngine:
         with self._lock:
             if slot in self._leased:
                 self._leased.discard(slot)
-                w = self._worker[slot]
+                w = self._slots.owner_of(slot)
                 self.load[w] = max(0.0, self.load[w] - (self.cost[slot] or self._mean_cost))
                 if slot not in self.lost_slots:
                     self._free[w].appendleft(slot)
@@ -213,11 +209,12 @@ class SlotEngine:
                 self._mean_cost = cost_model.mean_of(sum(known), len(known))
             measured = [0.0] * len(self.load)
             unmeasured = [0] * len(self.load)
+            owner_of = self._slots.owner_of
             for s in self._leased:
                 if cost[s] > 0.0:
-                    measured[self._worker[s]] += cost[s]
+                    measured[owner_of(s)] += cost[s]
                 else:
-                    unmeasured[self._worker[s]] += 1
+                    unmeasured[owner_of(s)] += 1
             self.load = [cost_model.load_of(c, u, self._mean_cost)
                          for c, u in zip(measured, unmeasured, strict=True)]
 
