@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from turnpool.pool.requests import Pending, Straggler, Ticket
 from turnpool.pool.table import EnvTable, Status
-from turnpool.worker.protocol import Failure, StepRequest, error_step
+from turnpool.worker.failures import Failure
+from turnpool.worker.protocol import StepRequest
+from turnpool.worker.results import error_step
 
 
 def table_of_two_workers() -> EnvTable:

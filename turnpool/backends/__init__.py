@@ -16,7 +16,8 @@ from typing import Any
 from turnpool.backends.base import Backend, BackendUnavailable
 from turnpool.backends.choice import AUTO, BackendChoice, choose_backend, fallback_choice
 from turnpool.extras import MissingExtra
-from turnpool.worker.protocol import EnvBuild, short_error
+from turnpool.worker.build import EnvBuild
+from turnpool.worker.errors import short_error
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ rules:
   caller that passed ``fallback=True``, falls back to sequential.
 
     >>> from turnpool.backends.choice import choose_backend
-    >>> from turnpool.worker.protocol import EnvBuild
+    >>> from turnpool.worker.build import EnvBuild
     >>> builds = [EnvBuild(0, "turnpool.envs.synthetic:TrivialEnv", {})]
     >>> choice = choose_backend("sequential", builds, None, (None, None))
     >>> choice.name, choice.label
@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 from turnpool.backends.auto import EnvProfile, choose, fmt_seconds, measure_env
 from turnpool.backends.base import one_per_core, raise_build_errors
+from turnpool.worker.build import EnvBuild
 from turnpool.worker.deadline import signal_timer_free
-from turnpool.worker.protocol import EnvBuild, short_error
+from turnpool.worker.errors import short_error
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def needs_threads(timeouts: tuple[float | None, float | None]) -> bool:
 def choose_backend(requested: str, builds: Sequence[EnvBuild], num_workers: int | None,
                    timeouts: tuple[float | None, float | None]) -> BackendChoice:
     """The backend to start for ``requested`` (see the module docstring); may raise
-    `turnpool.worker.protocol.EnvBuildError` when ``auto`` cannot build the env it measures."""
+    `turnpool.worker.errors.EnvBuildError` when ``auto`` cannot build the env it measures."""
     if requested == AUTO:
         return _choose_auto(builds, num_workers, timeouts)
     if requested == "sequential" and needs_threads(timeouts):

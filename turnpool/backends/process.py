@@ -65,9 +65,10 @@ from turnpool.backends.base import (
     one_per_core,
     raise_build_errors,
 )
+from turnpool.worker.build import EnvBuild
 from turnpool.worker.handoff import DEFAULT_HANDOFF_AFTER
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Op, Reply, Request
+from turnpool.worker.protocol import Op, Reply, Request
 from turnpool.worker.transport import (
     CLOSE_GRACE_S,
     PROTOCOL,

@@ -45,8 +45,10 @@ from turnpool.backends.base import (
     raise_build_errors,
 )
 from turnpool.envs.registry import registered
+from turnpool.worker.build import EnvBuild, split_evenly
+from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error, split_evenly
+from turnpool.worker.protocol import Op, Reply, Request
 from turnpool.worker.transport import (
     CLOSE_GRACE_S,
     ProgressSlot,

@@ -53,8 +53,10 @@ from turnpool.backends.base import (
     raise_build_errors,
 )
 from turnpool.extras import MissingExtra, require
+from turnpool.worker.build import EnvBuild
+from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error
+from turnpool.worker.protocol import Op, Reply, Request
 from turnpool.worker.transport import (
     CLOSE_GRACE_S,
     ProgressSlot,

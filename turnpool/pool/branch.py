@@ -29,14 +29,9 @@ from typing import Any
 
 from turnpool.pool.dispatch import Dispatcher
 from turnpool.pool.requests import Pending, Ticket, split
-from turnpool.worker.protocol import (
-    Failure,
-    ForkRequest,
-    LoadRequest,
-    ResetResult,
-    SnapshotRequest,
-    StateResult,
-)
+from turnpool.worker.failures import Failure
+from turnpool.worker.protocol import ForkRequest, LoadRequest, SnapshotRequest
+from turnpool.worker.results import ResetResult, StateResult
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,14 @@ as *slots*:
   the resets batched by seed base (one `EnvPool.reset_async` per distinct base), and collects
   finished turns and resets ready-first with `EnvPool.poll`, so one slow env (or a worker
   busy restoring its envs) never holds back another slot's result.
-* One typed way in: `SlotEngine.submit` takes `StepRequest` / `ResetRequest` records, each
-  with the future to resolve. Thin faces over it: blocking (``submit_reset`` /
-  ``submit_step`` return a `concurrent.futures.Future`) and asyncio (``await reset(...)`` /
-  ``await step(...)``, or ``reset_future`` / ``step_future`` with no timeout of their own),
-  whose results reach each event loop in one thread-safe callback per round, not one per
-  result.
+* Typed requests in: `SlotEngine.submit` takes `StepSlotRequest` / `ResetSlotRequest` /
+  branching records, each with the future to resolve, and checks their slots first;
+  `SlotEngine.post` takes a batch already checked (the WebSocket fast path, whose futures
+  must hear back even when a slot was released meanwhile). Thin faces over `submit`:
+  blocking (``submit_reset`` / ``submit_step`` return a `concurrent.futures.Future`) and
+  asyncio (``await reset(...)`` / ``await step(...)``, or ``reset_future`` /
+  ``step_future`` with no timeout of their own), whose results reach each event loop in one
+  thread-safe callback per round, not one per result.
 
 Seeds: slot ``i`` is group ``i`` of the pool, whose reset seed is ``base + i``; a reset of
 slot ``i`` to seed ``s`` uses ``base = s - i``, so the env starts exactly as
@@ -60,24 +62,21 @@ from turnpool.pool.slot_requests import (
     BranchRequest,
     Deliveries,
     EnvPoolSlots,
-    ForkSlotRequest,
     PoolFull,
     PoolTimeout,
     ReleaseRequest,
-    ResetRequest,
-    RestoreSlotRequest,
+    ResetSlotRequest,
     SlotPool,
     SlotRequest,
     SlotReset,
-    SnapshotSlotRequest,
-    StepRequest,
+    StepSlotRequest,
     Waiter,
     deliver,
 )
-from turnpool.worker.protocol import Failure, ResetResult, TurnResult
+from turnpool.worker.failures import Failure
+from turnpool.worker.results import ResetResult, TurnResult
 
 log = logging.getLogger(__name__)
-_BRANCHES = (SnapshotSlotRequest, RestoreSlotRequest, ForkSlotRequest)
 
 #: Seconds the driver waits for a worker reply before it looks at its inbox again.
 POLL_INTERVAL = 0.001
@@ -226,7 +225,7 @@ class SlotEngine:
             known = [c for c in map(self.cost.__getitem__, self._leased) if c > 0.0]
             return float(sum(known)), len(known), len(self._leased)
 
-    # ------------------------------------------------------------------ the one way in
+    # ------------------------------------------------------------------ the ways in
     def check(self, slot: int) -> None:
         """`RuntimeError` when the engine is closed, `ValueError` when ``slot`` is not
         leased: what `submit` refuses."""
@@ -235,15 +234,15 @@ class SlotEngine:
         if slot not in self._leased:
             raise ValueError(f"env slot {slot} is not leased")
 
-    def submit(self, *requests: StepRequest | ResetRequest | BranchRequest) -> None:
+    def submit(self, *requests: StepSlotRequest | ResetSlotRequest | BranchRequest) -> None:
         """Hand the driver ``requests`` (checked first, all or none): one inbox item, so
         the driver sends their steps in one pool call."""
         for request in requests:
-            for slot in request.slots if isinstance(request, _BRANCHES) else (request.slot,):
+            for slot in request.slots:
                 self.check(slot)
         self.post(list(requests))
 
-    def post(self, requests: list[StepRequest | ResetRequest | BranchRequest]) -> None:
+    def post(self, requests: list[StepSlotRequest | ResetSlotRequest | BranchRequest]) -> None:
         """`submit` of requests already checked (a batch built over one event-loop pass, whose
         futures must hear back even when a slot was released meanwhile)."""
         self._inbox.put(list(requests) if len(requests) != 1 else requests[0])
@@ -253,14 +252,14 @@ class SlotEngine:
                      ) -> concurrent.futures.Future[SlotReset]:
         """Start an episode in ``slot`` (from ``seed``, or the pool's schedule)."""
         fut: concurrent.futures.Future[SlotReset] = concurrent.futures.Future()
-        self.submit(ResetRequest(slot, None if seed is None else int(seed), fut))
+        self.submit(ResetSlotRequest(slot, None if seed is None else int(seed), fut))
         return fut
 
     def submit_step(self, slot: int, actions: Sequence[Any]
                     ) -> concurrent.futures.Future[TurnResult]:
         """Run ``actions`` in ``slot``, stopping at the first done (cut at ``step_timeout``)."""
         fut: concurrent.futures.Future[TurnResult] = concurrent.futures.Future()
-        self.submit(StepRequest(slot, list(actions), fut))
+        self.submit(StepSlotRequest(slot, list(actions), fut))
         return fut
 
     # ------------------------------------------------------------------ asyncio face
@@ -268,13 +267,13 @@ class SlotEngine:
         """`submit_reset` from a running event loop, as an `asyncio.Future` with no timeout
         (a caller that stops waiting calls `abandon`)."""
         fut: asyncio.Future[SlotReset] = asyncio.get_running_loop().create_future()
-        self.submit(ResetRequest(slot, None if seed is None else int(seed), fut))
+        self.submit(ResetSlotRequest(slot, None if seed is None else int(seed), fut))
         return fut
 
     def step_future(self, slot: int, actions: Sequence[Any]) -> asyncio.Future[TurnResult]:
         """`submit_step` from a running event loop, as an `asyncio.Future` with no timeout."""
         fut: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
-        self.submit(StepRequest(slot, list(actions), fut))
+        self.submit(StepSlotRequest(slot, list(actions), fut))
         return fut
 
     def branch_future(self, request: Callable[[Waiter], BranchRequest]) -> asyncio.Future[Any]:
@@ -375,8 +374,8 @@ class SlotEngine:
         """Send the new steps as one pool call, start the resets, run the branching calls,
         collect finished turns."""
         out: Deliveries = []
-        steps: list[StepRequest] = []
-        resets: list[ResetRequest] = []
+        steps: list[StepSlotRequest] = []
+        resets: list[ResetSlotRequest] = []
         branches: list[BranchRequest] = []
         busy = set(in_flight)
         released = [r.slot for r in items if isinstance(r, ReleaseRequest)]
@@ -385,16 +384,16 @@ class SlotEngine:
         for r in items:
             if isinstance(r, ReleaseRequest):
                 continue
-            slots = r.slots if isinstance(r, _BRANCHES) else (r.slot,)
+            slots = r.slots
             taken = [s for s in slots if s in busy]
             if taken:  # one call at a time per slot; the others are refused alone
                 out.append((r.waiter, None, RuntimeError(
                     f"env slot {taken[0]} is still running a call; wait for it first")))
                 continue
             busy.update(slots)
-            if isinstance(r, StepRequest):
+            if isinstance(r, StepSlotRequest):
                 steps.append(r)
-            elif isinstance(r, ResetRequest):
+            elif isinstance(r, ResetSlotRequest):
                 resets.append(r)
             else:
                 branches.append(r)
@@ -416,7 +415,7 @@ class SlotEngine:
             self._rebalanced = now
             self.rebalance()
 
-    def _steps(self, steps: list[StepRequest], in_flight: dict[int, Waiter]) -> Deliveries:
+    def _steps(self, steps: list[StepSlotRequest], in_flight: dict[int, Waiter]) -> Deliveries:
         """Send every step as one pool call (one message per worker)."""
         try:
             self._slots.step_async([r.slot for r in steps], [r.actions for r in steps])
@@ -429,12 +428,12 @@ class SlotEngine:
             self._sent[r.slot] = now
         return []
 
-    def _resets(self, resets: list[ResetRequest], in_flight: dict[int, Waiter]) -> Deliveries:
+    def _resets(self, resets: list[ResetSlotRequest], in_flight: dict[int, Waiter]) -> Deliveries:
         """Start one pool reset per distinct seed base (seedless resets share one call, a
         seeded reset of slot ``i`` to seed ``s`` uses base ``s - i``) without waiting: their
         results come ready-first with the turns', so a reset queued behind a slow worker
         holds back no other slot."""
-        by_base: dict[int | None, list[ResetRequest]] = {}
+        by_base: dict[int | None, list[ResetSlotRequest]] = {}
         for r in resets:
             by_base.setdefault(None if r.seed is None else r.seed - r.slot, []).append(r)
         out: Deliveries = []
@@ -487,4 +486,5 @@ class SlotEngine:
 
 
 __all__ = ["BranchRequest", "Branched", "PoolFull", "PoolTimeout", "ReleaseRequest",
-           "ResetRequest", "SlotEngine", "SlotPool", "SlotRequest", "SlotReset", "StepRequest"]
+           "ResetSlotRequest", "SlotEngine", "SlotPool", "SlotRequest", "SlotReset",
+           "StepSlotRequest"]

@@ -30,7 +30,8 @@ from typing import Any
 
 from turnpool.pool.replay import ReplayLog
 from turnpool.pool.requests import Straggler
-from turnpool.worker.protocol import Failure, ResetResult, TurnResult
+from turnpool.worker.failures import Failure
+from turnpool.worker.results import ResetResult, TurnResult
 
 
 class Status(enum.Enum):

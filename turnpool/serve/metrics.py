@@ -9,7 +9,7 @@ engine's and the sessions' own counters when scraped, so a scrape costs the hot 
 * ``turnpool_steps_total``, ``turnpool_resets_total``, ``turnpool_batches_total`` (counters;
   ``rate()`` gives steps/s) and ``turnpool_step_rate`` (the server's own recent steps/s);
 * ``turnpool_failures_total{failure=...}`` (counter per class of
-  `turnpool.worker.protocol.FAILURE_CLASSES`);
+  `turnpool.worker.failures.FAILURE_CLASSES`);
 * ``turnpool_sessions{kind=...}``, ``turnpool_slots_capacity``, ``turnpool_slots_leased``,
   ``turnpool_worker_sessions{worker=...}``, ``turnpool_worker_load{worker=...}`` (gauges:
   sessions per kind, and per worker how many of its slots sessions hold and their measured
@@ -28,7 +28,7 @@ from typing import Any
 from turnpool.extras import require
 from turnpool.serve.service import Service
 from turnpool.serve.status import StepRate, sessions_per_worker
-from turnpool.worker.protocol import FAILURE_CLASSES
+from turnpool.worker.failures import FAILURE_CLASSES
 
 #: Step latency buckets (seconds): sub-millisecond steps to a full deadline.
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
