@@ -53,11 +53,9 @@ from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import (
     Op,
-    PartialReply,
     Reply,
     Request,
     StepPayload,
-    StepReply,
     failed_reply,
 )
 from turnpool.worker.results import error_step
@@ -141,7 +139,7 @@ class HandoffJob:
         state = self.state
         if state is JobState.RUNNING:  # one runner did every env
             self.state = JobState.DONE
-            return Answer([(self.seq, self.op, StepReply(self.results, self.failed), None, None)],
+            return Answer([(self.seq, self.op, (self.results, self.failed), None, None)],
                           True)
         if state is JobState.HANDED:
             return self._answer(since) if runner is self.owner else _NOTHING
@@ -192,11 +190,11 @@ class HandoffJob:
         self._report([k for k, r in enumerate(results) if r is not None])
         if not pending:
             failed = sorted(set(self.failed) | set(self.given_up))
-            return Answer([(self.seq, self.op, StepReply(results, failed), None, None)], True)
+            return Answer([(self.seq, self.op, (results, failed), None, None)], True)
         self.state = JobState.PARTIAL
         started, now = since()
         pending_since = [(k, started.get(self.env_ids[k], now)) for k in pending]
-        return Answer([(self.seq, Op.PARTIAL, PartialReply(results, pending_since), None, None)],
+        return Answer([(self.seq, Op.PARTIAL, (results, pending_since), None, None)],
                       True)
 
     def _late(self) -> Answer:

@@ -110,7 +110,7 @@ class EnvHost:
         failed: list[int] = []
         self.run_turns(enumerate(zip(env_ids, actions)), single, results, failed,
                        self.progress)
-        return StepReply(results, failed)
+        return results, failed
 
     def run_turns(self, claim: Iterator[tuple[int, tuple[int, Any]]], single: bool,
                   results: list[Any], failed: list[int], at: Callable[[int], None]) -> None:

@@ -271,22 +271,13 @@ RequestRecord = (ResetRequest | StepRequest | RestoreRequest | SnapshotRequest |
                  | ForkRequest | CloseRequest)
 
 
-class StepReply(NamedTuple):
-    """The payload of a step reply: per env, in request order, its `WireTurn`; and the
-    indices of the failed ones."""
-
-    results: list[WireTurn]
-    failed: list[int]
-
-
-class PartialReply(NamedTuple):
-    """The payload of an `Op.PARTIAL` reply: ``results`` with ``None`` at the envs still
-    running, and ``(index, since)`` for each of those."""
-
-    results: list[WireTurn | None]
-    pending: list[tuple[int, float]]
-
-
+#: The payload of a step reply: per env, in request order, its `WireTurn`; and the indices
+#: of the failed ones. Plain tuples, as the turns are (a NamedTuple costs Python code per
+#: pickle on the hot path).
+StepReply = tuple[list[WireTurn], list[int]]
+#: The payload of an `Op.PARTIAL` reply: the results with ``None`` at the envs still running,
+#: and ``(index, since)`` for each of those
+PartialReply = tuple[list["WireTurn | None"], list[tuple[int, float]]]
 #: The payload of an `Op.LATE` reply: ``(env_id, wire_turn)`` per straggler answered
 LateReply = list[tuple[int, WireTurn]]
 #: The payload of an `Op.RESET` or `Op.LOAD` reply: one per env, in request order

@@ -94,13 +94,13 @@ def _unpicklable_turn(reason: str) -> Any:
 def _turns(payload: StepReply) -> StepReply:
     results, failed = payload
     fixed, bad = _fix_items(results, _unpicklable_turn)
-    return StepReply(fixed, sorted(set(failed) | set(bad)))
+    return fixed, sorted(set(failed) | set(bad))
 
 
 def _partial(payload: PartialReply) -> PartialReply:
     # the pool reads each result's own error: no failed list
     results, pending = payload
-    return PartialReply(_fix_items(results, _unpicklable_turn)[0], pending)
+    return _fix_items(results, _unpicklable_turn)[0], pending
 
 
 def _late(payload: LateReply) -> LateReply:
