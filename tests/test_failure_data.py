@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 import turnpool
-from turnpool.worker.protocol import FAILURE_CLASSES
+from turnpool.worker.failures import FAILURE_CLASSES
 
 ROOT = Path(turnpool.__file__).resolve().parent
 

@@ -195,6 +195,9 @@ def _floor(module: str) -> int | None:
 
 #: module (prefix) -> what it may import: ``"a.b"`` is that module (or package) only,
 #: ``"a.b.*"`` is it and everything below it. The first matching rule wins.
+#: What the floors above the pool may read of the worker: the protocol and its records
+WORKER_FACE = ("turnpool.worker.protocol", "turnpool.worker.failures", "turnpool.worker.results",
+               "turnpool.worker.errors", "turnpool.worker.defaults")
 ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("turnpool.extras", ()),
     ("turnpool.listen", ()),
@@ -209,16 +212,16 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("turnpool.policies", ("turnpool.envs.*", "turnpool.policies.*")),
     ("turnpool.rollout.settings", ()),
     ("turnpool.rollout", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
-                          "turnpool.worker.protocol", "turnpool.policies.*",
+                          *WORKER_FACE, "turnpool.policies.*",
                           "turnpool.rollout.*")),
     # the OpenEnv server: a pool behind a wire protocol
     ("turnpool.serve", ("turnpool", "turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
-                        "turnpool.worker.protocol", "turnpool.rollout",
+                        *WORKER_FACE, "turnpool.rollout",
                         "turnpool.rollout.prompts", "turnpool.serve.*")),
     # the viewer: reads what rollout writes, draws boards with the envs, replays records
     ("turnpool.view", ("turnpool.envs.*", "turnpool.rollout.*", "turnpool.view.*")),
     ("turnpool.integrations", ("turnpool.envs.*", "turnpool.pool.*", "turnpool.worker",
-                               "turnpool.worker.protocol", "turnpool.policies.*",
+                               *WORKER_FACE, "turnpool.policies.*",
                                "turnpool.rollout.*", "turnpool.integrations.*")),
 ]
 

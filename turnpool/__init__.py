@@ -34,7 +34,7 @@ _LAZY: dict[str, str] = {
     "SharedLLMInferenceManager": "turnpool.ragen.rollout_manager",
     "project_actions": "turnpool.rollout.projection",
     "EnvGroupSpec": "turnpool.pool.api",
-    "TurnResult": "turnpool.worker.protocol",
+    "TurnResult": "turnpool.worker.results",
     "EnvError": "turnpool.pool.api",
 }
 

@@ -103,7 +103,7 @@ def test_a_named_backend_that_cannot_start_is_an_error_naming_the_fix(tmp_path: 
     proc = _run_script(tmp_path, _UNGUARDED.replace("{backend}", 'backend="process"'))
     assert proc.returncode != 0 and "BACKEND" not in proc.stdout
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("turnpool.worker.protocol.BackendUnavailable: backend 'process'")
+    assert last.startswith("turnpool.worker.errors.BackendUnavailable: backend 'process'")
     assert 'if __name__ == "__main__":' in last
 
 

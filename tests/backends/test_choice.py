@@ -17,7 +17,8 @@ from turnpool.backends.choice import choose_backend
 from turnpool.backends.sequential import SequentialBackend
 from turnpool.backends.thread import ThreadBackend
 from turnpool.pool import EnvPool
-from turnpool.worker.protocol import BackendUnavailable, EnvBuild
+from turnpool.worker.build import EnvBuild
+from turnpool.worker.errors import BackendUnavailable
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,8 @@ from tests.traces import short_trace
 from turnpool.backends.joblib import JoblibBackend
 from turnpool.envs.synthetic import TrivialEnv
 from turnpool.pool import EnvPool
-from turnpool.worker.protocol import BackendUnavailable, EnvBuild
+from turnpool.worker.build import EnvBuild
+from turnpool.worker.errors import BackendUnavailable
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,7 +36,7 @@ def test_joblib_start_failure_leaves_nothing_behind(monkeypatch: pytest.MonkeyPa
     """The progress files this backend made are gone (only its own: other turnpool runs on the
     machine may have theirs in /dev/shm at the same time)."""
     import turnpool.backends.joblib as joblib_module
-    from turnpool.worker.protocol import BackendUnavailable
+    from turnpool.worker.errors import BackendUnavailable
     from turnpool.worker.transport import ProgressSlot
 
     made: list[str] = []

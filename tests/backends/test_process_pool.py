@@ -25,7 +25,7 @@ from tests.traces import short_trace
 from turnpool.backends.process_pool import ProcessPoolBackend
 from turnpool.envs.synthetic import TrivialEnv
 from turnpool.pool import EnvGroupSpec, EnvPool
-from turnpool.worker.protocol import EnvBuild
+from turnpool.worker.build import EnvBuild
 
 pytestmark = pytest.mark.timeout(120)
 

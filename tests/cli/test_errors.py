@@ -95,7 +95,7 @@ def test_a_module_missing_in_a_worker_is_named_by_its_extra() -> None:
 
 def test_a_backend_that_cannot_start_is_a_usage_error_not_a_traceback() -> None:
     from turnpool.cli.errors import translate
-    from turnpool.worker.protocol import BackendUnavailable
+    from turnpool.worker.errors import BackendUnavailable
 
     plain = translate(BackendUnavailable("ray_address='x:1' cannot be reached"), "rollout")
     assert plain is not None and plain.exit_code == EXIT_USAGE

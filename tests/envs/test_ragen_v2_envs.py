@@ -21,7 +21,7 @@ from turnpool.envs import ragen_adapter
 from turnpool.envs.base import TextEnv
 from turnpool.envs.registry import draws_from_global_rng, make
 from turnpool.extras import MissingExtra
-from turnpool.worker.protocol import BackendUnavailable
+from turnpool.worker.errors import BackendUnavailable
 
 GYMNASIUM_STYLE = '''
 class TileEnv:

@@ -5,19 +5,17 @@ from __future__ import annotations
 import json
 import pickle
 
+from turnpool.worker.failures import FAILURE_CLASSES, Failure, failure_of
 from turnpool.worker.protocol import (
-    FAILURE_CLASSES,
     CloseRequest,
-    Failure,
     Op,
     ResetRequest,
     RestoreRequest,
     StepRequest,
     decode,
     encode,
-    error_step,
-    failure_of,
 )
+from turnpool.worker.results import error_step
 
 
 def test_each_request_record_encodes_to_the_wire_tuple_the_host_reads() -> None:

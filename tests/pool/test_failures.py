@@ -14,13 +14,9 @@ from turnpool.backends.auto import EnvProfile, choose
 from turnpool.pool import EnvPool
 from turnpool.pool.api import EnvConstructionError
 from turnpool.worker.deadline import InProcessDeadline, StepInterrupted
-from turnpool.worker.protocol import (
-    FAILURE_CLASSES,
-    MAX_ERROR_CHARS,
-    bounded,
-    error_step,
-    failure_of,
-)
+from turnpool.worker.errors import MAX_ERROR_CHARS, bounded
+from turnpool.worker.failures import FAILURE_CLASSES, failure_of
+from turnpool.worker.results import error_step
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from turnpool.pool import EnvError, EnvPool, TurnResult
-from turnpool.worker.protocol import ResetResult
+from turnpool.worker.results import ResetResult
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ import pytest
 from tests.faults import check_fault_isolated, faults_for, faulty_pool
 from tests.traces import ENVS, mixed_pool, run_trace
 from turnpool.backends import LOCAL_BACKENDS, get_backend
-from turnpool.worker.protocol import BackendUnavailable
+from turnpool.worker.errors import BackendUnavailable
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -14,18 +14,11 @@ from turnpool.pool.dispatch import Dispatcher
 from turnpool.pool.recovery import Fault, Plan, abandon, decide
 from turnpool.pool.requests import Pending, Straggler, Ticket, restore_request
 from turnpool.pool.table import Status
-from turnpool.worker.protocol import (
-    EnvBuild,
-    Failure,
-    Op,
-    Reply,
-    Request,
-    ResetRequest,
-    ResetResult,
-    StepRequest,
-    TurnResult,
-    WorkerLost,
-)
+from turnpool.worker.build import EnvBuild
+from turnpool.worker.errors import WorkerLost
+from turnpool.worker.failures import Failure
+from turnpool.worker.protocol import Op, Reply, Request, ResetRequest, StepRequest
+from turnpool.worker.results import ResetResult, TurnResult
 
 LOST = Fault("worker died (exit code 9)", Failure.WORKER_LOST)
 HANG = Fault("step timeout (1 s)", Failure.TIMEOUT)

@@ -17,11 +17,11 @@ import turnpool
 from turnpool.pool.slots import (
     PoolFull,
     PoolTimeout,
-    ResetRequest,
+    ResetSlotRequest,
     SlotEngine,
-    StepRequest,
+    StepSlotRequest,
 )
-from turnpool.worker.protocol import ResetResult, TurnResult
+from turnpool.worker.results import ResetResult, TurnResult
 
 WAIT_S = 60.0
 
@@ -226,6 +226,9 @@ class FakePool:
     def worker_nodes(self) -> list[str | None]:
         return [None, None]
 
+    def owner_of(self, env_id: int) -> int:
+        return 0 if env_id < self.num_envs // 2 else 1
+
     def step_async(self, env_ids: list[int], action_lists: list[Any]) -> None:
         self.calls.append(("step", list(env_ids), list(action_lists)))
 
@@ -278,7 +281,7 @@ def test_steps_submitted_together_reach_the_pool_as_one_call(fake: Any) -> None:
     engine, pool = fake
     a, b = engine.lease(), engine.lease()
     fa, fb = _waiter(), _waiter()
-    engine.submit(StepRequest(a, ["up"], fa), StepRequest(b, ["down"], fb))
+    engine.submit(StepSlotRequest(a, ["up"], fa), StepSlotRequest(b, ["down"], fb))
     pool.finish(b, _turn("b moved"))
     assert fb.result(WAIT_S).obs == "b moved"
     pool.finish(a, _turn("a moved"))
@@ -291,7 +294,7 @@ def test_a_result_reaches_its_caller_while_another_slot_is_still_running(fake: A
     engine, pool = fake
     slow, quick = engine.lease(), engine.lease()
     f_slow, f_quick = _waiter(), _waiter()
-    engine.submit(StepRequest(slow, ["x"], f_slow), StepRequest(quick, ["x"], f_quick))
+    engine.submit(StepSlotRequest(slow, ["x"], f_slow), StepSlotRequest(quick, ["x"], f_quick))
     pool.finish(quick, _turn("quick"))
     assert f_quick.result(WAIT_S).obs == "quick"
     assert not f_slow.done()
@@ -303,7 +306,7 @@ def test_a_second_call_for_a_busy_slot_is_refused_alone(fake: Any) -> None:
     engine, pool = fake
     slot = engine.lease()
     first, second = _waiter(), _waiter()
-    engine.submit(StepRequest(slot, ["a"], first), StepRequest(slot, ["b"], second))
+    engine.submit(StepSlotRequest(slot, ["a"], first), StepSlotRequest(slot, ["b"], second))
     with pytest.raises(RuntimeError, match="still running a call"):
         second.result(WAIT_S)
     pool.finish(slot, _turn("a done"))
@@ -314,8 +317,8 @@ def test_a_seeded_reset_uses_the_base_that_starts_its_slot_at_that_seed(fake: An
     engine, pool = fake
     slots = [engine.lease() for _ in range(3)]
     seeded, free1, free2 = _waiter(), _waiter(), _waiter()
-    engine.submit(ResetRequest(slots[0], 10, seeded), ResetRequest(slots[1], None, free1),
-                  ResetRequest(slots[2], None, free2))
+    engine.submit(ResetSlotRequest(slots[0], 10, seeded), ResetSlotRequest(slots[1], None, free1),
+                  ResetSlotRequest(slots[2], None, free2))
     for s in slots:
         pool.finish(s, ResetResult(f"start {s}", {}, None))
     assert seeded.result(WAIT_S) == (f"start {slots[0]}", {}, 10, None, None)
@@ -331,7 +334,7 @@ def test_a_failed_turn_is_answered_and_counted_by_its_failure_class(fake: Any) -
     engine, pool = fake
     slot = engine.lease()
     fut = _waiter()
-    engine.submit(StepRequest(slot, ["x"], fut))
+    engine.submit(StepSlotRequest(slot, ["x"], fut))
     pool.finish(slot, _turn("", error="stuck", info={"failure": "timeout"}))
     res = fut.result(WAIT_S)
     assert res.error == "stuck" and res.failure == "timeout"
@@ -346,7 +349,7 @@ def test_a_released_slot_is_forgotten_by_the_pool_before_its_next_reset(fake: An
     again = engine.lease()
     assert again == slot  # the most recently released slot of its worker comes back first
     fut = _waiter()
-    engine.submit(ResetRequest(again, 5, fut))
+    engine.submit(ResetSlotRequest(again, 5, fut))
     pool.finish(again, ResetResult("fresh", {}, None))
     assert fut.result(WAIT_S).obs == "fresh"
     ops = [c[0] for c in pool.calls]
@@ -358,8 +361,8 @@ def test_a_request_for_a_slot_not_leased_is_refused_before_the_inbox(fake: Any) 
     engine, pool = fake
     leased = engine.lease()
     with pytest.raises(ValueError, match="not leased"):
-        engine.submit(StepRequest(leased, ["a"], _waiter()),
-                      StepRequest(leased + 1, ["b"], _waiter()))
+        engine.submit(StepSlotRequest(leased, ["a"], _waiter()),
+                      StepSlotRequest(leased + 1, ["b"], _waiter()))
     assert pool.calls == []  # all or none
 
 
@@ -367,7 +370,7 @@ def test_closing_the_engine_answers_every_call_still_in_flight(fake: Any) -> Non
     engine, pool = fake
     slot = engine.lease()
     fut = _waiter()
-    engine.submit(StepRequest(slot, ["x"], fut))
+    engine.submit(StepSlotRequest(slot, ["x"], fut))
     engine.close()
     with pytest.raises(RuntimeError, match="closed"):
         fut.result(WAIT_S)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from turnpool.pool.requests import Pending, Straggler, Ticket
 from turnpool.pool.table import EnvTable, Status
-from turnpool.worker.protocol import Failure, StepRequest, error_step
+from turnpool.worker.failures import Failure
+from turnpool.worker.protocol import StepRequest
+from turnpool.worker.results import error_step
 
 
 def table_of_two_workers() -> EnvTable:
@@ -61,7 +63,7 @@ def test_stragglers_and_async_envs_show_in_their_status() -> None:
     table = table_of_two_workers()
     table.sent_async([0, 1])
     head = Pending(StepRequest([0, 1], ["a", "b"]), Ticket([0, 1], True), [0, 1])
-    table.stragglers[0][1] = Straggler(head, 1, due=5.0)
+    table.straggling(0, 1, Straggler(head, 1, due=5.0))
     assert table.record(0).status is Status.IN_FLIGHT
     assert table.record(1).status is Status.STRAGGLING
     assert table.busy([1, 2]) == {1}
@@ -72,7 +74,8 @@ def test_polling_with_raise_takes_only_the_failed_results_and_keeps_the_others_r
     table.sent_async([0, 1, 2])
     ok = error_step("x")._replace(error=None, info={})
     bad = error_step("ValueError: boom")
-    table.ready = [(0, ok), (1, bad), (2, ok)]
+    for env_id, result in [(0, ok), (1, bad), (2, ok)]:
+        table.finished_async(env_id, result)
     taken, failed = table.take_ready(hold_if_failed=True)
     assert taken == [] and failed == [(1, bad)]
     assert table.ready == [(0, ok), (2, ok)] and table.in_flight == {0, 2}
@@ -84,6 +87,6 @@ def test_polling_without_raise_takes_every_result() -> None:
     table = table_of_two_workers()
     table.sent_async([0, 1])
     bad = error_step("ValueError: boom")
-    table.ready = [(1, bad)]
+    table.finished_async(1, bad)
     assert table.take_ready(hold_if_failed=False) == ([(1, bad)], [])
     assert table.in_flight == {0}

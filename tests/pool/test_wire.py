@@ -6,8 +6,10 @@ from __future__ import annotations
 import pickle
 
 from turnpool.pool import EnvPool, TurnResult
+from turnpool.worker.build import EnvBuild
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Op, as_turn_results
+from turnpool.worker.protocol import Op
+from turnpool.worker.results import as_turn_results
 
 
 def test_host_step_replies_are_plain_tuples_in_turn_result_order() -> None:

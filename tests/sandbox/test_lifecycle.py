@@ -110,7 +110,7 @@ def _children(pid: int) -> list[int]:
 
 
 def test_a_sandbox_failure_is_its_own_failure_class() -> None:
-    from turnpool.worker.protocol import FAILURE_CLASSES, failure_of_exception
+    from turnpool.worker.failures import FAILURE_CLASSES, failure_of_exception
     assert failure_of_exception(SandboxError("server died")) == "sandbox_error"
     assert failure_of_exception(ValueError("bug")) == "env_error"
     assert FAILURE_CLASSES["sandbox_error"] is True

@@ -8,11 +8,11 @@ from typing import Any
 
 from openenv.core import GenericEnvClient
 
-from turnpool.worker import protocol
+from turnpool.worker import failures
 
 #: The class a timed-out / killed env reports: issue 11's taxonomy when it is in the tree,
 #: else the documented default for results that name none.
-HAS_TAXONOMY = hasattr(protocol, "FAILURE_CLASSES")
+HAS_TAXONOMY = hasattr(failures, "FAILURE_CLASSES")
 
 
 def expected_failure(kind: str) -> str:

@@ -30,7 +30,7 @@ import turnpool
 from tests.serve.conftest import client
 from turnpool.cli import main
 from turnpool.pool.branch import Snapshot
-from turnpool.pool.slot_requests import ForkSlotRequest, SnapshotSlotRequest, StepRequest
+from turnpool.pool.slot_requests import ForkSlotRequest, SnapshotSlotRequest, StepSlotRequest
 from turnpool.pool.slots import SlotEngine
 from turnpool.serve import ServeSettings, TurnpoolServer
 from turnpool.serve.engine import PoolEngine
@@ -440,7 +440,7 @@ def test_the_slot_engine_runs_branching_calls_one_per_slot() -> None:
         engine.submit_step(a, ["Up"]).result(timeout=30)
         step: concurrent.futures.Future[Any] = concurrent.futures.Future()
         fork: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        engine.submit(StepRequest(a, ["Left"], step), ForkSlotRequest(a, b, fork))
+        engine.submit(StepSlotRequest(a, ["Left"], step), ForkSlotRequest(a, b, fork))
         assert step.result(timeout=30).error is None
         with pytest.raises(RuntimeError, match="still running a call"):
             fork.result(timeout=30)

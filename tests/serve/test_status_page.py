@@ -14,7 +14,7 @@ from tests.serve.conftest import client
 from turnpool.serve import ServeSettings, TurnpoolServer
 from turnpool.serve.fronts.merge import merge_status
 from turnpool.serve.status import BUCKETS, derived, failure_classes, quantiles
-from turnpool.worker.protocol import FAILURE_CLASSES
+from turnpool.worker.failures import FAILURE_CLASSES
 
 pytestmark = pytest.mark.timeout(120)
 

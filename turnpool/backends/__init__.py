@@ -22,7 +22,8 @@ from turnpool.backends.choice import (
 )
 from turnpool.envs.entry import load_entry_point
 from turnpool.extras import MissingExtra
-from turnpool.worker.protocol import EnvBuild, short_error
+from turnpool.worker.build import EnvBuild
+from turnpool.worker.errors import short_error
 
 log = logging.getLogger(__name__)
 

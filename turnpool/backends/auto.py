@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnpool.envs.base import TextEnv
-from turnpool.worker.protocol import EnvBuild
+from turnpool.worker.build import EnvBuild
 
 log = logging.getLogger(__name__)
 

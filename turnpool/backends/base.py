@@ -25,16 +25,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from turnpool.backends.auto import EnvProfile
-from turnpool.worker.protocol import (
-    DEFAULT_MP_CONTEXT,
-    BackendUnavailable,
-    EnvBuild,
-    EnvBuildError,
-    Reply,
-    Request,
-    WorkerLost,
-    split_evenly,
-)
+from turnpool.worker.build import EnvBuild, split_evenly
+from turnpool.worker.defaults import DEFAULT_MP_CONTEXT
+from turnpool.worker.errors import BackendUnavailable, EnvBuildError, WorkerLost
+from turnpool.worker.protocol import Reply, Request
 from turnpool.worker.transport import ProgressSlot
 
 

@@ -25,7 +25,7 @@ process across threads (their draws would interleave), on ``thread`` or joblib's
 sequentially instead, with one warning); ``auto`` never picks processes from unguarded code.
 
     >>> from turnpool.backends.choice import choose_backend
-    >>> from turnpool.worker.protocol import EnvBuild
+    >>> from turnpool.worker.build import EnvBuild
     >>> builds = [EnvBuild(0, "turnpool.envs.synthetic:TrivialEnv", {})]
     >>> choice = choose_backend("sequential", builds, None, (None, None))
     >>> choice.name, choice.label
@@ -45,8 +45,9 @@ from typing import Any
 from turnpool.backends.auto import EnvProfile, choose, fmt_seconds, measure_env
 from turnpool.backends.base import Backend, one_per_core, raise_build_errors
 from turnpool.envs.registry import draws_from_global_rng
+from turnpool.worker.build import EnvBuild
 from turnpool.worker.deadline import signal_timer_free
-from turnpool.worker.protocol import BackendUnavailable, EnvBuild, short_error
+from turnpool.worker.errors import BackendUnavailable, short_error
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def needs_threads(timeouts: tuple[float | None, float | None]) -> bool:
 def choose_backend(requested: str, builds: Sequence[EnvBuild], num_workers: int | None,
                    timeouts: tuple[float | None, float | None]) -> BackendChoice:
     """The backend to start for ``requested`` (see the module docstring); may raise
-    `turnpool.worker.protocol.EnvBuildError` when ``auto`` cannot build the env it measures."""
+    `turnpool.worker.errors.EnvBuildError` when ``auto`` cannot build the env it measures."""
     if requested == AUTO:
         return _choose_auto(builds, num_workers, timeouts)
     if requested == "sequential" and needs_threads(timeouts):

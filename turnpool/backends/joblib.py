@@ -56,7 +56,8 @@ from turnpool.backends.remote import (
     dial_and_serve,
 )
 from turnpool.extras import MissingExtra, require
-from turnpool.worker.protocol import BackendUnavailable, EnvBuild, short_error
+from turnpool.worker.build import EnvBuild
+from turnpool.worker.errors import BackendUnavailable, short_error
 from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot, ProgressWriter, watch_parent
 
 log = logging.getLogger(__name__)

@@ -52,8 +52,8 @@ import cloudpickle
 from turnpool.backends.base import WorkerLost, one_per_core
 from turnpool.backends.choice import unguarded_main_call
 from turnpool.backends.remote import Hello, Stream, StreamBackend, WorkerInit, serve_worker
+from turnpool.worker.build import EnvBuild
 from turnpool.worker.handoff import DEFAULT_HANDOFF_AFTER
-from turnpool.worker.protocol import EnvBuild
 from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot, watch_parent
 
 #: The standby's nice value while it waits (lowest priority: it must not slow live steps).

@@ -46,8 +46,9 @@ from turnpool.backends.remote import (
     dial_and_serve,
 )
 from turnpool.envs.registry import registered
+from turnpool.worker.build import EnvBuild, split_evenly
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Reply, Request, split_evenly
+from turnpool.worker.protocol import Reply, Request
 from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot, watch_parent
 
 log = logging.getLogger(__name__)

@@ -46,8 +46,10 @@ from typing import Any, ClassVar
 from turnpool.backends.base import BackendUnavailable, WorkerHandle, WorkerLost, one_per_core
 from turnpool.backends.remote import Hello, RemoteBackend, WorkerInit, build_host
 from turnpool.extras import MissingExtra, require
+from turnpool.worker.build import EnvBuild
+from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error
+from turnpool.worker.protocol import Op, Reply, Request
 from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot, encode
 
 log = logging.getLogger(__name__)

@@ -49,8 +49,10 @@ from turnpool.backends.base import (
     WorkerLost,
     raise_build_errors,
 )
+from turnpool.worker.build import EnvBuild
+from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error
+from turnpool.worker.protocol import Op, Reply, Request
 from turnpool.worker.transport import PROTOCOL, ProgressSlot, ProgressWriter, serve
 
 log = logging.getLogger(__name__)

@@ -33,6 +33,7 @@ from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
 from turnpool.backends.base import Backend, WorkerLost, raise_build_errors
+from turnpool.worker.build import EnvBuild
 from turnpool.worker.deadline import (
     TIMED_OUT,
     InProcessDeadline,
@@ -40,8 +41,9 @@ from turnpool.worker.deadline import (
     raise_in_thread,
     signal_timer_free,
 )
+from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, failed_reply, short_error
+from turnpool.worker.protocol import Op, Reply, Request, failed_reply
 from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot
 
 log = logging.getLogger(__name__)

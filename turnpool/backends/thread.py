@@ -22,9 +22,11 @@ from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
 from turnpool.backends.base import Backend, WorkerLost, raise_build_errors
+from turnpool.worker.build import EnvBuild
 from turnpool.worker.deadline import StepInterrupted, raise_in_thread
+from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import EnvBuild, Reply, Request, short_error
+from turnpool.worker.protocol import Reply, Request
 from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot
 
 log = logging.getLogger(__name__)

@@ -61,8 +61,8 @@ def measure_visual_transport(n_envs: int = VISUAL_ENVS) -> dict[str, Any]:
     import pickle
 
     from turnpool.envs.sokoban import frame_from_obs, tiles
+    from turnpool.worker.build import EnvBuild
     from turnpool.worker.host import EnvHost
-    from turnpool.worker.protocol import EnvBuild
 
     kwargs = {"dim_room": (6, 6), "num_boxes": 1, "render_mode": "rgb_array"}
     host = EnvHost([EnvBuild(i, "turnpool.envs.sokoban:SokobanEnv", kwargs)

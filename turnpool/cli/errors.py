@@ -123,7 +123,7 @@ def translate(exc: BaseException, command: str) -> UserError | None:
     A missing optional module (itself, or named by a worker's error) becomes the line that
     names its pip extra; a backend that cannot start is a usage error naming why.
     """
-    from turnpool.worker.protocol import BackendUnavailable
+    from turnpool.worker.errors import BackendUnavailable
 
     if isinstance(exc, (ImportError, BackendUnavailable)):
         found = missing_extra(exc, command)

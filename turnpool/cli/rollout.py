@@ -66,7 +66,7 @@ from turnpool.rollout.record import Recorder
 from turnpool.rollout.sampling import BudgetExhausted
 from turnpool.rollout.settings import RolloutPlan
 from turnpool.rollout.trajectory import write_jsonl
-from turnpool.worker.protocol import FAILURE_CLASSES
+from turnpool.worker.failures import FAILURE_CLASSES
 
 log = logging.getLogger(__name__)
 

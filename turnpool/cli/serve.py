@@ -29,7 +29,7 @@ import click
 import yaml
 
 from turnpool.cli.errors import EXIT_USAGE, UserError, did_you_mean, unknown_env
-from turnpool.worker.protocol import DEFAULT_STEP_TIMEOUT
+from turnpool.worker.defaults import DEFAULT_STEP_TIMEOUT
 
 TOKEN_ENV = "TURNPOOL_SERVE_TOKEN"
 #: Not 8000: that is where vLLM and ``transformers serve`` listen by default, and so where

@@ -30,7 +30,7 @@ import click
 
 from turnpool.cli.errors import EXIT_USAGE, UserError, unknown_env
 from turnpool.extras import require
-from turnpool.worker.protocol import DEFAULT_STEP_TIMEOUT
+from turnpool.worker.defaults import DEFAULT_STEP_TIMEOUT
 
 AGENT_LOOP_YAML = """\
 # turnpool's verl agent loop (see turnpool.integrations.verl)

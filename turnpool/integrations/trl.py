@@ -41,7 +41,7 @@ from turnpool.pool import EnvPool
 from turnpool.rollout.collector import TrajectoryCollector, build_pool
 from turnpool.rollout.settings import CollectorSettings, TagSpec, TurnSettings
 from turnpool.rollout.trajectory import Trajectory
-from turnpool.worker.protocol import failure_of
+from turnpool.worker.failures import failure_of
 
 log = logging.getLogger(__name__)
 

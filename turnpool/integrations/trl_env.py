@@ -33,7 +33,7 @@ from turnpool.integrations.leases import shared_leases
 from turnpool.pool.slots import SlotEngine
 from turnpool.rollout.prompts import describe_env, make_env_prompt
 from turnpool.rollout.settings import TagSpec, TurnSettings
-from turnpool.worker.protocol import failure_of
+from turnpool.worker.failures import failure_of
 
 #: Longest action text a tool call may pass to an env (LLM text is hostile).
 MAX_ACTION_CHARS = 4096

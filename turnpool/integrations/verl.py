@@ -58,7 +58,7 @@ from turnpool.pool.slots import PoolTimeout, SlotEngine
 from turnpool.rollout.episode import EpisodeState, apply_turn, plan_turn, start_episode
 from turnpool.rollout.prompts import EnvPrompt, build_messages, make_env_prompt
 from turnpool.rollout.settings import TagSpec, TurnSettings
-from turnpool.worker.protocol import failure_of
+from turnpool.worker.failures import failure_of
 
 log = logging.getLogger(__name__)
 

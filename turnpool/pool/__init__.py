@@ -12,6 +12,6 @@ from __future__ import annotations
 
 from turnpool.pool.api import EnvConstructionError, EnvError, EnvGroupSpec, EnvPool
 from turnpool.pool.branch import Snapshot
-from turnpool.worker.protocol import TurnResult
+from turnpool.worker.results import TurnResult
 
 __all__ = ["EnvConstructionError", "EnvError", "EnvGroupSpec", "EnvPool", "Snapshot", "TurnResult"]

@@ -15,7 +15,7 @@ resets; successive seedless resets therefore never reuse a seed.
 
 Faults: an env that raises, a worker that dies and an env that runs past ``step_timeout`` give
 that env a result with ``done=True`` (``truncated``), reward 0, ``info["error"]`` and its class
-``info["failure"]`` with ``info["retryable"]`` (`turnpool.worker.protocol.FAILURE_CLASSES`); the
+``info["failure"]`` with ``info["retryable"]`` (`turnpool.worker.failures.FAILURE_CLASSES`); the
 env stays failed until its next reset (which rebuilds it). Envs that cannot be built raise
 `EnvConstructionError` from the constructor on every backend; a named backend that cannot
 start raises `BackendUnavailable` naming the fix (``auto``, or ``fallback=True``, runs
@@ -58,15 +58,10 @@ from turnpool.pool.branch import Snapshot
 from turnpool.pool.dispatch import Dispatcher
 from turnpool.pool.requests import Ticket
 from turnpool.pool.table import EnvRecord
-from turnpool.worker.protocol import (
-    DEFAULT_MP_CONTEXT,
-    DEFAULT_STEP_TIMEOUT,
-    START_TIMEOUT,
-    EnvBuild,
-    EnvBuildError,
-    ResetResult,
-    TurnResult,
-)
+from turnpool.worker.build import EnvBuild
+from turnpool.worker.defaults import DEFAULT_MP_CONTEXT, DEFAULT_STEP_TIMEOUT, START_TIMEOUT
+from turnpool.worker.errors import EnvBuildError
+from turnpool.worker.results import ResetResult, TurnResult
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from turnpool.backends import BACKENDS, get_backend
 from turnpool.envs.registry import EnvTarget
-from turnpool.worker.protocol import BackendUnavailable
+from turnpool.worker.errors import BackendUnavailable
 
 
 class GroupSpec(Protocol):

@@ -29,14 +29,9 @@ from typing import Any
 
 from turnpool.pool.dispatch import Dispatcher
 from turnpool.pool.requests import Pending, Ticket, split
-from turnpool.worker.protocol import (
-    Failure,
-    ForkRequest,
-    LoadRequest,
-    ResetResult,
-    SnapshotRequest,
-    StateResult,
-)
+from turnpool.worker.failures import Failure
+from turnpool.worker.protocol import ForkRequest, LoadRequest, SnapshotRequest
+from turnpool.worker.results import ResetResult, StateResult
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,7 @@ def _check_state(i: int, r: StateResult) -> None:
 
 def _episode(dispatch: Dispatcher, i: int) -> tuple[int, tuple[tuple[Any, ...], ...]]:
     """Env ``i``'s episode as the replay log has it: its seed and its turns."""
-    item = dispatch.table.replay.restore_items(dispatch.table.owner_of(i), [i])[0]
+    item = dispatch.table.restore_items(dispatch.table.owner_of(i), [i])[0]
     return item[1], tuple(tuple(acts) for acts in item[2])
 
 
@@ -162,7 +157,7 @@ def _run(dispatch: Dispatcher, ids: list[int], request: Any) -> Any:
     """Send ``request(worker, its env ids)`` to each worker holding some of ``ids`` and wait:
     the replies' per-env results, aligned to ``ids``."""
     ticket = Ticket(ids, is_async=False)
-    for w, (wids, wpos) in split(ids, dispatch.table.owner)[0].items():
+    for w, (wids, wpos) in split(ids, dispatch.table.owners)[0].items():
         dispatch.enqueue(w, Pending(request(w, wids), ticket, wpos))
     dispatch.finish(ticket)
     return ticket.out

@@ -11,11 +11,12 @@ straggler (an env that started later, as reported by the worker's progress recor
 own full budget). Results land in a `Ticket`, one per pool call, in the caller's order.
 
 The dispatcher owns the `EnvTable` (``table``): every env's owner, episode, flight and
-failure state; everything else asks it. A dead or stuck worker is replaced in two steps: the
-deadline checks (`_head_check`, `_late_check`) only look and return a `Fault`; `_recover` gets
-a `Plan` from the pure `turnpool.pool.recovery.decide` (whom to blame, what to restore and
-send again) and carries it out. Groups, seed schedules and the public API are ``api.py``'s;
-requests are built in ``requests.py``.
+failure state, changed only through the table's methods; everything else asks it. How a
+reply is filed depends on its kind in the op table (`_FILE`). A dead or stuck worker is
+replaced in two steps: the deadline checks (`_head_check`, `_late_check`) only look and
+return a `Fault`; `_recover` gets a `Plan` from the pure `turnpool.pool.recovery.decide`
+(whom to blame, what to restore and send again) and carries it out. Groups, seed schedules
+and the public API are ``api.py``'s; requests are built in ``requests.py``.
 """
 
 from __future__ import annotations
@@ -41,19 +42,26 @@ from turnpool.pool.requests import (
     step_requests,
 )
 from turnpool.pool.table import EnvTable
+from turnpool.worker.errors import BackendUnavailable, WorkerLost, bounded
+from turnpool.worker.failures import Failure
 from turnpool.worker.protocol import (
-    BackendUnavailable,
-    Failure,
+    REPLY_KIND,
+    LateReply,
     Op,
+    PartialReply,
+    ReplyKind,
+    ResetReply,
     ResetRequest,
-    ResetResult,
+    RestoreReply,
+    StepReply,
     StepRequest,
-    TurnResult,
-    WorkerLost,
-    as_turn_results,
-    bounded,
     decode,
     encode,
+)
+from turnpool.worker.results import (
+    ResetResult,
+    TurnResult,
+    as_turn_results,
     error_reset,
     error_step,
 )
@@ -93,7 +101,7 @@ class Dispatcher:
         table = self.table
         failed = table.failed
         spans = self._spans if whole and not failed else None
-        requests, skipped = step_requests(ticket, action_lists, single, table.owner, spans,
+        requests, skipped = step_requests(ticket, action_lists, single, table.owners, spans,
                                           failed.__contains__ if failed else None)
         for w, pending in requests:
             self.enqueue(w, pending)
@@ -106,7 +114,7 @@ class Dispatcher:
 
     def resets(self, ticket: Ticket, base: int, group_ids: Sequence[int]) -> None:
         """Reset the envs of ``ticket``: group ``g`` gets seed ``base + g``."""
-        for w, pending in reset_requests(ticket, base, group_ids, self.table.owner):
+        for w, pending in reset_requests(ticket, base, group_ids, self.table.owners):
             self.enqueue(w, pending)
         if ticket.is_async:
             self.table.sent_async(ticket.env_ids)
@@ -265,61 +273,68 @@ class Dispatcher:
         if failure is not None:  # the request failed as a whole: every env of it did
             for k, i in enumerate(head.env_ids):
                 self._fail(head, k, i, f"worker error: {error}", failure)
-        elif op is Op.PARTIAL:
-            self._partial(worker, head, payload)
         else:
-            self._complete(worker, head, payload)
+            _FILE[REPLY_KIND[op]](self, worker, head, payload)
         if queue:
             self._send(worker, queue[0])
 
-    def _complete(self, worker: int, head: Pending, payload: Any) -> None:
+    # ------------------------------------------------------------------ filing replies
+    # One method per `ReplyKind` (`_FILE`): how a reply's payload lands in the env table and
+    # the caller's ticket. A new op whose reply is of a known kind adds nothing here.
+    def _turns_done(self, worker: int, head: Pending, payload: StepReply) -> None:
+        request = head.request
+        assert isinstance(request, StepRequest)
         ids = head.env_ids
         ticket = head.ticket
+        assert ticket is not None
         table = self.table
-        request = head.request
-        if type(request) is StepRequest:
-            assert ticket is not None
-            wire, failed = payload
-            results = as_turn_results(wire)
-            for k in failed:
-                table.fail(ids[k], results[k].error, Failure.of(results[k].failure))
-            table.replay.stepped(worker, ids, request.actions, request.single)  # = table.stepped
-            positions = head.positions
-            if not ticket.is_async and isinstance(positions, range) and positions.step == 1:
-                ticket.out[positions.start:positions.stop] = results
-                ticket.remaining -= len(results)
-            else:
-                for i, pos, r in zip(ids, positions, results):
-                    self._deliver(ticket, pos, i, r)
-        elif head.op is Op.RESET:
-            assert ticket is not None and isinstance(request, ResetRequest)
-            started: dict[int, int] = {}
-            for i, pos, s, r in zip(ids, head.positions, request.seeds, payload):
-                if r.error is None:
-                    started[i] = s
-                else:
-                    table.fail(i, r.error, Failure.of(r.failure), episode_lost=True)
+        wire, failed = payload
+        results = as_turn_results(wire)
+        for k in failed:
+            table.fail(ids[k], results[k].error or "", Failure.of(results[k].failure))
+        table.stepped(worker, ids, request.actions, request.single)
+        positions = head.positions
+        if not ticket.is_async and isinstance(positions, range) and positions.step == 1:
+            ticket.out[positions.start:positions.stop] = results
+            ticket.remaining -= len(results)
+        else:
+            for i, pos, r in zip(ids, positions, results):
                 self._deliver(ticket, pos, i, r)
-            table.started(worker, started)
-        elif head.op is Op.RESTORE:
-            for i, err in zip(ids, payload):
-                if err is not None:
-                    table.fail(i, f"restore failed: {err}", Failure.WORKER_LOST)
-        else:  # Op.SNAPSHOT / Op.LOAD (synchronous): `turnpool.pool.branch` reads them
-            assert ticket is not None
-            for pos, r in zip(head.positions, payload):
-                ticket.out[pos] = r
-            ticket.remaining -= len(payload)
 
-    def _partial(self, worker: int, head: Pending, payload: Any) -> None:
+    def _resets_done(self, worker: int, head: Pending, payload: ResetReply) -> None:
+        request, ticket, table = head.request, head.ticket, self.table
+        assert ticket is not None and isinstance(request, ResetRequest)
+        started: dict[int, int] = {}
+        for i, pos, s, r in zip(head.env_ids, head.positions, request.seeds, payload):
+            if r.error is None:
+                started[i] = s
+            else:
+                table.fail(i, r.error, Failure.of(r.failure), episode_lost=True)
+            self._deliver(ticket, pos, i, r)
+        table.started(worker, started)
+
+    def _restored(self, worker: int, head: Pending, payload: RestoreReply) -> None:
+        for i, err in zip(head.env_ids, payload):
+            if err is not None:
+                self.table.fail(i, f"restore failed: {err}", Failure.WORKER_LOST)
+
+    def _values(self, worker: int, head: Pending, payload: list[Any]) -> None:
+        """Per-env values of a synchronous call (`turnpool.pool.branch` reads them)."""
+        ticket = head.ticket
+        assert ticket is not None
+        for pos, r in zip(head.positions, payload):
+            ticket.out[pos] = r
+        ticket.remaining -= len(payload)
+
+    def _partial(self, worker: int, head: Pending, payload: PartialReply) -> None:
         """The worker answered ``head`` except its stalled envs, which become stragglers."""
         wire, pending = payload
         limit = self._limits[head.op]
-        late = self.table.stragglers[worker]
         waiting = set()
         for k, since in pending:
             due = since + limit + LATE_GRACE_S if limit is not None else float("inf")
-            late[int(head.env_ids[k])] = Straggler(head, k, due)
+            env_id = int(head.env_ids[k])
+            self.table.straggling(worker, env_id, Straggler(head, k, due))
             waiting.add(k)
         ids, actions = head.env_ids, head.actions()
         done = [k for k in range(len(ids)) if k not in waiting]
@@ -330,15 +345,13 @@ class Dispatcher:
         for k in done:
             self._turn_done(ticket, head.positions[k], ids[k], wire[k])
 
-    def _late_results(self, worker: int, seq: int, payload: Any) -> None:
+    def _late_results(self, worker: int, seq: int, payload: LateReply) -> None:
         """Results of stragglers (an `Op.LATE` reply); stale ones are dropped."""
-        late = self.table.stragglers[worker]
         for env_id, wire in payload:
-            straggler = late.get(env_id)
-            if straggler is None or straggler.head.seq != seq:
+            straggler = self.table.straggler_done(worker, env_id, seq)
+            if straggler is None:
                 log.debug("discarding a stale late result of env %d", env_id)
                 continue
-            del late[env_id]
             head = straggler.head
             self.table.stepped(worker, [env_id], [head.actions()[straggler.k]],
                                head.op is Op.STEP1)
@@ -356,7 +369,7 @@ class Dispatcher:
         ticket.out[pos] = result
         ticket.remaining -= 1
         if ticket.is_async:  # stays in flight until polled
-            self.table.ready.append((env_id, result))
+            self.table.finished_async(env_id, result)
 
     def _fail(self, pending: Pending, k: int, env_id: int, reason: str,
               failure: Failure = Failure.ENV_ERROR) -> None:
@@ -382,8 +395,7 @@ class Dispatcher:
         waiting = list(queue)
         queue.clear()
         table = self.table
-        late = list(table.stragglers[worker].values())
-        table.stragglers[worker] = {}
+        late = table.drop_stragglers(worker)
         progress = self.backend.progress(worker)
         culprit = int(progress[0]) if progress is not None else None
         log.warning("worker %d of %s backend: %s (env %s); restarting it", worker,
@@ -402,7 +414,7 @@ class Dispatcher:
         plan = decide(fault, head, late, waiting, culprit, table.live(worker))
         self._blame(plan.blame, fault.reason, fault.failure)
         if plan.restore:
-            queue.append(restore_request(table.replay.restore_items(worker, plan.restore)))
+            queue.append(restore_request(table.restore_items(worker, plan.restore)))
         queue.extend(plan.resend)
         if queue:
             self._send(worker, queue[0])
@@ -410,6 +422,16 @@ class Dispatcher:
     def _blame(self, blame: list[Blame], reason: str, failure: Failure) -> None:
         for pending, k, env_id in blame:
             self._fail(pending, k, env_id, reason, failure)
+
+
+#: reply kind -> how the dispatcher files it (`ReplyKind.LATE` answers no head: `_receive`)
+_FILE: dict[ReplyKind, Callable[[Dispatcher, int, Pending, Any], None]] = {
+    ReplyKind.TURNS: Dispatcher._turns_done,
+    ReplyKind.RESETS: Dispatcher._resets_done,
+    ReplyKind.RESTORED: Dispatcher._restored,
+    ReplyKind.VALUES: Dispatcher._values,
+    ReplyKind.PARTIAL: Dispatcher._partial,
+}
 
 
 def _picklable(obj: Any) -> bool:

@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from turnpool.pool.requests import Pending, Straggler, alone, without
-from turnpool.worker.protocol import Failure, Op
+from turnpool.worker.failures import Failure
+from turnpool.worker.protocol import Op
 
 #: an env to fail: the request it was in, its index there, its id
 Blame = tuple[Pending, int, int]

@@ -5,7 +5,7 @@ fake in unit tests) and the delivery of results to blocking and asyncio callers.
 Example:
     >>> import concurrent.futures
     >>> fut = concurrent.futures.Future()
-    >>> StepRequest(slot=3, actions=["up"], waiter=fut).slot
+    >>> StepSlotRequest(slot=3, actions=["up"], waiter=fut).slot
     3
     >>> deliver([(fut, "done", None)]); fut.result()
     'done'
@@ -45,8 +45,19 @@ class SlotReset(NamedTuple):
     failure: str | None
 
 
+class OneSlot:
+    """A slot request about one slot (`slots` is what the engine checks and marks busy)."""
+
+    __slots__ = ()
+    slot: int
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        return (self.slot,)
+
+
 @dataclass(frozen=True, slots=True)
-class StepRequest:
+class StepSlotRequest(OneSlot):
     """Run ``actions`` in ``slot``; ``waiter`` gets its `TurnResult`."""
 
     slot: int
@@ -55,7 +66,7 @@ class StepRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class ResetRequest:
+class ResetSlotRequest(OneSlot):
     """Start an episode in ``slot`` from ``seed`` (None: the pool's schedule); ``waiter``
     gets its `SlotReset`."""
 
@@ -81,32 +92,24 @@ class Branched(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class SnapshotSlotRequest:
+class SnapshotSlotRequest(OneSlot):
     """``slot``'s episode as a `Snapshot` restored by replay (`EnvPool.episode`: the pool's
     record, no worker call; the caller knows the episode is not over); ``waiter`` gets it."""
 
     slot: int
     waiter: Waiter
 
-    @property
-    def slots(self) -> tuple[int, ...]:
-        return (self.slot,)
-
     def run(self, pool: SlotPool) -> Snapshot:
         return pool.episode(self.slot)
 
 
 @dataclass(frozen=True, slots=True)
-class RestoreSlotRequest:
+class RestoreSlotRequest(OneSlot):
     """Put ``slot``'s env into ``snapshot``'s state; ``waiter`` gets a `Branched`."""
 
     slot: int
     snapshot: Snapshot
     waiter: Waiter
-
-    @property
-    def slots(self) -> tuple[int, ...]:
-        return (self.slot,)
 
     def run(self, pool: SlotPool) -> Branched:
         obs, infos = pool.restore([self.slot], [self.snapshot])
@@ -135,7 +138,7 @@ class ForkSlotRequest:
 #: A branching call: run by the driver between its rounds' sends and its poll (it blocks
 #: the driver for that call; other slots' turns in flight go on meanwhile).
 BranchRequest = SnapshotSlotRequest | RestoreSlotRequest | ForkSlotRequest
-SlotRequest = StepRequest | ResetRequest | ReleaseRequest | BranchRequest
+SlotRequest = StepSlotRequest | ResetSlotRequest | ReleaseRequest | BranchRequest
 
 
 class SlotPool(Protocol):
@@ -149,6 +152,8 @@ class SlotPool(Protocol):
 
     @property
     def worker_slices(self) -> list[list[int]]: ...
+
+    def owner_of(self, env_id: int) -> int: ...
 
     @property
     def backend_name(self) -> str: ...
@@ -188,6 +193,9 @@ class EnvPoolSlots:
     @property
     def worker_slices(self) -> list[list[int]]:
         return [list(ids) for ids in self.pool.backend.slices]
+
+    def owner_of(self, env_id: int) -> int:
+        return self.pool.owner_of(env_id)
 
     @property
     def backend_name(self) -> str:
@@ -256,6 +264,6 @@ def resolve(out: Deliveries) -> None:
 
 
 __all__ = ["BranchRequest", "Branched", "Deliveries", "EnvPoolSlots", "ForkSlotRequest",
-           "PoolFull", "PoolTimeout", "ReleaseRequest", "ResetRequest", "RestoreSlotRequest",
-           "SlotPool", "SlotRequest", "SlotReset", "SnapshotSlotRequest", "StepRequest",
+           "PoolFull", "PoolTimeout", "ReleaseRequest", "ResetSlotRequest", "RestoreSlotRequest",
+           "SlotPool", "SlotRequest", "SlotReset", "SnapshotSlotRequest", "StepSlotRequest",
            "Waiter", "deliver", "resolve"]

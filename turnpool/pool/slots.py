@@ -17,12 +17,14 @@ as *slots*:
   the resets batched by seed base (one `EnvPool.reset_async` per distinct base), and collects
   finished turns and resets ready-first with `EnvPool.poll`, so one slow env (or a worker
   busy restoring its envs) never holds back another slot's result.
-* One typed way in: `SlotEngine.submit` takes `StepRequest` / `ResetRequest` records, each
-  with the future to resolve. Thin faces over it: blocking (``submit_reset`` /
-  ``submit_step`` return a `concurrent.futures.Future`) and asyncio (``await reset(...)`` /
-  ``await step(...)``, or ``reset_future`` / ``step_future`` with no timeout of their own),
-  whose results reach each event loop in one thread-safe callback per round, not one per
-  result.
+* Typed requests in: `SlotEngine.submit` takes `StepSlotRequest` / `ResetSlotRequest` /
+  branching records, each with the future to resolve, and checks their slots first;
+  `SlotEngine.post` takes a batch already checked (the WebSocket fast path, whose futures
+  must hear back even when a slot was released meanwhile). Thin faces over `submit`:
+  blocking (``submit_reset`` / ``submit_step`` return a `concurrent.futures.Future`) and
+  asyncio (``await reset(...)`` / ``await step(...)``, or ``reset_future`` /
+  ``step_future`` with no timeout of their own), whose results reach each event loop in one
+  thread-safe callback per round, not one per result.
 
 Seeds: slot ``i`` is group ``i`` of the pool, whose reset seed is ``base + i``; a reset of
 slot ``i`` to seed ``s`` uses ``base = s - i``, so the env starts exactly as
@@ -60,24 +62,21 @@ from turnpool.pool.slot_requests import (
     BranchRequest,
     Deliveries,
     EnvPoolSlots,
-    ForkSlotRequest,
     PoolFull,
     PoolTimeout,
     ReleaseRequest,
-    ResetRequest,
-    RestoreSlotRequest,
+    ResetSlotRequest,
     SlotPool,
     SlotRequest,
     SlotReset,
-    SnapshotSlotRequest,
-    StepRequest,
+    StepSlotRequest,
     Waiter,
     deliver,
 )
-from turnpool.worker.protocol import Failure, ResetResult, TurnResult
+from turnpool.worker.failures import Failure
+from turnpool.worker.results import ResetResult, TurnResult
 
 log = logging.getLogger(__name__)
-_BRANCHES = (SnapshotSlotRequest, RestoreSlotRequest, ForkSlotRequest)
 
 #: Seconds the driver waits for a worker reply before it looks at its inbox again.
 POLL_INTERVAL = 0.001
@@ -112,12 +111,8 @@ class SlotEngine:
         self._slots: SlotPool = slot_pool
         self._lock = threading.Lock()
         slices = self._slots.worker_slices
-        #: slot -> its worker (the one map of it: ask `worker_of`); per worker its free
-        #: slots (most recently released first)
-        self._worker = [0] * self._slots.num_envs
-        for w, ids in enumerate(slices):
-            for i in ids:
-                self._worker[i] = w
+        #: per worker its free slots (most recently released first); which worker holds a
+        #: slot is the pool's to say (`worker_of`)
         self._free: list[deque[int]] = [deque(ids) for ids in slices]
         self._leased: set[int] = set()
         #: per slot, its moving-average step cost in seconds (0: not measured yet)
@@ -157,11 +152,11 @@ class SlotEngine:
 
     def worker_of(self, slot: int) -> int:
         """The worker whose envs include ``slot``'s."""
-        return self._worker[slot]
+        return self._slots.owner_of(slot)
 
     def slots_of(self, worker: int) -> list[int]:
         """The slots whose envs ``worker`` runs."""
-        return [s for s, w in enumerate(self._worker) if w == worker]
+        return list(self._slots.worker_slices[worker])
 
     @property
     def backend_name(self) -> str:
@@ -183,7 +178,7 @@ class SlotEngine:
             if best is None:
                 raise PoolFull(f"all {self.capacity} env slots are leased")
             if near is not None:
-                w = self._worker[near]
+                w = self._slots.owner_of(near)
                 if self._free[w] and self.load[w] <= self.load[best] + self._mean_cost:
                     best = w
             slot = self._free[best].popleft()
@@ -196,7 +191,7 @@ class SlotEngine:
         with self._lock:
             if slot in self._leased:
                 self._leased.discard(slot)
-                w = self._worker[slot]
+                w = self._slots.owner_of(slot)
                 self.load[w] = max(0.0, self.load[w] - (self.cost[slot] or self._mean_cost))
                 if slot not in self.lost_slots:
                     self._free[w].appendleft(slot)
@@ -213,11 +208,12 @@ class SlotEngine:
                 self._mean_cost = cost_model.mean_of(sum(known), len(known))
             measured = [0.0] * len(self.load)
             unmeasured = [0] * len(self.load)
+            owner_of = self._slots.owner_of
             for s in self._leased:
                 if cost[s] > 0.0:
-                    measured[self._worker[s]] += cost[s]
+                    measured[owner_of(s)] += cost[s]
                 else:
-                    unmeasured[self._worker[s]] += 1
+                    unmeasured[owner_of(s)] += 1
             self.load = [cost_model.load_of(c, u, self._mean_cost)
                          for c, u in zip(measured, unmeasured, strict=True)]
 
@@ -229,7 +225,7 @@ class SlotEngine:
             known = [c for c in map(self.cost.__getitem__, self._leased) if c > 0.0]
             return float(sum(known)), len(known), len(self._leased)
 
-    # ------------------------------------------------------------------ the one way in
+    # ------------------------------------------------------------------ the ways in
     def check(self, slot: int) -> None:
         """`RuntimeError` when the engine is closed, `ValueError` when ``slot`` is not
         leased: what `submit` refuses."""
@@ -238,15 +234,15 @@ class SlotEngine:
         if slot not in self._leased:
             raise ValueError(f"env slot {slot} is not leased")
 
-    def submit(self, *requests: StepRequest | ResetRequest | BranchRequest) -> None:
+    def submit(self, *requests: StepSlotRequest | ResetSlotRequest | BranchRequest) -> None:
         """Hand the driver ``requests`` (checked first, all or none): one inbox item, so
         the driver sends their steps in one pool call."""
         for request in requests:
-            for slot in request.slots if isinstance(request, _BRANCHES) else (request.slot,):
+            for slot in request.slots:
                 self.check(slot)
         self.post(list(requests))
 
-    def post(self, requests: list[StepRequest | ResetRequest | BranchRequest]) -> None:
+    def post(self, requests: list[StepSlotRequest | ResetSlotRequest | BranchRequest]) -> None:
         """`submit` of requests already checked (a batch built over one event-loop pass, whose
         futures must hear back even when a slot was released meanwhile)."""
         self._inbox.put(list(requests) if len(requests) != 1 else requests[0])
@@ -256,14 +252,14 @@ class SlotEngine:
                      ) -> concurrent.futures.Future[SlotReset]:
         """Start an episode in ``slot`` (from ``seed``, or the pool's schedule)."""
         fut: concurrent.futures.Future[SlotReset] = concurrent.futures.Future()
-        self.submit(ResetRequest(slot, None if seed is None else int(seed), fut))
+        self.submit(ResetSlotRequest(slot, None if seed is None else int(seed), fut))
         return fut
 
     def submit_step(self, slot: int, actions: Sequence[Any]
                     ) -> concurrent.futures.Future[TurnResult]:
         """Run ``actions`` in ``slot``, stopping at the first done (cut at ``step_timeout``)."""
         fut: concurrent.futures.Future[TurnResult] = concurrent.futures.Future()
-        self.submit(StepRequest(slot, list(actions), fut))
+        self.submit(StepSlotRequest(slot, list(actions), fut))
         return fut
 
     # ------------------------------------------------------------------ asyncio face
@@ -271,13 +267,13 @@ class SlotEngine:
         """`submit_reset` from a running event loop, as an `asyncio.Future` with no timeout
         (a caller that stops waiting calls `abandon`)."""
         fut: asyncio.Future[SlotReset] = asyncio.get_running_loop().create_future()
-        self.submit(ResetRequest(slot, None if seed is None else int(seed), fut))
+        self.submit(ResetSlotRequest(slot, None if seed is None else int(seed), fut))
         return fut
 
     def step_future(self, slot: int, actions: Sequence[Any]) -> asyncio.Future[TurnResult]:
         """`submit_step` from a running event loop, as an `asyncio.Future` with no timeout."""
         fut: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
-        self.submit(StepRequest(slot, list(actions), fut))
+        self.submit(StepSlotRequest(slot, list(actions), fut))
         return fut
 
     def branch_future(self, request: Callable[[Waiter], BranchRequest]) -> asyncio.Future[Any]:
@@ -378,8 +374,8 @@ class SlotEngine:
         """Send the new steps as one pool call, start the resets, run the branching calls,
         collect finished turns."""
         out: Deliveries = []
-        steps: list[StepRequest] = []
-        resets: list[ResetRequest] = []
+        steps: list[StepSlotRequest] = []
+        resets: list[ResetSlotRequest] = []
         branches: list[BranchRequest] = []
         busy = set(in_flight)
         released = [r.slot for r in items if isinstance(r, ReleaseRequest)]
@@ -388,16 +384,16 @@ class SlotEngine:
         for r in items:
             if isinstance(r, ReleaseRequest):
                 continue
-            slots = r.slots if isinstance(r, _BRANCHES) else (r.slot,)
+            slots = r.slots
             taken = [s for s in slots if s in busy]
             if taken:  # one call at a time per slot; the others are refused alone
                 out.append((r.waiter, None, RuntimeError(
                     f"env slot {taken[0]} is still running a call; wait for it first")))
                 continue
             busy.update(slots)
-            if isinstance(r, StepRequest):
+            if isinstance(r, StepSlotRequest):
                 steps.append(r)
-            elif isinstance(r, ResetRequest):
+            elif isinstance(r, ResetSlotRequest):
                 resets.append(r)
             else:
                 branches.append(r)
@@ -419,7 +415,7 @@ class SlotEngine:
             self._rebalanced = now
             self.rebalance()
 
-    def _steps(self, steps: list[StepRequest], in_flight: dict[int, Waiter]) -> Deliveries:
+    def _steps(self, steps: list[StepSlotRequest], in_flight: dict[int, Waiter]) -> Deliveries:
         """Send every step as one pool call (one message per worker)."""
         try:
             self._slots.step_async([r.slot for r in steps], [r.actions for r in steps])
@@ -432,12 +428,12 @@ class SlotEngine:
             self._sent[r.slot] = now
         return []
 
-    def _resets(self, resets: list[ResetRequest], in_flight: dict[int, Waiter]) -> Deliveries:
+    def _resets(self, resets: list[ResetSlotRequest], in_flight: dict[int, Waiter]) -> Deliveries:
         """Start one pool reset per distinct seed base (seedless resets share one call, a
         seeded reset of slot ``i`` to seed ``s`` uses base ``s - i``) without waiting: their
         results come ready-first with the turns', so a reset queued behind a slow worker
         holds back no other slot."""
-        by_base: dict[int | None, list[ResetRequest]] = {}
+        by_base: dict[int | None, list[ResetSlotRequest]] = {}
         for r in resets:
             by_base.setdefault(None if r.seed is None else r.seed - r.slot, []).append(r)
         out: Deliveries = []
@@ -490,4 +486,5 @@ class SlotEngine:
 
 
 __all__ = ["BranchRequest", "Branched", "PoolFull", "PoolTimeout", "ReleaseRequest",
-           "ResetRequest", "SlotEngine", "SlotPool", "SlotRequest", "SlotReset", "StepRequest"]
+           "ResetSlotRequest", "SlotEngine", "SlotPool", "SlotRequest", "SlotReset",
+           "StepSlotRequest"]

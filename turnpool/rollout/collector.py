@@ -97,7 +97,7 @@ from turnpool.rollout.trajectory import (
     write_jsonl,
 )
 from turnpool.rollout.tree import TreeNode, TreeTally, check_tree, group_uid, path_turns, play_tree
-from turnpool.worker.protocol import FAILURE_CLASSES, Failure
+from turnpool.worker.failures import FAILURE_CLASSES, Failure
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from turnpool.rollout.projection import parse_response
 from turnpool.rollout.prompts import EnvPrompt, build_messages
 from turnpool.rollout.settings import TurnSettings
 from turnpool.rollout.trajectory import Turn
-from turnpool.worker.protocol import FAILURE_CLASSES, failure_of
+from turnpool.worker.failures import FAILURE_CLASSES, failure_of
 
 #: LLM text is hostile: what is stored and replayed into later prompts is capped.
 MAX_RESPONSE_CHARS = 32_768
@@ -54,7 +54,7 @@ class EpisodeState:
     truncated: bool = False
     end_reason: str = "running"
     error: str | None = None
-    #: the failure class of ``error`` (`turnpool.worker.protocol.FAILURE_CLASSES`) and whether
+    #: the failure class of ``error`` (`turnpool.worker.failures.FAILURE_CLASSES`) and whether
     #: playing the episode again from its seed may succeed
     failure: str | None = None
     retryable: bool = False

@@ -61,7 +61,7 @@ from typing import IO, Any
 from turnpool.pool import EnvGroupSpec, TurnResult
 from turnpool.rollout.episode import EpisodeState
 from turnpool.rollout.trajectory import canonical, dumps_plain, plain_json
-from turnpool.worker.protocol import failure_of
+from turnpool.worker.failures import failure_of
 
 #: the ``format`` of a record's header line, and the versions this module reads
 FORMAT = "turnpool-record"

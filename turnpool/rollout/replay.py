@@ -15,7 +15,7 @@ Each reset and each step is compared field by field (`RESET_FIELDS`, `STEP_FIELD
 canonical JSON; an episode stops at its first divergence (the env's later transitions follow
 from a different state). What cannot be compared is counted, not judged: the steps from a
 recorded failure that says more about the run than about the env (a timeout, a lost worker, a
-sandbox failure: the retryable classes of `turnpool.worker.protocol.Failure`) on, and an
+sandbox failure: the retryable classes of `turnpool.worker.failures.Failure`) on, and an
 episode whose reset failed in the run (no seed). An env that raised (``env_error``) is
 deterministic and compared like any other step.
 """
@@ -41,7 +41,7 @@ from turnpool.rollout.record import (
     step_fields,
 )
 from turnpool.rollout.trajectory import canonical
-from turnpool.worker.protocol import Failure
+from turnpool.worker.failures import Failure
 
 #: characters of a recorded or replayed value a divergence report shows
 SHOWN_CHARS = 120

@@ -119,7 +119,7 @@ class Trajectory:
     truncated: bool = False
     end_reason: str = "running"
     error: str | None = None
-    #: the failure class of ``error`` (`turnpool.worker.protocol.FAILURE_CLASSES`), None if none
+    #: the failure class of ``error`` (`turnpool.worker.failures.FAILURE_CLASSES`), None if none
     failure: str | None = None
     score: float = 0.0
     normalized_score: float = 0.0

@@ -69,7 +69,7 @@ from turnpool.pool import EnvPool
 from turnpool.rollout.episode import EpisodeState
 from turnpool.rollout.settings import CollectorSettings, TreeSettings
 from turnpool.rollout.trajectory import Trajectory, Turn, step_group_uid, turn_dict
-from turnpool.worker.protocol import Failure
+from turnpool.worker.failures import Failure
 
 #: A candidate's score: larger is better.
 ScoreFn = Callable[[EpisodeState], float]

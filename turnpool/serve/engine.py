@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnpool.pool.slots import PoolFull, PoolTimeout, SlotEngine, SlotReset
-from turnpool.worker.protocol import DEFAULT_STEP_TIMEOUT, FAILURE_CLASSES
+from turnpool.worker.defaults import DEFAULT_STEP_TIMEOUT
+from turnpool.worker.failures import FAILURE_CLASSES
 
 
 @dataclass

@@ -9,7 +9,7 @@ engine's and the sessions' own counters when scraped, so a scrape costs the hot 
 * ``turnpool_steps_total``, ``turnpool_resets_total``, ``turnpool_batches_total`` (counters;
   ``rate()`` gives steps/s) and ``turnpool_step_rate`` (the server's own recent steps/s);
 * ``turnpool_failures_total{failure=...}`` (counter per class of
-  `turnpool.worker.protocol.FAILURE_CLASSES`);
+  `turnpool.worker.failures.FAILURE_CLASSES`);
 * ``turnpool_sessions{kind=...}``, ``turnpool_slots_capacity``, ``turnpool_slots_leased``,
   ``turnpool_worker_sessions{worker=...}``, ``turnpool_worker_load{worker=...}`` (gauges:
   sessions per kind, and per worker how many of its slots sessions hold and their measured
@@ -29,7 +29,7 @@ from typing import Any
 from turnpool.extras import require
 from turnpool.serve.service import Service
 from turnpool.serve.status import BUCKETS, StepRate, quantiles, sessions_per_worker
-from turnpool.worker.protocol import FAILURE_CLASSES
+from turnpool.worker.failures import FAILURE_CLASSES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

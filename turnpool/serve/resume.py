@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from turnpool.pool.slots import PoolFull, ResetRequest, StepRequest
+from turnpool.pool.slots import PoolFull, ResetSlotRequest, StepSlotRequest
 from turnpool.serve.engine import PoolEngine, ServeSettings
 from turnpool.serve.journal import FileJournal, JournalError, SessionRecord
 from turnpool.serve.sessions import Session, SessionTable
@@ -114,7 +114,7 @@ def resume(table: SessionTable, engine: PoolEngine, records: dict[str, SessionRe
             session.episode_id = rec.episode_id
             playing.append((session, rec))
     timeout = engine.settings.call_timeout_s()
-    resets = [ResetRequest(s.slot, rec.seed, concurrent.futures.Future())
+    resets = [ResetSlotRequest(s.slot, rec.seed, concurrent.futures.Future())
               for s, rec in playing]
     results = _run(engine, resets, timeout)
     for (session, rec), out in zip(playing, results):
@@ -126,7 +126,7 @@ def resume(table: SessionTable, engine: PoolEngine, records: dict[str, SessionRe
     turn = 0
     while playing:
         playing = [(s, rec) for s, rec in playing if len(rec.turns) > turn]
-        steps = [StepRequest(s.slot, list(rec.turns[turn]), concurrent.futures.Future())
+        steps = [StepSlotRequest(s.slot, list(rec.turns[turn]), concurrent.futures.Future())
                  for s, rec in playing]
         for (session, _), res in zip(playing, _run(engine, steps, timeout)):
             if isinstance(res, BaseException) or res.error is not None:

@@ -44,7 +44,8 @@ from turnpool.serve.errors import ProtocolError
 from turnpool.serve.jsonio import MAX_MESSAGE_CHARS
 from turnpool.serve.sessions import Session, SessionTable
 from turnpool.serve.snapshots import SnapshotCodec
-from turnpool.worker.protocol import Failure, TurnResult
+from turnpool.worker.failures import Failure
+from turnpool.worker.results import TurnResult
 
 
 class Service:

@@ -20,7 +20,7 @@ from collections import Counter, deque
 from typing import Any
 
 from turnpool.serve.service import Service
-from turnpool.worker.protocol import FAILURE_CLASSES
+from turnpool.worker.failures import FAILURE_CLASSES
 
 #: Most sessions listed by ``/api/status`` (the page shows these).
 MAX_LISTED_SESSIONS = 200

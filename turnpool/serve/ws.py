@@ -34,7 +34,7 @@ from collections import deque
 from typing import Any, Protocol, cast
 
 import turnpool.serve.codec as codec
-from turnpool.pool.slots import StepRequest
+from turnpool.pool.slots import StepSlotRequest
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.jsonio import MAX_MESSAGE_CHARS, dumps, dumps_bytes, loads
 from turnpool.serve.service import Service
@@ -91,12 +91,12 @@ class StepBatcher:
 
     def __init__(self, service: Service) -> None:
         self.engine = service.engine
-        self.items: list[StepRequest] = []
+        self.items: list[StepSlotRequest] = []
 
     def add(self, slot: int, actions: list[Any]) -> asyncio.Future[Any]:
         self.engine.check(slot)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.items.append(StepRequest(slot, actions, fut))
+        self.items.append(StepSlotRequest(slot, actions, fut))
         if len(self.items) == 1:
             fut.get_loop().call_soon(self.flush)
         return fut

@@ -49,8 +49,10 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from turnpool.worker.deadline import TIMED_OUT, StepInterrupted, raise_in_thread
+from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import Op, Reply, Request, error_step, failed_reply, short_error
+from turnpool.worker.protocol import Op, Reply, Request, StepPayload, failed_reply
+from turnpool.worker.results import error_step
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +91,19 @@ class HandoffJob:
     """One step request being answered, shareable between runners.
 
     Runners write ``results`` / ``failed`` (through `EnvHost.run_turns`, claiming envs from
-    ``claim``); the job's state changes only through `hand_to`, `finish` and `give_up`,
-    each of which says what to send. The server calls them under its lock.
+    ``claim``); the job's state changes only through `hand_to`, `finish`, `give_up` and
+    `abort`, each of which says what to send (or whether to fail the request). The server
+    calls them under its lock.
     """
 
     __slots__ = ("seq", "op", "env_ids", "claim", "results", "failed", "owner", "state",
                  "reported", "given_up")
 
     def __init__(self, request: Request, owner: object) -> None:
-        self.seq, self.op, (env_ids, actions) = request
+        self.seq: int = request[0]
+        self.op: Op = request[1]
+        step: StepPayload = request[2]
+        env_ids, actions = step
         self.env_ids: Sequence[int] = env_ids
         self.claim = enumerate(zip(env_ids, actions))
         self.results: list[Any] = [None] * len(env_ids)
@@ -127,7 +133,8 @@ class HandoffJob:
         state = self.state
         if state is JobState.RUNNING:  # one runner did every env
             self.state = JobState.DONE
-            return Answer([(self.seq, self.op, (self.results, self.failed), None, None)], True)
+            return Answer([(self.seq, self.op, (self.results, self.failed), None, None)],
+                          True)
         if state is JobState.HANDED:
             return self._answer(since) if runner is self.owner else _NOTHING
         if state is JobState.PARTIAL:
@@ -181,7 +188,8 @@ class HandoffJob:
         self.state = JobState.PARTIAL
         started, now = since()
         pending_since = [(k, started.get(self.env_ids[k], now)) for k in pending]
-        return Answer([(self.seq, Op.PARTIAL, (results, pending_since), None, None)], True)
+        return Answer([(self.seq, Op.PARTIAL, (results, pending_since), None, None)],
+                      True)
 
     def _late(self) -> Answer:
         """Results finished since the last reply, as one `Op.LATE` reply."""

@@ -7,7 +7,8 @@ result with ``error`` set, and the host goes on serving the other envs of its wo
 
 Example (a backend that runs everything in the caller; see ``backends/sequential.py``):
     >>> from turnpool.worker.host import EnvHost
-    >>> from turnpool.worker.protocol import EnvBuild, Op
+    >>> from turnpool.worker.build import EnvBuild
+    >>> from turnpool.worker.protocol import Op
     >>> host = EnvHost([EnvBuild(0, "turnpool.envs.synthetic:TrivialEnv", {})])
     >>> seq, op, payload, failure, error = host.handle((1, Op.RESET, [(7, [0])]))
     >>> failure is None and payload[0].error is None and payload[0].info["success"] is False
@@ -22,21 +23,29 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from turnpool.envs.base import TextEnv
+from turnpool.worker.build import EnvBuild
 from turnpool.worker.deadline import TIMED_OUT, StepInterrupted
+from turnpool.worker.errors import short_error
+from turnpool.worker.failures import failure_of_exception
 from turnpool.worker.protocol import (
-    EnvBuild,
+    OPS,
+    ForkPayload,
+    ForkReply,
+    LoadPayload,
     Op,
     Reply,
     Request,
-    ResetResult,
-    StateResult,
-    WireTurn,
-    error_reset,
-    error_step,
+    ResetPayload,
+    ResetReply,
+    RestorePayload,
+    RestoreReply,
+    SnapshotPayload,
+    SnapshotReply,
+    StepPayload,
+    StepReply,
     failed_reply,
-    failure_of_exception,
-    short_error,
 )
+from turnpool.worker.results import ResetResult, StateResult, error_reset, error_step
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +98,11 @@ class EnvHost:
         return (seq, op, out, None, None)
 
     # ------------------------------------------------------------------ ops
-    def step1(self, payload: tuple[Sequence[int], Sequence[Any]]
-              ) -> tuple[list[WireTurn], list[int]]:
+    def step1(self, payload: StepPayload) -> StepReply:
         """`Op.STEP1`: one bare action per env."""
         return self.step(payload, single=True)
 
-    def step(self, payload: tuple[Sequence[int], Sequence[Any]], single: bool = False
-             ) -> tuple[list[WireTurn], list[int]]:
+    def step(self, payload: StepPayload, single: bool = False) -> StepReply:
         """Run one turn per env; with ``single`` each env gets one bare action instead of a
         list. Returns the results (`WireTurn` tuples) and the indices of the envs that failed."""
         env_ids, actions = payload
@@ -162,8 +169,7 @@ class EnvHost:
         self.envs[env_id] = None
         self.broken.add(env_id)
 
-    def reset(self, groups: Sequence[tuple[int, Sequence[int]]]
-              ) -> list[ResetResult]:
+    def reset(self, groups: ResetPayload) -> ResetReply:
         results: list[ResetResult] = []
         for seed, env_ids in groups:
             leader_out: tuple[str, dict[str, Any]] | None = None
@@ -195,8 +201,7 @@ class EnvHost:
                                                failure="timeout"))
         return results
 
-    def restore(self, items: Sequence[tuple[int, int, Sequence[Sequence[Any]]]]
-                ) -> list[str | None]:
+    def restore(self, items: RestorePayload) -> RestoreReply:
         errors: list[str | None] = []
         for env_id, seed, turns in items:
             self.progress(env_id)
@@ -211,7 +216,7 @@ class EnvHost:
                 errors.append(TIMED_OUT)
         return errors
 
-    def snapshot(self, env_ids: Sequence[int]) -> list[StateResult]:
+    def snapshot(self, env_ids: SnapshotPayload) -> SnapshotReply:
         """`Op.SNAPSHOT`: each env's state (``None`` for a class branched by replay)."""
         out: list[StateResult] = []
         for env_id in env_ids:
@@ -230,8 +235,7 @@ class EnvHost:
                 out.append(StateResult(None, False, short_error(exc)))
         return out
 
-    def load(self, items: Sequence[tuple[int, int, Sequence[Sequence[Any]], Any]]
-             ) -> list[ResetResult]:
+    def load(self, items: LoadPayload) -> ResetReply:
         """`Op.LOAD`: put each env in a snapshot's state (by state, else by reset + replay);
         answer its current observation."""
         out: list[ResetResult] = []
@@ -254,8 +258,7 @@ class EnvHost:
                 out.append(error_reset(TIMED_OUT, failure="timeout"))
         return out
 
-    def fork(self, payload: tuple[int, Sequence[tuple[int, int, Sequence[Sequence[Any]]]]]
-             ) -> list[StateResult | ResetResult | None]:
+    def fork(self, payload: ForkPayload) -> ForkReply:
         """`Op.FORK`: `snapshot` of the source loaded into each destination, without the
         state leaving this worker."""
         src, items = payload
@@ -355,14 +358,6 @@ def _copy_into(env: TextEnv, state: Any) -> bool:
     return True
 
 
-#: op -> the `EnvHost` method that answers it (a new op adds its line here)
-EnvHost._handlers = {
-    Op.RESET: EnvHost.reset,
-    Op.STEP: EnvHost.step,
-    Op.STEP1: EnvHost.step1,
-    Op.RESTORE: EnvHost.restore,
-    Op.SNAPSHOT: EnvHost.snapshot,
-    Op.LOAD: EnvHost.load,
-    Op.FORK: EnvHost.fork,
-    Op.CLOSE: EnvHost.close,
-}
+#: op -> the `EnvHost` method that answers it, as the op table (`OPS`) names it
+EnvHost._handlers = {op: getattr(EnvHost, spec.handler) for op, spec in OPS.items()
+                     if spec.handler is not None}

@@ -4,11 +4,12 @@ The pool (``turnpool/pool/``) decides *what* is computed: groups, seeds, which e
 actions, deadlines and fault recovery. A backend (``turnpool/backends/``) decides *where*: it
 places a fixed slice of env ids in each of its workers for the worker's whole life and moves
 one request to a worker and one reply back. Inside every worker an `EnvHost` answers the
-requests. This module is what all three share; it depends on nothing but the envs.
-
-The pool builds one typed record per request (``ResetRequest``, ``SnapshotRequest``, ...)
-and reads each reply as a `WorkerReply`; `encode` / `decode` are the one codec between those
-records and the wire. Failure classes are the `Failure` enum (a member is its string).
+requests. This module is the wire they share: the ops and their table (`OPS`), one request
+record per op, the reply payloads, and the one codec (`encode` / `decode`). Its neighbours
+hold the rest of what crosses the wire: `turnpool.worker.results` (per-env result records),
+`turnpool.worker.failures` (the `Failure` classes), `turnpool.worker.errors` (backend
+exceptions, error texts), `turnpool.worker.build` (`EnvBuild`, env placement) and
+`turnpool.worker.defaults`.
 
 Wire format (plain tuples; a process backend pickles them once per worker per call):
 
@@ -21,12 +22,12 @@ Wire format (plain tuples; a process backend pickles them once per worker per ca
   (``get_state`` / ``set_state``), falling back to resetting each with the same seed if the env
   cannot be copied. Reply payload: one `ResetResult` per env id, in request order.
 * `Op.STEP`: payload ``(env_ids, action_lists)`` (``env_ids`` may be a ``range``). Each
-  env executes its actions in order and stops at the first done. Reply payload
-  ``(results, failed)``: per env, in request order, a `TurnResult`'s fields as a plain tuple
-  (`WireTurn`: pickling a NamedTuple calls Python code per object and costs several times a
-  plain tuple, which counts for microsecond envs; the pool makes them `TurnResult` records
-  as replies arrive, with `as_turn_results`), and the indices of the results whose ``error``
-  is set (so the pool need not scan every result).
+  env executes its actions in order and stops at the first done. Reply payload a
+  `StepReply` ``(results, failed)``: per env, in request order, a `TurnResult`'s fields as
+  a plain tuple (`WireTurn`: pickling a NamedTuple calls Python code per object and costs
+  several times a plain tuple, which counts for microsecond envs; the pool makes them
+  `TurnResult` records as replies arrive, with `as_turn_results`), and the indices of the
+  results whose ``error`` is set (so the pool need not scan every result).
 * `Op.STEP1`: the same with one bare action per env instead of a list (the common
   ``pool.step`` case, which saves building and pickling a list per env).
 * `Op.RESTORE`: payload ``[(env_id, seed, [[action, ...], ...]), ...]``: rebuild the env,
@@ -42,34 +43,37 @@ Wire format (plain tuples; a process backend pickles them once per worker per ca
   each when ``src`` cannot be branched).
 * `Op.CLOSE`: close every env; no reply is needed.
 * Replies only, from a process worker whose env stalled (`turnpool.worker.handoff`): an
-  `Op.PARTIAL` reply to a step request carries ``(results, pending)``, where ``results`` has
-  ``None`` at the envs still running and ``pending`` lists ``(index, since)`` for each of
-  them; each later arrives in an `Op.LATE` reply (same number): ``[(env_id, wire_turn)]``.
+  `Op.PARTIAL` reply to a step request carries a `PartialReply` ``(results, pending)``,
+  where ``results`` has ``None`` at the envs still running and ``pending`` lists
+  ``(index, since)`` for each of them; each later arrives in an `Op.LATE` reply (same
+  number): ``[(env_id, wire_turn)]``.
 
-A new op: one `Op` member (its deadline in `Op.limit`), one record here, one `EnvHost` handler.
-Backends never look inside payloads. Sequence numbers are chosen by the pool and echoed by the
-worker; the pool discards any reply whose number it is not waiting for (a late reply from a
-worker it gave up on).
+A new op: one `Op` member (its deadline in `Op.limit`), one record here and its row in `OPS`
+(the record, the `EnvHost` method that answers it, its reply's `ReplyKind`), and that
+`EnvHost` method. The dispatcher files a reply and the transport replaces unpicklable items
+by the reply's kind, so an op whose reply is of a known kind touches neither (recipe in
+``docs/design.md``). Backends never look inside payloads. Sequence numbers are chosen by the
+pool and echoed by the worker; the pool discards any reply whose number it is not waiting
+for (a late reply from a worker it gave up on).
 
-Failures travel as data: every failed env's result carries its class in ``info["failure"]``
-and `TurnResult.failure`, set where it is decided (the host, the deadline, the backend, the
-pool); nothing reads a class out of a message text. A worker that dies, or that the pool finds
-stuck past its deadline, is replaced by ``Backend.restart``; the pool then identifies the env
-that was running from ``Backend.progress``, flags it, and restores the others by reset +
-replay (deterministic envs make this exact).
+Failures travel as data (`turnpool.worker.failures`): every failed env's result carries its
+class in ``info["failure"]`` and `TurnResult.failure`, set where it is decided (the host, the
+deadline, the backend, the pool); nothing reads a class out of a message text. A worker that
+dies, or that the pool finds stuck past its deadline, is replaced by ``Backend.restart``; the
+pool then identifies the env that was running from ``Backend.progress``, flags it, and
+restores the others by reset + replay (deterministic envs make this exact).
 """
 
 from __future__ import annotations
 
 import enum
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
-from turnpool.envs.base import TextEnv
-from turnpool.envs.registry import make
+from turnpool.worker.failures import Failure
+from turnpool.worker.results import ResetResult, StateResult, WireTurn
 
 
 class Op(enum.IntEnum):
@@ -122,6 +126,21 @@ Request = tuple[int, Op, Any]
 Reply = tuple[int, Op, Any, "str | None", "str | None"]
 
 
+# ---------------------------------------------------------------------- request payloads
+#: `Op.RESET`: ``[(seed, [env_id, ...]), ...]``
+ResetPayload = Sequence[tuple[int, Sequence[int]]]
+#: `Op.STEP` / `Op.STEP1`: ``(env_ids, actions)``
+StepPayload = tuple[Sequence[int], Sequence[Any]]
+#: `Op.RESTORE`: ``[(env_id, seed, turns), ...]``
+RestorePayload = Sequence[tuple[int, int, Sequence[Sequence[Any]]]]
+#: `Op.SNAPSHOT`: ``[env_id, ...]``
+SnapshotPayload = Sequence[int]
+#: `Op.LOAD`: ``[(env_id, seed, turns, state or None), ...]``
+LoadPayload = Sequence[tuple[int, int, Sequence[Sequence[Any]], Any]]
+#: `Op.FORK`: ``(src, [(dst_id, seed, turns), ...])``
+ForkPayload = tuple[int, Sequence[tuple[int, int, Sequence[Sequence[Any]]]]]
+
+
 # ---------------------------------------------------------------------- typed records
 # One record per op the pool sends (immutable tuples, with ``op``, ``env_ids``, ``payload``).
 class ResetRequest(NamedTuple):
@@ -164,22 +183,38 @@ class StepRequest(NamedTuple):
         return (self.env_ids, self.actions)
 
 
-class RestoreRequest(NamedTuple):
-    """`Op.RESTORE`: ``items`` is ``[(env_id, seed, [turn, ...]), ...]``."""
 
-    items: list[tuple[int, int, list[Any]]]
+ItemT = TypeVar("ItemT", bound=tuple[Any, ...])
 
-    @property
-    def op(self) -> Op:
-        return Op.RESTORE
+
+@dataclass(frozen=True)
+class ItemsRequest(Generic[ItemT]):
+    """A request whose payload is its ``items``, one per env, each starting with the env id."""
+
+    items: list[ItemT]
+    op: ClassVar[Op]
 
     @property
     def env_ids(self) -> list[int]:
         return [item[0] for item in self.items]
 
     @property
-    def payload(self) -> Any:
+    def payload(self) -> list[ItemT]:
         return self.items
+
+
+@dataclass(frozen=True)
+class RestoreRequest(ItemsRequest[tuple[int, int, list[Any]]]):
+    """`Op.RESTORE`: ``items`` is ``[(env_id, seed, [turn, ...]), ...]``."""
+
+    op: ClassVar[Op] = Op.RESTORE
+
+
+@dataclass(frozen=True)
+class LoadRequest(ItemsRequest[tuple[int, int, Sequence[Sequence[Any]], Any]]):
+    """`Op.LOAD`: ``items`` is ``[(env_id, seed, turns, state or None), ...]``."""
+
+    op: ClassVar[Op] = Op.LOAD
 
 
 class SnapshotRequest(NamedTuple):
@@ -194,22 +229,6 @@ class SnapshotRequest(NamedTuple):
     def payload(self) -> Any:
         return self.env_ids
 
-
-class LoadRequest(NamedTuple):
-    """`Op.LOAD`: ``items`` is ``[(env_id, seed, turns, state or None), ...]``."""
-    items: list[tuple[int, int, Sequence[Sequence[Any]], Any]]
-
-    @property
-    def op(self) -> Op:
-        return Op.LOAD
-
-    @property
-    def env_ids(self) -> list[int]:
-        return [item[0] for item in self.items]
-
-    @property
-    def payload(self) -> Any:
-        return self.items
 
 
 class ForkRequest(NamedTuple):
@@ -250,6 +269,74 @@ class CloseRequest(NamedTuple):
 #: A request the pool sends (one record type per op)
 RequestRecord = (ResetRequest | StepRequest | RestoreRequest | SnapshotRequest | LoadRequest
                  | ForkRequest | CloseRequest)
+
+
+#: The payload of a step reply: per env, in request order, its `WireTurn`; and the indices
+#: of the failed ones. Plain tuples, as the turns are (a NamedTuple costs Python code per
+#: pickle on the hot path).
+StepReply = tuple[list[WireTurn], list[int]]
+#: The payload of an `Op.PARTIAL` reply: the results with ``None`` at the envs still running,
+#: and ``(index, since)`` for each of those
+PartialReply = tuple[list["WireTurn | None"], list[tuple[int, float]]]
+#: The payload of an `Op.LATE` reply: ``(env_id, wire_turn)`` per straggler answered
+LateReply = list[tuple[int, WireTurn]]
+#: The payload of an `Op.RESET` or `Op.LOAD` reply: one per env, in request order
+ResetReply = list[ResetResult]
+#: The payload of an `Op.RESTORE` reply: each env's error, ``None`` on success
+RestoreReply = list["str | None"]
+#: The payload of an `Op.SNAPSHOT` reply, and of an `Op.FORK` one: the source's
+#: `StateResult`, then a `ResetResult` per destination (``None`` each if it failed)
+SnapshotReply = list[StateResult]
+ForkReply = list["StateResult | ResetResult | None"]
+
+
+class ReplyKind(enum.Enum):
+    """What a reply's payload holds, which says how the pool files it
+    (`turnpool.pool.dispatch`) and how a transport replaces what cannot be pickled
+    (`turnpool.worker.transport`): one entry per kind there, not per op."""
+
+    #: `StepReply`: turns, each filed in the env table and delivered
+    TURNS = "turns"
+    #: `ResetReply` of a reset: each starts an episode (or fails it)
+    RESETS = "resets"
+    #: `RestoreReply`: each env's error or None (no caller waits for it)
+    RESTORED = "restored"
+    #: per-env values its caller reads (`turnpool.pool.branch`); not picklable: the whole
+    #: request fails
+    VALUES = "values"
+    #: `PartialReply` and `LateReply` (hand-off)
+    PARTIAL = "partial"
+    LATE = "late"
+    #: no reply
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op's row of `OPS`: the record the pool sends (None: replies only), the `EnvHost`
+    method that answers it (None: nothing to run) and its reply's kind."""
+
+    record: type | None
+    handler: str | None
+    reply: ReplyKind
+
+
+#: The op table: every op, in one place (a new op adds its row; see the module docstring)
+OPS: dict[Op, OpSpec] = {
+    Op.RESET: OpSpec(ResetRequest, "reset", ReplyKind.RESETS),
+    Op.STEP: OpSpec(StepRequest, "step", ReplyKind.TURNS),
+    Op.STEP1: OpSpec(StepRequest, "step1", ReplyKind.TURNS),
+    Op.RESTORE: OpSpec(RestoreRequest, "restore", ReplyKind.RESTORED),
+    Op.CLOSE: OpSpec(CloseRequest, "close", ReplyKind.NONE),
+    Op.PARTIAL: OpSpec(None, None, ReplyKind.PARTIAL),
+    Op.LATE: OpSpec(None, None, ReplyKind.LATE),
+    Op.SNAPSHOT: OpSpec(SnapshotRequest, "snapshot", ReplyKind.VALUES),
+    Op.LOAD: OpSpec(LoadRequest, "load", ReplyKind.VALUES),
+    Op.FORK: OpSpec(ForkRequest, "fork", ReplyKind.VALUES),
+}
+#: `OPS`' reply kinds by op (read per reply on the hot path)
+REPLY_KIND: dict[Op, ReplyKind] = {op: spec.reply for op, spec in OPS.items()}
+
 
 
 class WorkerReply(NamedTuple):
@@ -296,238 +383,9 @@ def decode(reply: Reply) -> WorkerReply:
     seq, op, payload, failure, error = reply
     return WorkerReply(seq, op, payload, Failure.of(failure), error)
 
-#: Cap on the length of an error text carried in ``info["error"]``.
-MAX_ERROR_CHARS = 300
-#: Seconds one env may spend on one turn when the caller names no ``step_timeout`` (the pool,
-#: ``turnpool serve`` and the trainers' leases all default to it).
-DEFAULT_STEP_TIMEOUT = 30.0
-#: Seconds a backend may take to start all its workers before the pool gives up on it.
-START_TIMEOUT = 120.0
-#: The start method of process-based backends when the caller names none: safe when the
-#: caller has threads (CUDA, tokenizers), unlike ``fork``.
-DEFAULT_MP_CONTEXT = "spawn"
-
-
-class Failure(str, enum.Enum):
-    """Why an env failed, as carried in ``info["failure"]`` of every failed env (with
-    ``info["retryable"]``): the one list of failure classes. A member is its string (``==``,
-    ``hash``, ``str``, f-strings and JSON all see ``"env_error"`` etc.), so infos and metrics
-    keyed by class name are unchanged; infos hold the plain string (`failure_info`).
-
-    >>> Failure.of(None), Failure.of("timeout").retryable, f"{Failure.WORKER_LOST}"
-    (<Failure.ENV_ERROR: 'env_error'>, True, 'worker_lost')
-    """
-
-    ENV_ERROR = "env_error"              # env code raised
-    TIMEOUT = "timeout"                  # a step or reset ran past its deadline
-    WORKER_LOST = "worker_lost"          # the worker holding the env died (or was killed)
-    UNPICKLABLE = "unpicklable"          # an action or result could not cross a process boundary
-    POLICY_ERROR = "policy_error"        # the policy could not produce a reply for the env
-    CONSTRUCT_ERROR = "construct_error"  # the env could not be built
-    SANDBOX_ERROR = "sandbox_error"      # the sandbox running the env's untrusted code failed
-
-    # print as the plain string (as `enum.StrEnum` does, which Python 3.10 lacks)
-    __str__ = str.__str__
-    __format__ = str.__format__  # type: ignore[assignment]
-
-    @property
-    def retryable(self) -> bool:
-        """Whether running the episode again from the same seed can succeed (the env itself
-        is not to blame)."""
-        return self in _RETRYABLE
-
-    @classmethod
-    def of(cls, value: object) -> Failure:
-        """The class ``value`` names (a member or its string); `ENV_ERROR` when it names none
-        (``None``, an unknown word): the one reading of a failure class."""
-        try:
-            return _BY_NAME.get(value, Failure.ENV_ERROR)  # type: ignore[call-overload]
-        except TypeError:  # unhashable: names no class
-            return Failure.ENV_ERROR
-
-
-_RETRYABLE = frozenset({Failure.TIMEOUT, Failure.WORKER_LOST, Failure.POLICY_ERROR,
-                        Failure.SANDBOX_ERROR})
-_BY_NAME: dict[str, Failure] = {f.value: f for f in Failure}
-
-#: Failure class name -> retryable, for readers that want plain strings (`Failure` is the
-#: source).
-FAILURE_CLASSES: dict[str, bool] = {f.value: f.retryable for f in Failure}
-
-
-def failure_of_exception(exc: BaseException) -> Failure:
-    """The class of an exception raised by env code: `Failure.SANDBOX_ERROR` when the sandbox
-    that runs the env's untrusted code failed (`turnpool.sandbox.SandboxError`), else
-    `Failure.ENV_ERROR`."""
-    from turnpool.sandbox import SandboxError
-    return Failure.SANDBOX_ERROR if isinstance(exc, SandboxError) else Failure.ENV_ERROR
-
-
-class BackendUnavailable(RuntimeError):
-    """A backend could not start (missing package, start-method failure, worker import error)."""
-
-
-class WorkerLost(RuntimeError):
-    """A worker died (or was declared dead) before replying."""
-
-
-class EnvBuildError(RuntimeError):
-    """A backend's workers could not build some envs; ``errors`` maps env id -> cause.
-
-    Raised by ``Backend.start`` (never turned into `BackendUnavailable`: the envs, not the
-    backend, are broken, so no other backend would do better); the pool names the env type,
-    tag and kwargs of the first one.
-    """
-
-    def __init__(self, errors: dict[int, str]) -> None:
-        self.errors = dict(errors)
-        env_id, why = sorted(self.errors.items())[0]
-        more = len(self.errors) - 1
-        super().__init__(f"env {env_id} could not be built: {why}"
-                         + (f" (and {more} more)" if more else ""))
-
-
-class TurnResult(NamedTuple):
-    """One env's outcome for a (possibly multi-action) turn: THE step result, from the host
-    through every backend to the pool's callers. Read it by field name.
-
-    ``reward_sum`` adds the rewards of the executed actions; execution stops at the first
-    done, so ``n_executed`` may be less than the number of actions sent.
-    """
-
-    obs: str
-    reward_sum: float
-    terminated: bool
-    truncated: bool
-    info: dict[str, Any]
-    n_executed: int
-    error: str | None
-
-    @property
-    def done(self) -> bool:
-        return self.terminated or self.truncated
-
-    @property
-    def failure(self) -> Failure | None:
-        """The failure class (`Failure`) when ``error`` is set, else None: the
-        ``info["failure"]`` field set where the failure was decided (the record stays seven
-        plain fields on the wire, which counts for microsecond envs)."""
-        return failure_of(self.info) if self.error is not None else None
-
-
-#: A `TurnResult` on the wire: the same fields, in the same order, as a plain tuple.
-WireTurn = tuple[str, float, bool, bool, dict[str, Any], int, str | None]
-
-_as_turn_result = partial(tuple.__new__, TurnResult)
-
-
-def as_turn_results(wire: Sequence[Any]) -> list[TurnResult]:
-    """The `TurnResult` records of a step reply (C-speed: no Python call per env)."""
-    return list(map(_as_turn_result, wire))
-
-
-class StateResult(NamedTuple):
-    """An env's `Op.SNAPSHOT` answer: ``get_state()`` (None: branched by replay), done, error."""
-
-    state: Any
-    finished: bool
-    error: str | None
-
-
-class ResetResult(NamedTuple):
-    """One env's outcome for a reset: its first observation and info, or the error."""
-
-    obs: str
-    info: dict[str, Any]
-    error: str | None
-
-    @property
-    def failure(self) -> Failure | None:
-        """The failure class when ``error`` is set (as `TurnResult.failure`)."""
-        return failure_of(self.info) if self.error is not None else None
-
-
-@dataclass(frozen=True)
-class EnvBuild:
-    """How to build env ``env_id`` in any process: an entry point string and its kwargs.
-
-    The pool resolves registered names to ``"module.path:ClassName"`` before shipping, so envs
-    registered only in the parent still build in spawned workers.
-    """
-
-    env_id: int
-    entry_point: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    #: build it at its first reset (or restore) instead of when its worker starts
-    lazy: bool = False
-
-    def build(self) -> TextEnv:
-        return make(self.entry_point, **self.kwargs)
-
-
-def short_error(exc: BaseException) -> str:
-    """``"<ExcType>: message"``, bounded so a huge message cannot bloat replies."""
-    return bounded(f"{type(exc).__name__}: {exc}")
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-
-def bounded(text: str) -> str:
-    """``text`` without terminal colour codes, cut to `MAX_ERROR_CHARS`.
-
-    A long text (a remote traceback) keeps its head and its last line: the last line of a
-    traceback names the exception that was finally raised, which is the cause a user needs.
-    """
-    text = _ANSI.sub("", text)
-    if len(text) <= MAX_ERROR_CHARS:
-        return text
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    tail = lines[-1][-(MAX_ERROR_CHARS // 2):] if len(lines) > 1 else ""
-    head = MAX_ERROR_CHARS - len(tail) - 5
-    return text[:head].rstrip() + " ... " + tail if tail else text[: MAX_ERROR_CHARS - 3] + "..."
-
-
-def failure_info(failure: str) -> dict[str, Any]:
-    """``{"failure": failure, "retryable": ...}`` for a class of `Failure` (the info holds
-    the plain string)."""
-    if failure not in _BY_NAME:
-        raise ValueError(f"unknown failure class {failure!r}; one of {list(FAILURE_CLASSES)}")
-    cls = _BY_NAME[failure]
-    return {"failure": cls.value, "retryable": cls.retryable}
-
-
-def failure_of(info: Mapping[str, Any]) -> Failure:
-    """The failure class of a failed env's info (`Failure.ENV_ERROR` when it names none)."""
-    return Failure.of(info.get("failure"))
-
-
-def error_info(reason: str, failure: str = "env_error") -> dict[str, Any]:
-    """The info dict of a failed env: the standard keys (so readers never KeyError), the
-    error and its failure class."""
-    return {"success": False, "action_is_valid": False, "action_is_effective": False,
-            "anchor_obs": "", "terminated": False, "truncated": True, "error": reason,
-            **failure_info(failure)}
-
-
-def error_step(reason: str, n_executed: int = 0, failure: str = "env_error") -> TurnResult:
-    """A failed env's step result: done (truncated: the episode was cut, not finished), 0 reward."""
-    return TurnResult("", 0.0, False, True, error_info(reason, failure), n_executed, reason)
-
-
-def error_reset(reason: str, failure: str = "env_error") -> ResetResult:
-    """A failed env's reset result."""
-    return ResetResult("", error_info(reason, failure), reason)
-
 
 def failed_reply(request: Request, reason: str, failure: str) -> Reply:
     """The reply to a request that failed as a whole: every env of it fails with ``failure``."""
     return (request[0], request[1], None, failure, reason)
 
 
-def split_evenly(env_ids: Sequence[int], num_workers: int) -> list[list[int]]:
-    """Contiguous, near-equal slices (groups are contiguous, so most stay in one worker)."""
-    n = len(env_ids)
-    w = max(1, min(num_workers, n)) if n else 1
-    bounds = [round(k * n / w) for k in range(w + 1)]
-    return [list(env_ids[bounds[k]:bounds[k + 1]]) for k in range(w)]

@@ -33,15 +33,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from turnpool.worker.errors import short_error
 from turnpool.worker.handoff import HandoffServer
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import (
-    Op,
+    REPLY_KIND,
+    LateReply,
+    PartialReply,
     Reply,
-    error_reset,
-    error_step,
-    short_error,
+    ReplyKind,
+    ResetReply,
+    RestoreReply,
+    StepReply,
 )
+from turnpool.worker.results import error_reset, error_step
 
 log = logging.getLogger(__name__)
 
@@ -72,28 +77,53 @@ def encode(reply: Reply) -> bytes:
 
 
 def _picklable(reply: Reply, exc: Exception) -> Reply:
-    """Replace the results that cannot be pickled with per-env errors (the reply's op says
-    what its payload holds)."""
+    """Replace the results that cannot be pickled with per-env errors, as the reply's kind
+    (`REPLY_KIND`) says its payload holds them; a kind with no per-env replacement fails the
+    request as a whole."""
     seq, op, payload, failure, error = reply
-    if op.is_turn:
-        results, failed = payload
-        fixed, bad = _fix_items(results, lambda r: error_step(r, failure="unpicklable"))
-        return (seq, op, (fixed, sorted(set(failed) | set(bad))), failure, error)
-    if op is Op.PARTIAL:  # the pool reads each result's own error: no failed list
-        results, pending = payload
-        fixed = _fix_items(results, lambda r: error_step(r, failure="unpicklable"))[0]
-        return (seq, op, (fixed, pending), failure, error)
-    if op is Op.LATE:
-        ids = [i for i, _ in payload]
-        fixed = _fix_items([r for _, r in payload],
-                           lambda r: error_step(r, failure="unpicklable"))[0]
-        return (seq, op, list(zip(ids, fixed)), failure, error)
-    if op is Op.RESET:
-        return (seq, op, _fix_items(payload, lambda r: error_reset(r, "unpicklable"))[0],
-                failure, error)
-    if op is Op.RESTORE:
-        return (seq, op, _fix_items(payload, lambda r: r)[0], failure, error)
-    return (seq, op, None, "unpicklable", "unpicklable reply: " + short_error(exc))
+    replace = _REPLACE.get(REPLY_KIND[op])
+    if replace is None:
+        return (seq, op, None, "unpicklable", "unpicklable reply: " + short_error(exc))
+    return (seq, op, replace(payload), failure, error)
+
+
+def _unpicklable_turn(reason: str) -> Any:
+    return error_step(reason, failure="unpicklable")
+
+
+def _turns(payload: StepReply) -> StepReply:
+    results, failed = payload
+    fixed, bad = _fix_items(results, _unpicklable_turn)
+    return fixed, sorted(set(failed) | set(bad))
+
+
+def _partial(payload: PartialReply) -> PartialReply:
+    # the pool reads each result's own error: no failed list
+    results, pending = payload
+    return _fix_items(results, _unpicklable_turn)[0], pending
+
+
+def _late(payload: LateReply) -> LateReply:
+    fixed = _fix_items([r for _, r in payload], _unpicklable_turn)[0]
+    return list(zip([i for i, _ in payload], fixed))
+
+
+def _resets(payload: ResetReply) -> ResetReply:
+    return _fix_items(payload, lambda r: error_reset(r, "unpicklable"))[0]
+
+
+def _restored(payload: RestoreReply) -> RestoreReply:
+    return _fix_items(payload, lambda r: r)[0]
+
+
+#: reply kind -> how its unpicklable items are replaced (`ReplyKind.VALUES`: not per env)
+_REPLACE: dict[ReplyKind, Callable[[Any], Any]] = {
+    ReplyKind.TURNS: _turns,
+    ReplyKind.PARTIAL: _partial,
+    ReplyKind.LATE: _late,
+    ReplyKind.RESETS: _resets,
+    ReplyKind.RESTORED: _restored,
+}
 
 
 def _fix_items(items: list[Any], failed: Callable[[str], Any]) -> tuple[list[Any], list[int]]:
