@@ -2,11 +2,11 @@
 the library's own sequential loop, on the same ids, seeds and actions.
 
 Per library (GEM: eight game ids; reasoning-gym: ten datasets; SkyRL-gym: its three math ids
-with turnpool's generated tasks), ``--copies`` envs of each id
-play ``--rounds`` episodes of at most ``--steps`` steps. The library's loop is what a user of
-the library writes: build each env once, then reset with a seed and step, one env after the
-other, in this process (reasoning-gym: a dataset per chunk of seeds, ``score_answer`` per
-answer). The pool runs the same episodes through `turnpool.make` names on the sequential
+with turnpool's generated tasks; TextArena: six one- and two-player games), ``--copies`` envs
+of each id play ``--rounds`` episodes of at most ``--steps`` steps. The library's loop is what
+a user of the library writes: build each env once, then reset with a seed and step, one env
+after the other, in this process (reasoning-gym: a dataset per chunk of seeds, ``score_answer``
+per answer). The pool runs the same episodes through `turnpool.make` names on the sequential
 backend (the adapter's own cost: global RNG scope, plain infos) and on the process backend
 (``--workers`` worker processes). Resets are counted in the time, not in the steps.
 
@@ -42,12 +42,15 @@ IDS: dict[str, tuple[str, ...]] = {
     "rg": ("leg_counting", "basic_arithmetic", "countdown", "arc_1d", "family_relationships",
            "chain_sum", "word_sorting", "letter_counting", "spell_backward", "gsm_symbolic"),
     "skyrl": ("gsm8k", "gsm8k_multi_turn", "aime"),
+    "textarena": ("TicTacToe-v0", "ConnectFour-v0", "Nim-v0", "KuhnPoker-v0",
+                  "GuessTheNumber-v0", "Mastermind-v0"),
 }
 #: the actions each library's episodes take, in turn (GEM parses ``\\boxed{...}``)
 ACTIONS: dict[str, tuple[str, ...]] = {
     "gem": ("\\boxed{up}", "\\boxed{1 2}", "\\boxed{3}", "\\boxed{A B 1}", "\\boxed{left}"),
     "rg": ("1",),
     "skyrl": ("#### 1", "Answer: 2", "#### 3"),
+    "textarena": ("[4]", "[0]", "[1]", "[2]", "[3]", "[5]"),
 }
 RG_SIZE = 50
 
@@ -113,8 +116,31 @@ def _skyrl_loop(ids: tuple[str, ...], copies: int, rounds: int, steps: int
     return done, time.perf_counter() - t0
 
 
+def _textarena_loop(ids: tuple[str, ...], copies: int, rounds: int, steps: int
+                    ) -> tuple[int, float]:
+    import textarena
+
+    from turnpool.envs.hubs.textarena import seats_of
+
+    names = [i for i in ids for _ in range(copies)]
+    seats = {i: seats_of(i) for i in ids}
+    actions, done = ACTIONS["textarena"], 0
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        for k, name in enumerate(names):
+            env = textarena.make(name)  # a game a reset, as the adapter does
+            env.reset(num_players=seats[name], seed=r * len(names) + k)
+            for t in range(steps):
+                env.get_observation()
+                done += 1
+                if env.step(action=actions[t % len(actions)])[0]:
+                    env.close()
+                    break
+    return done, time.perf_counter() - t0
+
+
 LOOPS: dict[str, Callable[[tuple[str, ...], int, int, int], tuple[int, float]]] = {
-    "gem": _gem_loop, "rg": _rg_loop, "skyrl": _skyrl_loop}
+    "gem": _gem_loop, "rg": _rg_loop, "skyrl": _skyrl_loop, "textarena": _textarena_loop}
 
 
 def _pool(prefix: str, backend: str, workers: int, copies: int, rounds: int, steps: int
