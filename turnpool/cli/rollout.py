@@ -1,6 +1,7 @@
 """``turnpool rollout``: collect one batch from a config and print where the time went.
 
     turnpool rollout                                   # Sokoban 8 groups x 16, oracle policy
+    turnpool rollout --env sudoku --policy random --groups 4 --group-size 8
     turnpool rollout --config configs/frozen_lake.yaml agent_proxy.max_turn=8 \\
         --json summary.json --out trajectories.jsonl
     turnpool rollout --backend process --workers 4 --policy random --seed 7
@@ -8,8 +9,9 @@
     turnpool rollout turnpool.collector.mode=async --record run.jsonl.gz   # then:
     turnpool replay run.jsonl.gz
 
-``--backend``, ``--workers`` and ``--policy`` are shorthands for the dotlist keys
-``turnpool.backend``, ``turnpool.num_workers`` and ``turnpool.policy.name``.
+``--env``, ``--groups`` and ``--group-size`` choose the env and the batch's size
+(`turnpool.cli.choose`); ``--backend``, ``--workers`` and ``--policy`` are shorthands for the
+dotlist keys ``turnpool.backend``, ``turnpool.num_workers`` and ``turnpool.policy.name``.
 
 The rollout summary (stdout) has one row per tag (success, pass@k, valid-action ratio, format
 penalty rate, mean actions, errors) and the time split: env-steps/s, env time vs policy time,
@@ -49,6 +51,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from turnpool.backends import BACKENDS
+from turnpool.cli.choose import (
+    check_env,
+    check_env_types,
+    check_policy,
+    choice_overrides,
+    sugar_overrides,
+)
 from turnpool.cli.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -57,7 +66,6 @@ from turnpool.cli.errors import (
     EXIT_USAGE,
     UserError,
     missing_extra,
-    unknown_env,
 )
 from turnpool.cli.layout import fit, make_table
 from turnpool.policies import policy_names
@@ -91,7 +99,8 @@ _EPILOG = """\b
 Examples:
   turnpool rollout
   turnpool rollout --backend process --workers 4 --seed 7
-  turnpool rollout --policy random es_manager.train.env_groups=4
+  turnpool rollout --env sudoku --policy random --groups 4 --group-size 8
+  turnpool rollout --policy random es_manager.train.env_groups=4 es_manager.train.env_configs.n_groups=[4]
   turnpool rollout --config configs/multi.yaml --json s.json --out t.jsonl
 """
 
@@ -100,6 +109,14 @@ Examples:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="YAML config (RAGEN keys + turnpool keys); default: the packaged one.")
 @click.argument("overrides", nargs=-1)
+@click.option("--env", default=None,
+              help="Run this registered env with its defaults (turnpool envs lists them), or "
+                   "this tag of the config.")
+@click.option("--groups", type=click.IntRange(min=1), default=None,
+              help="Groups per batch (GRPO groups: members share a seed); shorthand for "
+                   "es_manager.<mode>.env_groups=N.")
+@click.option("--group-size", type=click.IntRange(min=1), default=None,
+              help="Envs per group; shorthand for es_manager.<mode>.group_size=N.")
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default=None,
               help="Shorthand for turnpool.backend=...")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -132,19 +149,23 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
             workers: int | None, policy: str | None, json_path: str | None,
             out_path: str | None, mode: str, seed: int | None, progress: bool,
             batches: int = 1, max_failed_fraction: float = 0.1,
-            tree_path: str | None = None, record_path: str | None = None) -> None:
+            tree_path: str | None = None, record_path: str | None = None,
+            env: str | None = None, groups: int | None = None,
+            group_size: int | None = None) -> None:
     """Collect one batch of trajectories and print a summary.
 
     OVERRIDES are dotted key=value pairs, e.g. es_manager.train.env_groups=4
     turnpool.policy.name=random turnpool.backend=process.
     """
-    overrides = overrides + sugar_overrides(backend, workers, policy)
     check_out_path(out_path)
     try:
+        check_env(env, config_path, overrides)
+        overrides = (choice_overrides(env, groups, group_size, mode) + overrides
+                     + sugar_overrides(backend, workers, policy))
         cfg = load_config(config_path, overrides)
-        _check_env_types(cfg, mode)
+        check_env_types(cfg, mode)
         plan = rollout_plan(cfg, mode)
-        _check_policy(plan.policy)
+        check_policy(plan)
     except ConfigError as exc:
         raise UserError(str(exc), EXIT_USAGE) from exc
     console = Console()
@@ -393,50 +414,6 @@ def write_parquet(trajectories: list[Any], path: Path) -> None:
              else json.dumps(v, sort_keys=True)
              for k, v in json.loads(dumps(t)).items()} for t in trajectories]
     pq.write_table(pa.Table.from_pylist(rows), path)
-
-
-def _check_env_types(cfg: Any, mode: str) -> None:
-    """An unknown ``env_type`` of a tag the run uses is a usage error naming the tag."""
-    custom = cfg.get("custom_envs") or {}
-    section = (cfg.get("es_manager") or {}).get(mode) or {}
-    tags = (section.get("env_configs") or {}).get("tags") or []
-    for tag in dict.fromkeys(str(t) for t in tags):
-        env_type = (custom.get(tag) or {}).get("env_type")
-        if env_type is None:
-            continue
-        problem = unknown_env(str(env_type))
-        if problem:
-            raise UserError(f"custom_envs.{tag}.env_type: {problem}", EXIT_USAGE)
-
-
-#: policy -> (the option it cannot do without, an example value)
-REQUIRED_POLICY_OPTIONS = {"openai": ("base_url", "http://127.0.0.1:8000/v1"),
-                           "hf": ("model_path", "path/to/model")}
-
-
-def _check_policy(policy: dict[str, Any]) -> None:
-    """A policy missing the option it cannot run without is one line saying which to set."""
-    name = str(policy.get("name"))
-    if name not in REQUIRED_POLICY_OPTIONS:
-        return
-    key, example = REQUIRED_POLICY_OPTIONS[name]
-    section = policy.get(name) or {}
-    if not policy.get(key) and not section.get(key):
-        raise UserError(f"the {name} policy needs turnpool.policy.{name}.{key} (e.g. "
-                        f"turnpool.policy.{name}.{key}={example})", EXIT_USAGE)
-
-
-def sugar_overrides(backend: str | None, workers: int | None, policy: str | None
-                    ) -> tuple[str, ...]:
-    """The dotlist entries the shorthand options stand for (they win over earlier ones)."""
-    out = []
-    if backend is not None:
-        out.append(f"turnpool.backend={backend}")
-    if workers is not None:
-        out.append(f"turnpool.num_workers={workers}")
-    if policy is not None:
-        out.append(f"turnpool.policy.name={policy}")
-    return tuple(out)
 
 
 def summary_table(metrics: dict[str, float], tags: list[str], group_size: int,
