@@ -426,7 +426,8 @@ def render(report: Report) -> list[Any]:
               show_default=True, help="Turns per episode (uniform from 1).")
 @click.option("--templates", default=",".join(FAMILIES), show_default=True,
               help="Comma-separated template families.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the random episodes.")
 def command(json_path: Path | None, episodes: int, max_turns: int, templates: str,
             seed: int) -> None:
     """Token-exact multi-turn episodes per chat template: mismatches (goal 0), µs per turn

@@ -100,7 +100,7 @@ Examples:
   turnpool rollout
   turnpool rollout --backend process --workers 4 --seed 7
   turnpool rollout --env sudoku --policy random --groups 4 --group-size 8
-  turnpool rollout --policy random es_manager.train.env_groups=4 es_manager.train.env_configs.n_groups=[4]
+  turnpool rollout --policy random --groups 4 es_manager.train.group_size=8
   turnpool rollout --config configs/multi.yaml --json s.json --out t.jsonl
 """
 

@@ -28,7 +28,9 @@ from typing import Any
 import click
 import yaml
 
+from turnpool.backends import BACKENDS
 from turnpool.cli.errors import EXIT_USAGE, UserError, did_you_mean, unknown_env
+from turnpool.cli.options import FirstName
 from turnpool.worker.protocol import DEFAULT_STEP_TIMEOUT
 
 TOKEN_ENV = "TURNPOOL_SERVE_TOKEN"
@@ -76,8 +78,11 @@ def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
 @click.option("--env", default=None, help="Env name or module:Class  [default: sokoban]")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="YAML file of serve settings.")
-@click.option("--backend", default=None, help="Pool backend  [default: process]")
-@click.option("--num-workers", type=int, default=None, help="Pool workers (default: backend's).")
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default=None,
+              help="Pool backend  [default: process]")
+@click.option("--workers", "--num-workers", "num_workers", cls=FirstName,
+              type=click.IntRange(min=1), default=None,
+              help="Pool workers (default: backend's).")
 @click.option("--max-sessions", type=int, default=None,
               help="Env slots = sessions held at once; more get a busy answer  [default: 256]")
 @click.option("--step-timeout", type=float, default=None,
