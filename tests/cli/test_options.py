@@ -96,3 +96,15 @@ def test_every_help_example_runs(name: str, example: str, tmp_path: Path) -> Non
     proc = subprocess.run([sys.executable, "-m", "turnpool.cli", *words], cwd=tmp_path,
                           capture_output=True, text=True, timeout=240, env=env, check=False)
     assert proc.returncode == 0, f"{example}: {proc.stderr[-2000:]}"
+
+
+def test_every_turnpool_command_of_the_makefile_exists() -> None:
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    calls = [shlex.split(line.split("/turnpool ", 1)[1]) for line in makefile.splitlines()
+             if "/bin/turnpool " in line]
+    assert ["bench", "pool", "--json", "bench-pool.json"] in calls  # make bench
+    for words in calls:
+        depth = 2 if words[0] == "bench" else 1  # `turnpool bench NAME`, `turnpool rollout`
+        name = " ".join(["turnpool", *words[:depth]])
+        assert name in COMMANDS, name  # `turnpool bench all` is not one
+        COMMANDS[name].make_context(name, words[depth:])  # an unknown option fails here
