@@ -227,3 +227,19 @@ def test_bench_envs_names_the_bench_extra_for_gym_sokoban(tmp_path: Path) -> Non
                                       "--rooms", "1"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "gym_sokoban not installed (pip install 'turnpool[bench]')" in proc.stdout
+
+
+@pytest.mark.parametrize("args", [["serve", "--env", "sokoban", "--backend", "sequential"],
+                                  ["webshop", "serve"]], ids=["serve", "webshop-serve"])
+def test_a_taken_port_is_one_line_that_suggests_port_0(args: list[str], tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _without([], [*args, "--port", str(port)], tmp_path)
+    line = _one_error(proc.stdout + proc.stderr)
+    assert proc.returncode == 1, proc.stderr
+    assert line.endswith(f"port {port} is in use; choose another --port, or --port 0 for a "
+                         "free one"), line

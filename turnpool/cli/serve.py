@@ -29,7 +29,13 @@ import click
 import yaml
 
 from turnpool.backends import BACKENDS
-from turnpool.cli.errors import EXIT_USAGE, UserError, did_you_mean, unknown_env
+from turnpool.cli.errors import (
+    EXIT_USAGE,
+    UserError,
+    cannot_listen,
+    did_you_mean,
+    unknown_env,
+)
 from turnpool.cli.options import FirstName
 from turnpool.worker.protocol import DEFAULT_STEP_TIMEOUT
 
@@ -152,6 +158,6 @@ def serve(env: str | None, config_path: Path | None, backend: str | None,
     except KeyboardInterrupt:  # Ctrl-C: the pool is already closed
         click.echo("turnpool serve: stopped")
     except OSError as exc:
-        raise UserError(f"cannot serve on {host}:{port}: {exc}") from exc
+        raise cannot_listen(host, port, exc) from exc
     except (ValueError, LookupError) as exc:  # a value the pool refuses
         raise UserError(str(exc.args[0] if exc.args else exc), EXIT_USAGE) from exc
