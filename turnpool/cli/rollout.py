@@ -120,7 +120,9 @@ Examples:
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default=None,
               help="Shorthand for turnpool.backend=...")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Shorthand for turnpool.num_workers=...")
+              help="Shorthand for turnpool.num_workers=...; under the auto backend envs "
+                   "that step in microseconds still run in this process (name --backend "
+                   "process for worker processes).")
 @click.option("--policy", type=click.Choice(policy_names()), default=None,
               help="Shorthand for turnpool.policy.name=...")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
