@@ -158,8 +158,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.steps >= 2:
             _plot(summary, args.out.with_suffix(".png"))
         for r in summary["runs"]:
-            print(f"lr {r['learning_rate']:g}: success step 1 {r['step1_success']}, first {w} steps "
-                  f"{r[f'first{w}_success']:.3f}, last {w} steps {r[f'last{w}_success']:.3f}, "
+            print(f"lr {r['learning_rate']:g}: success step 1 {r['step1_success']}, "
+                  f"first {w} steps {r[f'first{w}_success']:.3f}, "
+                  f"last {w} steps {r[f'last{w}_success']:.3f}, "
                   f"all steps {r['mean_success']:.3f} ({r['seconds']:.0f} s)")
         return summary
 
