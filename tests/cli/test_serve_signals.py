@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -19,6 +21,14 @@ pytestmark = pytest.mark.timeout(180)
 
 SERVE = [sys.executable, "-m", "turnpool.cli", "serve", "--env", "trivial", "--frontends", "2",
          "--port", "0", "--workers", "2", "--max-sessions", "4"]
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A scratch TMPDIR short enough for the fronts' unix sockets (pytest's tmp_path under
+    xdist is not)."""
+    with tempfile.TemporaryDirectory(prefix="tp-", dir="/tmp") as d:
+        yield Path(d)
 
 
 def _start(tmp: Path) -> subprocess.Popen[str]:
@@ -46,7 +56,8 @@ def _stop(proc: subprocess.Popen[str], sig: int) -> tuple[str, list[int]]:
     return err, children
 
 
-def test_ctrl_c_while_the_fronts_start_is_quiet(tmp_path: Path) -> None:
+def test_ctrl_c_while_the_fronts_start_is_quiet(short_tmp: Path) -> None:
+    tmp_path = short_tmp
     proc = _start(tmp_path)
     deadline = time.monotonic() + 60
     # the moment the first front's interpreter is starting (its `import site`)
@@ -63,10 +74,14 @@ def test_ctrl_c_while_the_fronts_start_is_quiet(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_sigterm_to_a_running_multi_front_server_leaves_nothing(tmp_path: Path) -> None:
+def test_sigterm_to_a_running_multi_front_server_leaves_nothing(short_tmp: Path) -> None:
+    tmp_path = short_tmp
     proc = _start(tmp_path)
     assert proc.stdout is not None
-    assert "2 fronts" in proc.stdout.readline()  # ready
+    ready = proc.stdout.readline()
+    if "2 fronts" not in ready:  # it ended instead: say why
+        proc.kill()
+        pytest.fail(f"not ready: {ready!r} {proc.communicate(timeout=30)}")
     assert [p.name for p in tmp_path.iterdir()][0].startswith("turnpool-fronts-")
     err, children = _stop(proc, signal.SIGTERM)
     assert proc.returncode == 0, err

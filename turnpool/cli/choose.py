@@ -21,6 +21,24 @@ REQUIRED_POLICY_OPTIONS = {"openai": ("base_url", "http://127.0.0.1:8000/v1"),
                            "hf": ("model_path", "path/to/model")}
 
 
+def load_plan(config_path: str | None, mode: str, overrides: tuple[str, ...],
+              env: str | None = None, user_overrides: tuple[str, ...] = ()) -> RolloutPlan:
+    """The run's plan from the config and every override, checked before any env starts;
+    one `UserError` line (exit 2) for what is wrong (``env``: the ``--env`` given, checked
+    against the config with the user's own ``user_overrides``)."""
+    from turnpool.ragen.config import ConfigError, load_config, rollout_plan
+
+    try:
+        check_env(env, config_path, user_overrides)
+        cfg = load_config(config_path, overrides)
+        check_env_types(cfg, mode)
+        plan = rollout_plan(cfg, mode)
+        check_policy(plan)
+    except ConfigError as exc:
+        raise UserError(str(exc), EXIT_USAGE) from exc
+    return plan
+
+
 def choice_overrides(env: str | None, groups: int | None, group_size: int | None,
                      mode: str) -> tuple[str, ...]:
     """The dotlist entries ``--env``, ``--groups`` and ``--group-size`` stand for.

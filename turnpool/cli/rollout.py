@@ -51,13 +51,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from turnpool.backends import BACKENDS
-from turnpool.cli.choose import (
-    check_env,
-    check_env_types,
-    check_policy,
-    choice_overrides,
-    sugar_overrides,
-)
+from turnpool.cli.choose import choice_overrides, load_plan, sugar_overrides
 from turnpool.cli.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -71,7 +65,6 @@ from turnpool.cli.layout import fit, make_table
 from turnpool.policies import policy_names
 from turnpool.policies.base import PolicyUnreachable
 from turnpool.pool.api import EnvConstructionError
-from turnpool.ragen.config import ConfigError, load_config, rollout_plan
 from turnpool.rollout.collector import RolloutBatch, TrajectoryCollector
 from turnpool.rollout.metrics import run_metrics
 from turnpool.rollout.record import Recorder
@@ -160,16 +153,9 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
     turnpool.policy.name=random turnpool.backend=process.
     """
     check_out_path(out_path)
-    try:
-        check_env(env, config_path, overrides)
-        overrides = (choice_overrides(env, groups, group_size, mode) + overrides
-                     + sugar_overrides(backend, workers, policy))
-        cfg = load_config(config_path, overrides)
-        check_env_types(cfg, mode)
-        plan = rollout_plan(cfg, mode)
-        check_policy(plan)
-    except ConfigError as exc:
-        raise UserError(str(exc), EXIT_USAGE) from exc
+    plan = load_plan(config_path, mode, (choice_overrides(env, groups, group_size, mode)
+                                         + overrides + sugar_overrides(backend, workers, policy)),
+                     env, overrides)
     console = Console()
     err_console = Console(stderr=True)
     t0 = time.perf_counter()
