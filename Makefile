@@ -68,8 +68,11 @@ lint: $(VENV)/.dev
 check-install: $(VENV)/.dev
 	TURNPOOL_TORCH="$(TORCH)" $(PY) scripts/check_install.py
 
+# The quick benchmarks, one after another (`turnpool bench --help` lists every one).
 bench: $(VENV)/.dev
-	$(VENV)/bin/turnpool bench all
+	$(VENV)/bin/turnpool bench pool --json bench-pool.json
+	$(VENV)/bin/turnpool bench envs --json bench-envs.json
+	$(VENV)/bin/turnpool bench rollout --json bench-rollout.json
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

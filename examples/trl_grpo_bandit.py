@@ -56,40 +56,41 @@ def main() -> None:
     from turnpool.rollout.settings import CollectorSettings
 
     torch.set_num_threads(1)
-    work = Path(tempfile.mkdtemp(prefix="turnpool-grpo-"))
-    model_dir = build_tiny_model(work / "model", sft_steps=args.sft_steps, seed=0)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with tempfile.TemporaryDirectory(prefix="turnpool-grpo-") as tmp:  # removed at the end
+        work = Path(tmp)
+        model_dir = build_tiny_model(work / "model", sft_steps=args.sft_steps, seed=0)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
 
-    rollout = TurnpoolRollout("bandit", ENV_KWARGS, settings=CollectorSettings(max_turn=1),
-                              pool_options={"backend": "sequential"}, max_new_tokens=16,
-                              seed=1000)
-    batch = args.groups * args.group_size
-    config = GRPOConfig(
-        output_dir=str(work / "out"), per_device_train_batch_size=batch,
-        num_generations=args.group_size, max_steps=args.steps, learning_rate=args.lr,
-        max_completion_length=16, temperature=1.0, beta=0.0, logging_steps=1,
-        save_strategy="no", report_to=[], use_cpu=True, seed=0, lr_scheduler_type="constant",
-        disable_tqdm=True)
-    dataset = Dataset.from_dict({"prompt": ["bandit"] * (batch * args.steps)})
-    trainer = GRPOTrainer(model=model, reward_funcs=[turnpool_reward], args=config,
-                          train_dataset=dataset, processing_class=tokenizer,
-                          rollout_func=rollout)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    rollout.close()
+        rollout = TurnpoolRollout("bandit", ENV_KWARGS, settings=CollectorSettings(max_turn=1),
+                                  pool_options={"backend": "sequential"}, max_new_tokens=16,
+                                  seed=1000)
+        batch = args.groups * args.group_size
+        config = GRPOConfig(
+            output_dir=str(work / "out"), per_device_train_batch_size=batch,
+            num_generations=args.group_size, max_steps=args.steps, learning_rate=args.lr,
+            max_completion_length=16, temperature=1.0, beta=0.0, logging_steps=1,
+            save_strategy="no", report_to=[], use_cpu=True, seed=0, lr_scheduler_type="constant",
+            disable_tqdm=True)
+        dataset = Dataset.from_dict({"prompt": ["bandit"] * (batch * args.steps)})
+        trainer = GRPOTrainer(model=model, reward_funcs=[turnpool_reward], args=config,
+                              train_dataset=dataset, processing_class=tokenizer,
+                              rollout_func=rollout)
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
+        rollout.close()
 
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-    summary = {"steps": len(rewards), "seconds": round(seconds, 1),
-               "first10_mean_reward": round(first, 3), "last10_mean_reward": round(last, 3),
-               "rewards": [round(r, 4) for r in rewards]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    _plot(rewards, args.out.with_suffix(".png"))
-    print(f"{len(rewards)} steps in {seconds:.0f} s; mean reward first 10 steps {first:.3f}, "
-          f"last 10 steps {last:.3f}")
+        rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+        first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+        summary = {"steps": len(rewards), "seconds": round(seconds, 1),
+                   "first10_mean_reward": round(first, 3), "last10_mean_reward": round(last, 3),
+                   "rewards": [round(r, 4) for r in rewards]}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        _plot(rewards, args.out.with_suffix(".png"))
+        print(f"{len(rewards)} steps in {seconds:.0f} s; mean reward first 10 steps {first:.3f}, "
+              f"last 10 steps {last:.3f}")
 
 
 def _plot(rewards: list[float], path: Path) -> None:

@@ -137,30 +137,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    work = Path(tempfile.mkdtemp(prefix="turnpool-grpo-choice-"))
-    start = time.perf_counter()
-    model_dir = build_policy(work / "model", args.seed, args.sft_steps, args.paying_share)
-    runs = [grpo_run(model_dir, work, lr=lr, steps=args.steps, groups=args.groups,
-                     group_size=args.group_size, seed=args.seed) for lr in (args.lr, 0.0)]
-    w = args.window
-    summary: dict[str, Any] = {
-        "task": f"bandit: {PAYING} pays 1.0 (success), {TAUGHT} 0.1; SFT replies name "
-                f"{PAYING} in {args.paying_share:.0%}",
-        "steps": args.steps, "completions_per_step": args.groups * args.group_size,
-        "seed": args.seed, "window": w, "seconds_total": round(time.perf_counter() - start, 1),
-        "runs": [{**r, "step1_success": r["success"][0] if r["success"] else None,
-                  f"first{w}_success": _mean(r["success"][:w]),
-                  f"last{w}_success": _mean(r["success"][-w:]),
-                  "mean_success": _mean(r["success"])} for r in runs]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    if args.steps >= 2:
-        _plot(summary, args.out.with_suffix(".png"))
-    for r in summary["runs"]:
-        print(f"lr {r['learning_rate']:g}: success step 1 {r['step1_success']}, first {w} steps "
-              f"{r[f'first{w}_success']:.3f}, last {w} steps {r[f'last{w}_success']:.3f}, "
-              f"all steps {r['mean_success']:.3f} ({r['seconds']:.0f} s)")
-    return summary
+    with tempfile.TemporaryDirectory(prefix="turnpool-grpo-choice-") as tmp:  # removed at the end
+        work = Path(tmp)
+        start = time.perf_counter()
+        model_dir = build_policy(work / "model", args.seed, args.sft_steps, args.paying_share)
+        runs = [grpo_run(model_dir, work, lr=lr, steps=args.steps, groups=args.groups,
+                         group_size=args.group_size, seed=args.seed) for lr in (args.lr, 0.0)]
+        w = args.window
+        summary: dict[str, Any] = {
+            "task": f"bandit: {PAYING} pays 1.0 (success), {TAUGHT} 0.1; SFT replies name "
+                    f"{PAYING} in {args.paying_share:.0%}",
+            "steps": args.steps, "completions_per_step": args.groups * args.group_size,
+            "seed": args.seed, "window": w, "seconds_total": round(time.perf_counter() - start, 1),
+            "runs": [{**r, "step1_success": r["success"][0] if r["success"] else None,
+                      f"first{w}_success": _mean(r["success"][:w]),
+                      f"last{w}_success": _mean(r["success"][-w:]),
+                      "mean_success": _mean(r["success"])} for r in runs]}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        if args.steps >= 2:
+            _plot(summary, args.out.with_suffix(".png"))
+        for r in summary["runs"]:
+            print(f"lr {r['learning_rate']:g}: success step 1 {r['step1_success']}, "
+                  f"first {w} steps {r[f'first{w}_success']:.3f}, "
+                  f"last {w} steps {r[f'last{w}_success']:.3f}, "
+                  f"all steps {r['mean_success']:.3f} ({r['seconds']:.0f} s)")
+        return summary
 
 
 def _plot(summary: dict[str, Any], path: Path) -> None:

@@ -11,6 +11,7 @@ each call steps a turnpool env (bandit: the tools are ``dragon()`` and ``phoenix
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 from pathlib import Path
@@ -20,15 +21,26 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.parse_args(argv)  # no options: --help describes the run, then exits
+    # the model, TRL's output and the env workers' files live in a folder removed at the end
+    with tempfile.TemporaryDirectory(prefix="turnpool-tools-") as tmp:
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        try:
+            train(Path(tmp))
+        finally:
+            os.chdir(cwd)
+
+
+def train(work: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.chat_template_utils import qwen2_5_chat_template
 
     from turnpool.integrations.trl import environment_factory as factory
     from turnpool.policies.tiny_llm import build_tiny_model, teach_tool_calls
 
-    work = Path(tempfile.mkdtemp(prefix="turnpool-tools-"))
-    os.chdir(work)
     model_dir = build_tiny_model(work / "model", sft_steps=100, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.chat_template = qwen2_5_chat_template

@@ -51,42 +51,43 @@ def main() -> None:
     from turnpool.policies.hf import HFPolicy
     from turnpool.policies.tiny_llm import build_tiny_model
 
-    model_dir = build_tiny_model(Path(tempfile.mkdtemp()) / "model", sft_steps=100)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    policy = HFPolicy.from_model(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer,
-                                 max_new_tokens=32, temperature=1.0)
+    with tempfile.TemporaryDirectory(prefix="turnpool-verl-") as tmp:  # removed at the end
+        model_dir = build_tiny_model(Path(tmp) / "model", sft_steps=100)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        policy = HFPolicy.from_model(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer,
+                                     max_new_tokens=32, temperature=1.0)
 
-    class Server:
-        async def generate(self, request_id: str, *, prompt_ids: list[int],
-                           sampling_params: dict[str, Any], **kw: Any) -> Any:
-            [(ids, logprobs)] = policy.generate_ids([list(prompt_ids)])
-            return TokenOutput(token_ids=ids, log_probs=logprobs)
+        class Server:
+            async def generate(self, request_id: str, *, prompt_ids: list[int],
+                               sampling_params: dict[str, Any], **kw: Any) -> Any:
+                [(ids, logprobs)] = policy.generate_ids([list(prompt_ids)])
+                return TokenOutput(token_ids=ids, log_probs=logprobs)
 
-    config = OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"prompt_length": 2048, "response_length": 1024}},
-        "data": {},
-        "turnpool": {"env_type": args.env, "capacity": args.batch, "max_turn": args.max_turn,
-                     "pool": {"backend": args.backend, "num_workers": 2,
-                              "step_timeout": args.step_timeout}}})
-    server = Server()
+        config = OmegaConf.create({
+            "actor_rollout_ref": {"rollout": {"prompt_length": 2048, "response_length": 1024}},
+            "data": {},
+            "turnpool": {"env_type": args.env, "capacity": args.batch, "max_turn": args.max_turn,
+                         "pool": {"backend": args.backend, "num_workers": 2,
+                                  "step_timeout": args.step_timeout}}})
+        server = Server()
 
-    async def one(index: int) -> Any:
-        loop = hydra.utils.instantiate(
-            _agent_loop_registry["turnpool"], trainer_config=DictConfigWrap(config),
-            server_manager=server, tokenizer=tokenizer, processor=None,
-            dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data))
-        return await loop.run({"temperature": 1.0}, raw_prompt=[], index=index,
-                              extra_info={"seed": index // args.group_size})
+        async def one(index: int) -> Any:
+            loop = hydra.utils.instantiate(
+                _agent_loop_registry["turnpool"], trainer_config=DictConfigWrap(config),
+                server_manager=server, tokenizer=tokenizer, processor=None,
+                dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data))
+            return await loop.run({"temperature": 1.0}, raw_prompt=[], index=index,
+                                  extra_info={"seed": index // args.group_size})
 
-    async def batch() -> list[Any]:
-        return list(await asyncio.gather(*[one(i) for i in range(args.batch)]))
+        async def batch() -> list[Any]:
+            return list(await asyncio.gather(*[one(i) for i in range(args.batch)]))
 
-    for i, out in enumerate(asyncio.run(batch())):
-        model_tokens = sum(out.response_mask)
-        print(f"trajectory {i}: prompt {len(out.prompt_ids)} tokens, response "
-              f"{len(out.response_ids)} ({model_tokens} model, "
-              f"{len(out.response_ids) - model_tokens} env/template), turns {out.num_turns}, "
-              f"reward {out.reward_score:+.2f}, failure {out.extra_fields['turnpool_failure']}")
+        for i, out in enumerate(asyncio.run(batch())):
+            model_tokens = sum(out.response_mask)
+            print(f"trajectory {i}: prompt {len(out.prompt_ids)} tokens, response "
+                  f"{len(out.response_ids)} ({model_tokens} model, "
+                  f"{len(out.response_ids) - model_tokens} env/template), turns {out.num_turns}, "
+                  f"reward {out.reward_score:+.2f}, failure {out.extra_fields['turnpool_failure']}")
 
 
 if __name__ == "__main__":

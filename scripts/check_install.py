@@ -163,7 +163,7 @@ def serve_and_probe(cmd: list[str], paths: list[str], cwd: Path) -> tuple[bool, 
 
 def check_serve(venv: Path, check: Check, work: Path) -> None:
     ok, log = serve_and_probe([str(venv / "bin" / "turnpool"), "serve", "--env", "sokoban",
-                               "--port", "0", "--max-sessions", "4", "--num-workers", "1"],
+                               "--port", "0", "--max-sessions", "4", "--workers", "1"],
                               ["/health", "/metrics"], work)
     check(ok, "serve: turnpool serve answers /health and /metrics", log)
 

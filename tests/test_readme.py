@@ -181,7 +181,7 @@ def test_every_turnpool_command_in_the_docs_parses(page: str, command: str) -> N
 #: and `make check-install` runs each feature's own)
 RUN_AS_WRITTEN = ["turnpool envs", "turnpool --version",
                   "turnpool rollout --policy random --workers 4 --seed 7",
-                  "turnpool rollout --policy random"]
+                  "turnpool rollout --env frozen_lake --groups 4 --group-size 8"]
 
 
 @pytest.mark.timeout(300)

@@ -153,3 +153,21 @@ def test_standby_waits_at_the_lowest_priority_and_is_promoted_at_ours() -> None:
         assert pids[0] == standby  # the standby took the dead worker's place ...
         assert os.getpriority(os.PRIO_PROCESS, standby) == mine  # ... at our priority
         assert os.getpriority(os.PRIO_PROCESS, pids[2]) == STANDBY_NICE  # a new standby
+
+
+def test_a_worker_count_does_not_send_microsecond_envs_to_processes() -> None:
+    tiny = EnvProfile(step_wall_s=2e-6, step_cpu_s=2e-6, reset_wall_s=1e-5, steps=20)
+    heavy = EnvProfile(step_wall_s=1e-3, step_cpu_s=1e-3, reset_wall_s=1e-5, steps=20)
+    for cores in (2, 16):
+        for workers in (2, 4, 64):
+            assert choose(tiny, 4096, cores=cores, num_workers=workers)[0] == "sequential"
+    assert choose(heavy, 64, cores=2, num_workers=8)[0] == "process"
+    # eight workers on two cores run two at a time: no faster than two workers
+    assert choose(heavy, 64, cores=2, num_workers=8)[1] >= choose(heavy, 64, cores=2,
+                                                                   num_workers=2)[1]
+
+
+def test_sokoban_under_auto_with_four_workers_stays_in_process() -> None:
+    with EnvPool("sokoban", env_num=128, group_n=16, backend="auto",
+                 num_workers=4) as pool:
+        assert pool.backend_name == "auto->sequential"

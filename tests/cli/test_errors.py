@@ -62,8 +62,9 @@ def _without(modules: list[str], args: list[str], cwd: Path) -> subprocess.Compl
      "hf"),
     (["pyarrow"], ["rollout", "--out", "t.parquet", *SMALL], "data"),
     (["pyarrow"], ["verl-config", "--env", "sokoban", "--out", "v"], "data"),
+    (["tiktoken"], ["bench", "tokens", "--episodes", "1"], "tokens"),
 ], ids=["serve", "webshop-serve", "openai-policy", "webshop-config", "hf-policy",
-        "parquet-out", "verl-config"])
+        "parquet-out", "verl-config", "bench-tokens"])
 def test_a_missing_extra_is_one_line_naming_the_pip_extra_and_exits_2(
         modules: list[str], args: list[str], extra: str, tmp_path: Path) -> None:
     proc = _without(modules, args, tmp_path)
@@ -212,3 +213,33 @@ def test_without_a_terminal_progress_is_a_periodic_line(monkeypatch: pytest.Monk
     finally:
         ticker.stop()
     assert "rollout: batch 1/1, 3/5 turns done, 96 envs running" in err.getvalue()
+
+
+def test_envs_names_the_extra_of_an_env_it_cannot_import(tmp_path: Path) -> None:
+    proc = _without(["rapidfuzz"], ["envs"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "ModuleNotFoundError" not in proc.stdout
+    assert "unavailable: needs rapidfuzz: pip install 'turnpool[webshop]'" in proc.stdout
+
+
+def test_bench_envs_names_the_bench_extra_for_gym_sokoban(tmp_path: Path) -> None:
+    proc = _without(["gym_sokoban"], ["bench", "envs", "--resets", "1", "--steps", "1",
+                                      "--rooms", "1"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "gym_sokoban not installed (pip install 'turnpool[bench]')" in proc.stdout
+
+
+@pytest.mark.parametrize("args", [["serve", "--env", "sokoban", "--backend", "sequential"],
+                                  ["webshop", "serve"]], ids=["serve", "webshop-serve"])
+def test_a_taken_port_is_one_line_that_suggests_port_0(args: list[str], tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _without([], [*args, "--port", str(port)], tmp_path)
+    line = _one_error(proc.stdout + proc.stderr)
+    assert proc.returncode == 1, proc.stderr
+    assert line.endswith(f"port {port} is in use; choose another --port, or --port 0 for a "
+                         "free one"), line

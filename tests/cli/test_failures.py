@@ -126,3 +126,6 @@ def test_ctrl_c_ends_the_rollout_at_once(tmp_path: Path) -> None:
     assert wait_gone(children, GONE_S) == []
     lines = out.read_text().splitlines()
     assert lines and all(json.loads(line)["env_id"] >= 0 for line in lines)
+    # whole batches only (2 groups of 4 each), and the line says exactly how many
+    assert len(lines) % 8 == 0
+    assert f"wrote {len(lines)} trajectories (whole groups)" in " ".join(err.split())

@@ -410,10 +410,16 @@ def test_environment_factory_rejects_malformed_calls_with_a_reason() -> None:
     assert len(env.invalid_calls) == 4
 
 
-def test_choice_example_runs_one_step_of_both_curves(tmp_path: Path) -> None:
+def test_choice_example_runs_one_step_of_both_curves(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """examples/trl_grpo_bandit_choice.py's code path (SFT, GRPO run, lr-0 control, JSON) at
-    one step; the full run stays out of the suite."""
+    one step, leaving no scratch folder behind; the full run stays out of the suite."""
     import importlib.util
+    import tempfile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
 
     script = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo_bandit_choice.py"
     spec = importlib.util.spec_from_file_location("trl_grpo_bandit_choice", script)
@@ -427,3 +433,4 @@ def test_choice_example_runs_one_step_of_both_curves(tmp_path: Path) -> None:
     # same seeds, same starting model: step 1 is the same sample in both runs
     assert summary["runs"][0]["success"] == summary["runs"][1]["success"]
     assert (tmp_path / "choice.json").exists()
+    assert list(scratch.iterdir()) == []  # the model and TRL's output went with their folder

@@ -14,6 +14,11 @@ constants below):
 * CPU-bound and worth splitting over the cores: ``process``;
 * otherwise (microsecond envs, one core, few envs): ``sequential``, the floor.
 
+A worker count (``num_workers``, ``--workers``) sizes the parallel options but does not ask
+for them: processes never run more envs at once than there are cores, and an env that steps
+in under `IN_PROCESS_STEP_S` stays in-process whatever the count (a worker process costs more
+to start and to talk to than it saves; name ``backend="process"`` to have workers anyway).
+
 Deadlines: with a ``step_timeout`` set, ``sequential`` is a candidate only where it can stop a
 hung env in-process with a timer signal (the main thread, ``SIGALRM`` unused by the program,
 see `turnpool.worker.deadline`); elsewhere auto picks the better of ``thread`` and ``process``,
@@ -49,6 +54,8 @@ PROCESS_PER_ENV_S = 1.5e-6
 THREAD_HANDOFF_S = 50e-6
 #: A parallel backend must be estimated this much faster than sequential to be chosen.
 MARGIN = 1.2
+#: An env stepping faster than this stays in-process under auto (Sokoban steps in ~2-40 us).
+IN_PROCESS_STEP_S = 100e-6
 MEASURE_BUDGET_S = 0.05
 MEASURE_MAX_STEPS = 20
 
@@ -127,9 +134,11 @@ def choose(profile: EnvProfile, num_envs: int, cores: int,
         work = num_envs * per_env * profile.cpu_share  # still serialised by the GIL
         options.append(("thread", work + waits / threads + THREAD_HANDOFF_S))
     workers = max(1, min(num_workers or cores, num_envs))
-    if workers >= 2 and allow_process:
-        options.append(("process", sequential / workers + PROCESS_ROUND_TRIP_S
-                        + PROCESS_PER_ENV_S * num_envs / workers))
+    at_once = min(workers, cores)  # more workers than cores take turns on them
+    worth_a_process = per_env >= IN_PROCESS_STEP_S or not in_process
+    if workers >= 2 and allow_process and worth_a_process:
+        options.append(("process", sequential / at_once + PROCESS_ROUND_TRIP_S
+                        + PROCESS_PER_ENV_S * num_envs / at_once))
     best = min(options[1:], key=lambda o: o[1], default=None)
     if best is not None and (best[1] * MARGIN < sequential or not in_process):
         return best

@@ -39,6 +39,7 @@ from typing import Any
 
 import click
 import numpy as np
+from rich.markup import escape
 
 from turnpool.bench.envs_facade import (
     measure_facade_start,
@@ -320,7 +321,7 @@ def render(report: dict[str, Any]) -> list[Any]:
         envs.add_column(col, justify="left" if col in ("env", "case", "note") else "right")
     for r in report["envs"]:
         envs.add_row(r["env"], r["case"], _fmt(r["init_ms"], 2), _fmt(r["reset_ms_mean"]),
-                     _fmt(r["reset_ms_p95"]), _fmt(r["step_us_mean"], 2), r["note"])
+                     _fmt(r["reset_ms_p95"]), _fmt(r["step_us_mean"], 2), escape(r["note"]))
 
     gen = Table(title="Sokoban room generation per usable room, retries included (6x6/k: k boxes)")
     for col in ("case", "rooms", "ours ms", "gym_sokoban ms", "speedup", "ours retries",
@@ -329,7 +330,7 @@ def render(report: dict[str, Any]) -> list[Any]:
     for r in report["generation"]:
         gen.add_row(r["case"], str(r["rooms"]), _fmt(r["ours_ms"]), _fmt(r["gym_ms"]),
                     "-" if r["speedup"] is None else f"{r['speedup']:.1f}x",
-                    str(r["ours_failed_attempts"]), str(r["gym_failed_calls"]), r["note"])
+                    str(r["ours_failed_attempts"]), str(r["gym_failed_calls"]), escape(r["note"]))
 
     rf = report["ragen_facade"]
     vt = rf["visual_transport"]

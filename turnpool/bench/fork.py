@@ -130,7 +130,7 @@ def _served(env: str, forks: int) -> tuple[list[float], int, list[float]]:
 
     _, workers, _ = PLACES["served"]
     cmd = [sys.executable, "-m", "turnpool.cli", "serve", "--env", env, "--port", "0",
-           "--max-sessions", "8", "--backend", "process", "--num-workers", str(workers)]
+           "--max-sessions", "8", "--backend", "process", "--workers", str(workers)]
     server = ServerProcess("turnpool", 8, cmd=cmd)
     try:
         ws = BlockingWs(server.url)

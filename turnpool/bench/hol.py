@@ -219,7 +219,7 @@ def _server_window(sessions: int, special: dict[int, str], warmup: float, second
 
     server = ServerProcess("turnpool", sessions, cmd=[
         sys.executable, "-m", "turnpool.cli", "serve", "--env", ENV, "--port", "0",
-        "--backend", "process", "--num-workers", "2", "--max-sessions", str(sessions),
+        "--backend", "process", "--workers", "2", "--max-sessions", str(sessions),
         "--step-timeout", str(step_timeout)])
     try:
         client = subprocess.run(
@@ -319,12 +319,16 @@ def _client_main(argv: list[str]) -> None:
 @click.command()
 @click.option("--through", default="pool,serve", show_default=True,
               help="Comma-separated: pool (the slot engine) and/or serve (turnpool serve).")
-@click.option("--sessions", default=256, show_default=True, type=int)
+@click.option("--sessions", default=256, show_default=True, type=int,
+              help="Sessions stepping at once.")
 @click.option("--pairs", default=2, show_default=True, type=int,
               help="Uniform/hang window pairs per way, alternated.")
-@click.option("--seconds", default=8.0, show_default=True, type=float)
-@click.option("--warmup", default=1.0, show_default=True, type=float)
-@click.option("--step-timeout", default=5.0, show_default=True, type=float)
+@click.option("--seconds", default=8.0, show_default=True, type=float,
+              help="Length of each measured window.")
+@click.option("--warmup", default=1.0, show_default=True, type=float,
+              help="Seconds run before each window is measured.")
+@click.option("--step-timeout", default=5.0, show_default=True, type=float,
+              help="The pool's step_timeout (what a hang costs).")
 @click.option("--compare-no-handoff", is_flag=True, default=False,
               help="Also run pool windows with the hand-off turned off.")
 @click.option("--slow-factor", default=0.0, show_default=True, type=float,

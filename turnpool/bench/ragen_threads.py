@@ -189,10 +189,14 @@ def render(report: dict[str, Any]) -> list[Any]:
 @click.command("ragen-threads")
 @click.option("--ragen", "ragen", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Root of a RAGEN v2 checkout (its ragen/ folder is imported).")
-@click.option("--envs", "n_envs", type=click.IntRange(min=GROUP), default=32, show_default=True)
-@click.option("--workers", type=click.IntRange(min=2), default=8, show_default=True)
-@click.option("--turns", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--envs", "n_envs", type=click.IntRange(min=GROUP), default=32, show_default=True,
+              help="Envs in the pool.")
+@click.option("--workers", type=click.IntRange(min=2), default=8, show_default=True,
+              help="Threads (turnpool's thread backend and RAGEN's pool alike).")
+@click.option("--turns", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Turns per episode.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed repeats of each side (the median is reported).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Also write the report as JSON.")
 def command(ragen: Path | None, n_envs: int, workers: int, turns: int, repeats: int,

@@ -31,6 +31,7 @@ from typing import Any
 
 import click
 
+from turnpool.cli.options import FirstName
 from turnpool.envs.deepcoder import HARNESS, load_problems, run_reply
 from turnpool.sandbox import Limits, Sandbox
 
@@ -149,7 +150,9 @@ def run_bench(runs: int, clients: int, rounds: int, echo: Callable[[str], None]
 @click.option("--runs", default=200, show_default=True, help="runs per window")
 @click.option("--clients", default=2, show_default=True, help="threads running at once")
 @click.option("--rounds", default=3, show_default=True, help="interleaved rounds")
-@click.option("--json-out", type=click.Path(dir_okay=False), default=None)
+@click.option("--json", "--json-out", "json_out", cls=FirstName,
+              type=click.Path(dir_okay=False),
+              default=None, help="Also write the report as JSON here.")
 def command(runs: int, clients: int, rounds: int, json_out: str | None) -> None:
     """Sandboxed runs vs RAGEN's subprocess.run: runs/s, p50/p99 latency."""
     summary = run_bench(runs, clients, rounds, lambda s: click.echo(s, err=True))

@@ -1,6 +1,6 @@
 """``turnpool bench serve-soak``: ``turnpool serve`` under a long load with injected faults.
 
-A server (``turnpool serve --env faulty --backend process --num-workers 2``) runs in a child
+A server (``turnpool serve --env faulty --backend process --workers 2``) runs in a child
 process and a load client (`turnpool.bench.soak_client`) in another. The client holds
 ``--sessions`` WebSocket sessions; each resets with its own seed, then, every ``--think``
 seconds (the sessions' phases spread evenly over the think time), steps with a normal action
@@ -59,6 +59,7 @@ from turnpool.bench.harness import (
     write_outputs,
 )
 from turnpool.bench.servers import ServerProcess, _read_line
+from turnpool.cli.options import FirstName
 
 #: fault action -> the failure class its error reply names when nothing else happens to it
 FAULTS = {"raise": "env_error", "hang": "timeout", "exit": "worker_lost"}
@@ -110,7 +111,7 @@ class SoakServer(ServerProcess):
         self.log: IO[str] = tempfile.TemporaryFile("w+", encoding="utf-8")
         self.log_kinds: Counter[str] = Counter()
         cmd = [sys.executable, "-m", "turnpool.cli", "serve", "--env", "faulty",
-               "--backend", "process", "--num-workers", str(s.num_workers),
+               "--backend", "process", "--workers", str(s.num_workers),
                "--max-sessions", str(s.max_sessions), "--step-timeout", str(s.step_timeout),
                "--host", "127.0.0.1", "--port", "0"]
         try:
@@ -340,11 +341,13 @@ def render(report: Report) -> list[Any]:
               help="RSS growth is measured from the first sample at or after this.")
 @click.option("--step-timeout", default=Settings.step_timeout, show_default=True,
               type=click.FloatRange(min=0.1), help="The server's step_timeout.")
-@click.option("--num-workers", default=Settings.num_workers, show_default=True,
-              type=click.IntRange(min=1))
+@click.option("--workers", "--num-workers", "num_workers", cls=FirstName,
+              default=Settings.num_workers, show_default=True,
+              type=click.IntRange(min=1), help="The server's pool workers.")
 @click.option("--faults", default=",".join(sorted(FAULTS)), show_default=True,
               help="Comma list of the fault actions injected, chosen evenly.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Seed of the faults' schedule.")
 @json_option("Also write the report (samples, totals, checks) as JSON here.")
 def command(sessions: int, think: float, fault_rate: float, reconnect_every: float,
             minutes: float, sample_every: float, warmup: float, step_timeout: float,

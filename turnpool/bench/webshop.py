@@ -263,7 +263,8 @@ def render(report: dict[str, Any]) -> list[Any]:
               help="Comma list: latency the shop adds to each agent reply without using CPU "
                    "(0 = the shop on this machine; 2 = a shop across a network). One shop "
                    "process per value.")
-@click.option("--backends", default=",".join(BACKENDS), show_default=True)
+@click.option("--backends", default=",".join(BACKENDS), show_default=True,
+              help="Comma-separated backends to compare.")
 @click.option("--tasks", default=",".join(TASKS), show_default=True,
               help="ragen (RAGEN's WebShop, in process) and/or lite (the synthetic shop).")
 @json_option("Also write the report as JSON here.")

@@ -18,7 +18,7 @@ import click
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from turnpool.cli.errors import is_test_env
+from turnpool.cli.errors import is_test_env, missing_extra
 from turnpool.cli.layout import fit, make_table, vertical
 from turnpool.envs.registry import registered, resolve
 from turnpool.ragen.config import PACKAGED_DIR
@@ -38,7 +38,9 @@ def env_rows(include_test_envs: bool = False) -> list[dict[str, Any]]:
         try:
             cls, defaults = resolve(name)
         except Exception as exc:  # noqa: BLE001 - an optional env may fail to import any way
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            missing = missing_extra(exc, "envs")
+            row["error"] = (f"needs {missing.module}: pip install 'turnpool[{missing.extra}]'"
+                            if missing else f"{type(exc).__name__}: {exc}")
             rows.append(row)
             continue
         kwargs = {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()

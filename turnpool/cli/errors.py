@@ -23,6 +23,7 @@ into ``Error: <one line>`` and the exit codes of ``docs/reliability.md``:
 from __future__ import annotations
 
 import difflib
+import errno
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -72,6 +73,20 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the known name closest to ``name``, else ``''``."""
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def cannot_listen(host: str, port: int, exc: OSError) -> UserError:
+    """The line for a server that cannot bind ``host:port`` (a taken port names the way out).
+
+        >>> import errno
+        >>> line = str(cannot_listen("127.0.0.1", 80, OSError(errno.EADDRINUSE, "in use")))
+        >>> line.endswith("port 80 is in use; choose another --port, or --port 0 for a free one")
+        True
+    """
+    if exc.errno == errno.EADDRINUSE:
+        return UserError(f"cannot serve on {host}:{port}: port {port} is in use; choose another "
+                         "--port, or --port 0 for a free one")
+    return UserError(f"cannot serve on {host}:{port}: {exc.strerror or exc}")
 
 
 def extra_for(module: str, command: str = "") -> str | None:
@@ -149,6 +164,6 @@ def user_errors(command: str | Callable[[], str]) -> Iterator[None]:
         raise err from exc
 
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_POLICY_UNREACHABLE",
+__all__ = ["EXIT_FAILED", "cannot_listen", "EXIT_INTERRUPTED", "EXIT_POLICY_UNREACHABLE",
            "EXIT_TOO_MANY_FAILURES", "EXIT_USAGE", "UserError", "did_you_mean", "extra_for",
            "is_test_env", "missing_extra", "translate", "unknown_env", "user_errors"]

@@ -28,13 +28,15 @@ from rich.text import Text
 
 def make_table(title: str | None, headers: Sequence[str], rows: Sequence[Sequence[Any]],
                right: Sequence[str] = ()) -> Table:
-    """A compact table (no rules, bold headers); columns named in ``right`` align right."""
+    """A compact table (no rules, bold headers); columns named in ``right`` align right.
+    Cells are plain text, never rich markup (``pip install 'turnpool[bench]'`` keeps its
+    brackets)."""
     table = Table(title=title, title_justify="left", box=None, pad_edge=False,
                   header_style="bold")
     for h in headers:
         table.add_column(h, justify="right" if h in right else "left", no_wrap=True)
     for row in rows:
-        table.add_row(*(str(c) for c in row))
+        table.add_row(*(c if isinstance(c, Text) else Text(str(c)) for c in row))
     return table
 
 

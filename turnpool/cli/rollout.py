@@ -1,6 +1,7 @@
 """``turnpool rollout``: collect one batch from a config and print where the time went.
 
     turnpool rollout                                   # Sokoban 8 groups x 16, oracle policy
+    turnpool rollout --env sudoku --policy random --groups 4 --group-size 8
     turnpool rollout --config configs/frozen_lake.yaml agent_proxy.max_turn=8 \\
         --json summary.json --out trajectories.jsonl
     turnpool rollout --backend process --workers 4 --policy random --seed 7
@@ -8,8 +9,9 @@
     turnpool rollout turnpool.collector.mode=async --record run.jsonl.gz   # then:
     turnpool replay run.jsonl.gz
 
-``--backend``, ``--workers`` and ``--policy`` are shorthands for the dotlist keys
-``turnpool.backend``, ``turnpool.num_workers`` and ``turnpool.policy.name``.
+``--env``, ``--groups`` and ``--group-size`` choose the env and the batch's size
+(`turnpool.cli.choose`); ``--backend``, ``--workers`` and ``--policy`` are shorthands for the
+dotlist keys ``turnpool.backend``, ``turnpool.num_workers`` and ``turnpool.policy.name``.
 
 The rollout summary (stdout) has one row per tag (success, pass@k, valid-action ratio, format
 penalty rate, mean actions, errors) and the time split: env-steps/s, env time vs policy time,
@@ -24,8 +26,11 @@ that cannot be built, dynamic sampling out of budget); 2 invalid config or argum
 unknown env, a missing optional dependency: the line names its pip extra); 3 the
 policy endpoint cannot be reached; 4 more than ``--max-failed-fraction`` of the episodes
 failed for good (after retries; the summary is still printed and written); 130 interrupted
-(Ctrl-C: the pool is closed at once and the JSONL holds the batches finished so far, one
-complete trajectory per line).
+(Ctrl-C: the pool is closed at once and the JSONL holds the whole batches finished so far,
+so whole GRPO groups only; the line says how many trajectories it holds).
+
+With ``--batches N`` the summary and ``--json`` cover the whole run (``metrics``), with one
+row per batch (``batches``); the progress bar counts the turns of every batch.
 """
 
 from __future__ import annotations
@@ -35,10 +40,10 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import click
 from rich.console import Console
@@ -46,6 +51,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from turnpool.backends import BACKENDS
+from turnpool.cli.choose import choice_overrides, load_plan, sugar_overrides
 from turnpool.cli.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -54,18 +60,17 @@ from turnpool.cli.errors import (
     EXIT_USAGE,
     UserError,
     missing_extra,
-    unknown_env,
 )
 from turnpool.cli.layout import fit, make_table
 from turnpool.policies import policy_names
 from turnpool.policies.base import PolicyUnreachable
 from turnpool.pool.api import EnvConstructionError
-from turnpool.ragen.config import ConfigError, load_config, rollout_plan
 from turnpool.rollout.collector import RolloutBatch, TrajectoryCollector
+from turnpool.rollout.metrics import run_metrics
 from turnpool.rollout.record import Recorder
 from turnpool.rollout.sampling import BudgetExhausted
 from turnpool.rollout.settings import RolloutPlan
-from turnpool.rollout.trajectory import write_jsonl
+from turnpool.rollout.trajectory import dumps
 from turnpool.worker.failures import FAILURE_CLASSES
 
 log = logging.getLogger(__name__)
@@ -87,7 +92,8 @@ _EPILOG = """\b
 Examples:
   turnpool rollout
   turnpool rollout --backend process --workers 4 --seed 7
-  turnpool rollout --policy random es_manager.train.env_groups=4
+  turnpool rollout --env sudoku --policy random --groups 4 --group-size 8
+  turnpool rollout --policy random --groups 4 es_manager.train.group_size=8
   turnpool rollout --config configs/multi.yaml --json s.json --out t.jsonl
 """
 
@@ -96,10 +102,20 @@ Examples:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="YAML config (RAGEN keys + turnpool keys); default: the packaged one.")
 @click.argument("overrides", nargs=-1)
+@click.option("--env", default=None,
+              help="Run this registered env with its defaults (turnpool envs lists them), or "
+                   "this tag of the config.")
+@click.option("--groups", type=click.IntRange(min=1), default=None,
+              help="Groups per batch (GRPO groups: members share a seed); shorthand for "
+                   "es_manager.<mode>.env_groups=N.")
+@click.option("--group-size", type=click.IntRange(min=1), default=None,
+              help="Envs per group; shorthand for es_manager.<mode>.group_size=N.")
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default=None,
               help="Shorthand for turnpool.backend=...")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Shorthand for turnpool.num_workers=...")
+              help="Shorthand for turnpool.num_workers=...; under the auto backend envs "
+                   "that step in microseconds still run in this process (name --backend "
+                   "process for worker processes).")
 @click.option("--policy", type=click.Choice(policy_names()), default=None,
               help="Shorthand for turnpool.policy.name=...")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
@@ -128,60 +144,64 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
             workers: int | None, policy: str | None, json_path: str | None,
             out_path: str | None, mode: str, seed: int | None, progress: bool,
             batches: int = 1, max_failed_fraction: float = 0.1,
-            tree_path: str | None = None, record_path: str | None = None) -> None:
+            tree_path: str | None = None, record_path: str | None = None,
+            env: str | None = None, groups: int | None = None,
+            group_size: int | None = None) -> None:
     """Collect one batch of trajectories and print a summary.
 
     OVERRIDES are dotted key=value pairs, e.g. es_manager.train.env_groups=4
     turnpool.policy.name=random turnpool.backend=process.
     """
-    overrides = overrides + sugar_overrides(backend, workers, policy)
     check_out_path(out_path)
-    try:
-        cfg = load_config(config_path, overrides)
-        _check_env_types(cfg, mode)
-        plan = rollout_plan(cfg, mode)
-        _check_policy(plan.policy)
-    except ConfigError as exc:
-        raise UserError(str(exc), EXIT_USAGE) from exc
+    plan = load_plan(config_path, mode, (choice_overrides(env, groups, group_size, mode)
+                                         + overrides + sugar_overrides(backend, workers, policy)),
+                     env, overrides)
     console = Console()
     err_console = Console(stderr=True)
     t0 = time.perf_counter()
     collector = _build(plan)
     parquet = bool(out_path) and Path(str(out_path)).suffix.lower() == ".parquet"
-    out_file = (open(out_path, "w", encoding="utf-8")  # noqa: SIM115
-                if out_path and not parquet else None)
+    out = _WholeBatches(out_path) if out_path and not parquet else None
     results: list[RolloutBatch] = []
     try:
         with collector, _recording(collector, record_path) as recorder:
-            batch = _collect(collector, plan.collector.max_turn, seed, batches, progress,
-                             err_console, results, out_file)
+            _collect(collector, plan.collector.max_turn, seed, batches, progress,
+                     err_console, results, out)
             backend, workers = collector.pool.backend_name, collector.pool.num_workers
+            v2 = collector.settings.turn.ragen_version == "v2"
     except KeyboardInterrupt:
-        lines = sum(len(b.trajectories) for b in results)
-        where = f"; {lines} trajectories in {out_path}" if out_path else ""
-        raise RolloutFailed(f"interrupted after {len(results)} batch(es){where}",
+        done = out.batches if out is not None else len(results)
+        where = (f"; wrote {out.trajectories} trajectories (whole groups) to {out_path}"
+                 if out is not None else "")
+        raise RolloutFailed(f"interrupted after {done} whole batch(es){where}",
                             EXIT_INTERRUPTED) from None
     except PolicyUnreachable as exc:
         raise RolloutFailed(str(exc), EXIT_POLICY_UNREACHABLE) from exc
     finally:
-        if out_file is not None:
-            out_file.close()
+        if out is not None:
+            out.close()
     if parquet and out_path:
         write_parquet([t for b in results for t in b.trajectories], Path(out_path))
     if tree_path:
         with open(tree_path, "w", encoding="utf-8") as fh:
             nodes = sum(b.write_tree(fh) for b in results)
-    wall = time.perf_counter() - t0
+    metrics = (results[0].metrics if len(results) == 1 else
+               run_metrics([(b.trajectories, b.metrics) for b in results], plan.group_size,
+                           v2=v2))
+    tags, wall = [t.tag for t in plan.tags], time.perf_counter() - t0
     summary = {
         "mode": mode, "backend": backend, "num_workers": workers,
         "policy": plan.policy.get("name"), "group_size": plan.group_size,
         "num_groups": plan.num_groups, "max_turn": plan.collector.max_turn,
-        "tags": [t.tag for t in plan.tags], "wall_s": wall,
-        "metrics": batch.metrics, "trajectories_out": out_path,
+        "tags": tags, "wall_s": wall, "metrics": metrics,
+        "batches": [{"batch": i, "trajectories": len(b.trajectories), "metrics": b.metrics}
+                    for i, b in enumerate(results)],
+        "trajectories_out": out_path,
     }
-    console.print(fit(console, summary_table(batch.metrics, [t.tag for t in plan.tags],
-                                             plan.group_size)))
-    console.print(fit(console, timing_table(batch.metrics, backend, workers, wall)))
+    console.print(fit(console, summary_table(metrics, tags, plan.group_size, len(results))))
+    if len(results) > 1:
+        console.print(fit(console, batches_table(results, tags)))
+    console.print(fit(console, timing_table(metrics, backend, workers, wall)))
     if json_path:
         Path(json_path).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n",
                                    encoding="utf-8")
@@ -193,7 +213,31 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
     if recorder is not None:
         console.print(f"recorded {recorder.episodes} episode attempts to {record_path}",
                       soft_wrap=True)
-    _check_failures(batch.metrics, max_failed_fraction)
+    _check_failures(metrics, max_failed_fraction)
+
+
+class _WholeBatches:
+    """``--out`` JSONL written one whole batch at a time: however the run ends (Ctrl-C in the
+    middle of a write included), the file ends after the last whole batch, so it holds whole
+    GRPO groups only, and `trajectories` is exactly what it holds."""
+
+    def __init__(self, path: str) -> None:
+        self._fh = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self.batches = self.trajectories = 0
+        self._mark = (0, 0, 0)  # bytes, batches, trajectories: one assignment, never torn
+
+    def add(self, trajectories: list[Any]) -> None:
+        self._fh.write("".join(dumps(t) + "\n" for t in trajectories).encode("utf-8"))
+        self._fh.flush()
+        self._mark = (self._fh.tell(), self._mark[1] + 1, self._mark[2] + len(trajectories))
+        _, self.batches, self.trajectories = self._mark
+
+    def close(self) -> None:
+        if self._fh.closed:
+            return
+        size, self.batches, self.trajectories = self._mark
+        self._fh.truncate(size)
+        self._fh.close()
 
 
 def _build(plan: RolloutPlan) -> TrajectoryCollector:
@@ -250,53 +294,58 @@ def _recording(collector: TrajectoryCollector, path: str | None
 
 def _collect(collector: TrajectoryCollector, max_turn: int, seed: int | None, batches: int,
              progress: bool, err_console: Console, results: list[RolloutBatch],
-             out_file: IO[str] | None) -> RolloutBatch:
-    """Collect ``batches`` batches (appending each to ``out_file`` as it completes); the last
-    batch, with metrics summed over all of them where a sum means something."""
+             out: _WholeBatches | None) -> None:
+    """Collect ``batches`` batches into ``results`` (each written to ``out`` as it completes);
+    the progress bar advances per turn over every batch."""
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                    TextColumn("{task.completed}/{task.total} turns"),
                    TextColumn("{task.fields[active]} envs running"), TimeElapsedColumn(),
                    console=err_console, disable=not progress, transient=True)
     ticker = _Ticker(batches, max_turn) if progress and not err_console.is_terminal else None
     with bar:
-        task = bar.add_task("rollout", total=max_turn, active=collector.pool.num_envs)
+        task = bar.add_task(f"batch 1/{batches}", total=batches * max_turn,
+                            active=collector.pool.num_envs)
 
-        def on_turn(gen_batch: int, turn: int, active: int) -> None:
-            if turn == 0 and gen_batch > 0:
-                bar.reset(task, total=max_turn)
-            bar.update(task, completed=turn + 1, active=active,
-                       description=f"batch {gen_batch + 1}")
+        def on_turn(_gen_batch: int, turn: int, active: int) -> None:
+            b = len(results)  # the batch being collected
+            completed, description = progress_position(b, turn, batches, max_turn)
+            bar.update(task, completed=completed, active=active, description=description)
             if ticker is not None:
-                ticker.state = (gen_batch, turn, active)
+                ticker.state = (b, turn, active)
 
         collector.on_turn = on_turn
         if ticker is not None:
             ticker.start()
         try:
-            _collect_batches(collector, seed, batches, results, out_file)
+            _collect_batches(collector, seed, batches, results, out,
+                             lambda b: bar.update(task, completed=(b + 1) * max_turn))
         finally:
             if ticker is not None:
                 ticker.stop()
-    batch = results[-1]
-    if len(results) > 1:  # failure counts add up over batches
-        for key in [k for k in batch.metrics if k.startswith("failures/")]:
-            batch.metrics[key] = sum(r.metrics.get(key, 0.0) for r in results)
-        batch.metrics["failures/unrecovered_fraction"] = (
-            batch.metrics["failures/unrecovered"] / max(1.0, batch.metrics["failures/started"]))
-    return batch
+
+
+def progress_position(batch: int, turn: int, batches: int, max_turn: int) -> tuple[int, str]:
+    """The bar's position (turns done over the whole run) and label once ``turn`` of
+    ``batch`` (both from 0) has finished.
+
+        >>> progress_position(1, 2, 3, 5)
+        (8, 'batch 2/3')
+    """
+    return batch * max_turn + min(turn + 1, max_turn), f"batch {batch + 1}/{batches}"
 
 
 def _collect_batches(collector: TrajectoryCollector, seed: int | None, batches: int,
-                     results: list[RolloutBatch], out_file: IO[str] | None) -> None:
+                     results: list[RolloutBatch], out: _WholeBatches | None,
+                     finished: Callable[[int], None]) -> None:
     for b in range(batches):
         try:
             batch = collector.collect(seed if b == 0 else None)
         except BudgetExhausted as exc:
             raise RolloutFailed(str(exc)) from exc
-        if out_file is not None:
-            write_jsonl(batch.trajectories, out_file)
-            out_file.flush()
+        if out is not None:
+            out.add(batch.trajectories)
         results.append(batch)
+        finished(b)  # the bar is full at a batch's end, even when its envs ended early
 
 
 class _Ticker:
@@ -355,52 +404,10 @@ def write_parquet(trajectories: list[Any], path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def _check_env_types(cfg: Any, mode: str) -> None:
-    """An unknown ``env_type`` of a tag the run uses is a usage error naming the tag."""
-    custom = cfg.get("custom_envs") or {}
-    section = (cfg.get("es_manager") or {}).get(mode) or {}
-    tags = (section.get("env_configs") or {}).get("tags") or []
-    for tag in dict.fromkeys(str(t) for t in tags):
-        env_type = (custom.get(tag) or {}).get("env_type")
-        if env_type is None:
-            continue
-        problem = unknown_env(str(env_type))
-        if problem:
-            raise UserError(f"custom_envs.{tag}.env_type: {problem}", EXIT_USAGE)
-
-
-#: policy -> (the option it cannot do without, an example value)
-REQUIRED_POLICY_OPTIONS = {"openai": ("base_url", "http://127.0.0.1:8000/v1"),
-                           "hf": ("model_path", "path/to/model")}
-
-
-def _check_policy(policy: dict[str, Any]) -> None:
-    """A policy missing the option it cannot run without is one line saying which to set."""
-    name = str(policy.get("name"))
-    if name not in REQUIRED_POLICY_OPTIONS:
-        return
-    key, example = REQUIRED_POLICY_OPTIONS[name]
-    section = policy.get(name) or {}
-    if not policy.get(key) and not section.get(key):
-        raise UserError(f"the {name} policy needs turnpool.policy.{name}.{key} (e.g. "
-                        f"turnpool.policy.{name}.{key}={example})", EXIT_USAGE)
-
-
-def sugar_overrides(backend: str | None, workers: int | None, policy: str | None
-                    ) -> tuple[str, ...]:
-    """The dotlist entries the shorthand options stand for (they win over earlier ones)."""
-    out = []
-    if backend is not None:
-        out.append(f"turnpool.backend={backend}")
-    if workers is not None:
-        out.append(f"turnpool.num_workers={workers}")
-    if policy is not None:
-        out.append(f"turnpool.policy.name={policy}")
-    return tuple(out)
-
-
-def summary_table(metrics: dict[str, float], tags: list[str], group_size: int) -> Table:
-    """Per-tag outcome table (valid: accepted actions; penalty: penalized turns)."""
+def summary_table(metrics: dict[str, float], tags: list[str], group_size: int,
+                  batches: int = 1) -> Table:
+    """Per-tag outcome table (valid: accepted actions; penalty: penalized turns) over the
+    whole run (``batches`` batches)."""
     headers = ["tag", "n", "success", f"pass@{group_size}", "valid", "penalty", "actions",
                "score", "errors"]
     rows = []
@@ -411,8 +418,20 @@ def summary_table(metrics: dict[str, float], tags: list[str], group_size: int) -
                      f"{g(f'pass@{group_size}'):.3f}", f"{g('valid_action_ratio'):.3f}",
                      f"{g('penalty_rate'):.3f}", f"{g('num_actions'):.2f}",
                      f"{g('score'):.3f}", f"{g('errors'):.0f}"])
-    return make_table("rollout (valid: accepted actions; penalty: penalized turns)", headers,
-                      rows, right=headers[1:])
+    table = make_table(f"rollout, {batches} batch{'es' if batches > 1 else ''}", headers, rows,
+                       right=headers[1:])
+    table.caption = "valid: accepted actions; penalty: penalized turns"
+    return table
+
+
+def batches_table(results: list[RolloutBatch], tags: list[str]) -> Table:
+    """One row per batch: its trajectories, and each tag's success."""
+    tags = list(dict.fromkeys(tags))
+    rows = [[str(i + 1), str(len(b.trajectories)),
+             *(f"{b.metrics.get(f'{tag}/success', 0.0):.3f}" for tag in tags),
+             f"{b.metrics.get('env_steps', 0.0):.0f}"] for i, b in enumerate(results)]
+    headers = ["batch", "n", *(f"{tag} success" for tag in tags), "env steps"]
+    return make_table("per batch", headers, rows, right=headers)
 
 
 def timing_table(metrics: dict[str, float], backend: str, workers: int, wall: float) -> Table:

@@ -28,7 +28,15 @@ from typing import Any
 import click
 import yaml
 
-from turnpool.cli.errors import EXIT_USAGE, UserError, did_you_mean, unknown_env
+from turnpool.backends import BACKENDS
+from turnpool.cli.errors import (
+    EXIT_USAGE,
+    UserError,
+    cannot_listen,
+    did_you_mean,
+    unknown_env,
+)
+from turnpool.cli.options import FirstName
 from turnpool.worker.defaults import DEFAULT_STEP_TIMEOUT
 
 TOKEN_ENV = "TURNPOOL_SERVE_TOKEN"
@@ -76,8 +84,11 @@ def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
 @click.option("--env", default=None, help="Env name or module:Class  [default: sokoban]")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="YAML file of serve settings.")
-@click.option("--backend", default=None, help="Pool backend  [default: process]")
-@click.option("--num-workers", type=int, default=None, help="Pool workers (default: backend's).")
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default=None,
+              help="Pool backend  [default: process]")
+@click.option("--workers", "--num-workers", "num_workers", cls=FirstName,
+              type=click.IntRange(min=1), default=None,
+              help="Pool workers (default: backend's).")
 @click.option("--max-sessions", type=int, default=None,
               help="Env slots = sessions held at once; more get a busy answer  [default: 256]")
 @click.option("--step-timeout", type=float, default=None,
@@ -147,6 +158,6 @@ def serve(env: str | None, config_path: Path | None, backend: str | None,
     except KeyboardInterrupt:  # Ctrl-C: the pool is already closed
         click.echo("turnpool serve: stopped")
     except OSError as exc:
-        raise UserError(f"cannot serve on {host}:{port}: {exc}") from exc
+        raise cannot_listen(host, port, exc) from exc
     except (ValueError, LookupError) as exc:  # a value the pool refuses
         raise UserError(str(exc.args[0] if exc.args else exc), EXIT_USAGE) from exc

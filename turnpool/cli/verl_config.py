@@ -28,6 +28,7 @@ from typing import Any
 
 import click
 
+from turnpool.backends import BACKENDS
 from turnpool.cli.errors import EXIT_USAGE, UserError, unknown_env
 from turnpool.extras import require
 from turnpool.worker.defaults import DEFAULT_STEP_TIMEOUT
@@ -107,8 +108,10 @@ def _literal(value: Any) -> str:
               help="Validation rows.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="First training seed; validation seeds follow the training ones.")
-@click.option("--max-turn", type=int, default=5, show_default=True)
-@click.option("--backend", default="process", show_default=True,
+@click.option("--max-turn", type=int, default=5, show_default=True,
+              help="Turns per episode (the agent loop's max_turn).")
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default="process",
+              show_default=True,
               help="turnpool pool backend in each agent-loop worker.")
 @click.option("--workers", type=int, default=4, show_default=True,
               help="Env workers per agent-loop worker.")

@@ -21,6 +21,7 @@ def webshop() -> None:
               help="Delay each agent-API reply without using CPU, to imitate a remote shop.")
 def serve(host: str, port: int, catalog_path: str | None, latency_ms: float) -> None:
     """Serve the shop: HTML for browsers, text/JSON for agents. Ctrl-C stops it."""
+    from turnpool.cli.errors import cannot_listen
     from turnpool.webshop.server import serve as run
 
     def ready(url: str) -> None:
@@ -29,4 +30,4 @@ def serve(host: str, port: int, catalog_path: str | None, latency_ms: float) -> 
     try:
         run(host, port, catalog_path, latency_ms, on_ready=ready)
     except OSError as exc:  # e.g. the port is taken
-        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
+        raise cannot_listen(host, port, exc) from exc

@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from turnpool.envs.base import TextEnv
@@ -224,25 +225,55 @@ def _goal_text(obs: str) -> str:
     return head.removeprefix("Instruction: ")
 
 
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def _best_result(page: str, goal: str, links: list[str]) -> str | None:
+    """The result within the goal's price whose title shares the most words with the goal
+    (the first on a tie)."""
+    parts = [p.strip() for p in page.split("[SEP]")] + [""]
+    want = _words(goal)
+    limit = re.search(r"price lower than ([0-9.]+) dollars", goal)
+    best, best_score = None, -1
+    for i, part in enumerate(parts[:-2]):
+        link = f"click[{part.lower()}]"
+        if link in links:
+            prices = [float(p) for p in re.findall(r"\$([0-9]+(?:\.[0-9]+)?)", parts[i + 2])]
+            dear = bool(limit and prices and min(prices) > float(limit.group(1)))
+            score = len(want & _words(parts[i + 1])) - (100 if dear else 0)
+            if score > best_score:
+                best, best_score = link, score
+    return best
+
+
 def oracle(obs: str, env_config: dict[str, Any] | None = None) -> list[str]:
-    """A simple scripted shopper from the page text alone (for tests and smoke runs): search
-    the goal's product words, open the first result, buy. It clicks no options: RAGEN's pages
-    do not show a selection, so a policy that sees only the page cannot tell what it clicked.
-    ``[]`` when nothing is left."""
+    """A scripted shopper from the page text alone (for tests and smoke runs): search the
+    goal's product words, open the result whose title is closest to the goal, click the
+    goal's options the item page offers, buy. The options and the purchase are one turn:
+    RAGEN's pages do not show a selection, so a policy that sees only the page cannot tell
+    what it already clicked; when they do not fit in ``env_config["max_actions_per_turn"]``
+    (1 when not given, as in RAGEN's config) it buys at the defaults. ``[]`` when nothing is
+    left."""
     if _ACTIONS_TAIL not in obs:
         return []
     listed = [a for a in obs.rsplit(_ACTIONS_TAIL, 1)[1].removesuffix(".").split(", ") if a]
+    goal = _goal_text(obs)
     if "search[<content>]" in listed:
-        goal = _goal_text(obs)
-        words = goal.split(" with ", 1)[0].split(", and price", 1)[0]
+        # the product and its attributes: what the search indexes (not options, not price)
+        words = re.split(r" with [\w ]+: |, and price", goal, maxsplit=1)[0]
         words = words.removeprefix("Find me ").removeprefix("find me ")
         return [f"search[{words}]"] if words else []
     if "click[buy now]" in listed:
-        return ["click[buy now]"]
+        chosen = [f"click[{value.strip().lower()}]"
+                  for value in re.findall(r"\w+: ([^,]+?)(?=, and |, |$)", goal)]
+        options = [c for c in chosen if c in listed]
+        per_turn = int((env_config or {}).get("max_actions_per_turn", 1))
+        return (options if len(options) < per_turn else []) + ["click[buy now]"]
     links = [a for a in listed if a not in ("click[back to search]", "click[< prev]",
                                             "click[next >]")]
     if links:
-        return [links[0]]
+        return [_best_result(obs.split(_ACTIONS_TAIL, 1)[0], goal, links) or links[0]]
     if "click[< prev]" in listed:
         return ["click[< prev]"]
     return []

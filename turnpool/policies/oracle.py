@@ -26,6 +26,9 @@ from turnpool.policies.random import (
 
 logger = logging.getLogger(__name__)
 
+#: the key of the config an oracle is given that says how many actions one turn takes
+ORACLE_TURN_KEY = "max_actions_per_turn"
+
 
 def find_oracle(env_type: str) -> OracleFn:
     """The ``oracle`` the env class declares (`turnpool.envs.base.TextEnv.oracle`)."""
@@ -50,6 +53,7 @@ class OraclePolicy(ScriptedPolicy):
         self._cache_size = int(cache_size)
         self._plans: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         self._oracles: dict[str, OracleFn] = {}
+        self._warned: set[str] = set()
         self._lock = threading.Lock()
 
     def reply(self, ctx: TurnContext) -> str:
@@ -63,8 +67,8 @@ class OraclePolicy(ScriptedPolicy):
 
     def plan(self, ctx: TurnContext) -> list[str]:
         """The oracle's action list for this observation ([] when the oracle fails)."""
-        key = (ctx.env_type, repr(sorted(ctx.env_kwargs.items(), key=lambda kv: str(kv[0]))),
-               ctx.obs)
+        key = (ctx.env_type, repr(sorted(ctx.env_kwargs.items(), key=lambda kv: str(kv[0])))
+               + f"/{ctx.max_actions_per_turn}", ctx.obs)
         with self._lock:
             cached = self._plans.get(key)
             if cached is not None:
@@ -73,9 +77,12 @@ class OraclePolicy(ScriptedPolicy):
         try:
             plan = [str(a) for a in self._oracle(ctx.env_type)(ctx.obs, self._config(ctx))]
         except Exception as exc:  # an oracle bug must not stop a rollout
-            logger.warning("oracle for %s failed: %s", ctx.env_type, exc)
             plan = []
             with self._lock:
+                if ctx.env_type not in self._warned:  # once per env, not once per turn
+                    self._warned.add(ctx.env_type)
+                    logger.warning("oracle for %s failed (random actions instead; "
+                                   "policy.stats counts every failure): %s", ctx.env_type, exc)
                 self.stats.failures += 1
                 self.stats.errors.append(f"{ctx.env_type}: {exc}"[:200])
                 del self.stats.errors[:-100]
@@ -98,5 +105,8 @@ class OraclePolicy(ScriptedPolicy):
 
     @staticmethod
     def _config(ctx: TurnContext) -> dict[str, Any]:
+        """The env's config, and ``max_actions_per_turn`` (`ORACLE_TURN_KEY`): an oracle
+        that cannot see its own earlier actions on the page (WebShop's option clicks) plans
+        what fits in one turn."""
         _, defaults = resolve(ctx.env_type)
-        return {**defaults, **ctx.env_kwargs}
+        return {**defaults, **ctx.env_kwargs, ORACLE_TURN_KEY: ctx.max_actions_per_turn}

@@ -177,3 +177,47 @@ def _number(v: Any) -> float:
         return float(v)
     except (TypeError, ValueError):
         return 0.0
+
+
+#: counters that add up over the batches of a run (``failures/...``, ``dynamic/...``, trees)
+_SUMMED_PREFIXES = ("failures/", "dynamic/", "tree/")
+
+
+def run_metrics(batches: list[tuple[list[Trajectory], dict[str, float]]], group_size: int, *,
+                v2: bool = False) -> dict[str, float]:
+    """The metrics of a whole run of several batches (``(trajectories, metrics)`` each): the
+    per-tag means over every trajectory, ``pass@k`` over every group (a group's uid is only
+    unique within its batch), the clocks and counters summed.
+
+        >>> from turnpool.rollout.trajectory import Trajectory
+        >>> one = {"timing/env_s": 1.0, "timing/turns": 2.0, "env_steps": 8.0}
+        >>> m = run_metrics([([], one), ([], one)], 4)
+        >>> m["timing/env_s"], m["env_steps"], m["env_steps_per_s"]
+        (2.0, 16.0, 8.0)
+    """
+    def total(key: str) -> float:
+        return float(sum(m.get(key, 0.0) for _, m in batches))
+
+    clock = Clock(env_s=total("timing/env_s"), reset_s=total("timing/reset_s"),
+                  policy_s=total("timing/policy_s"), turn_s=total("timing/wall_s"),
+                  overlap_s=total("timing/overlap_s"), turns=int(total("timing/turns")),
+                  env_steps=int(total("env_steps")), batches=len(batches))
+    m = batch_metrics([t for ts, _ in batches for t in ts], group_size, clock, v2=v2)
+    groups: dict[str, list[tuple[int, float]]] = {}  # tag -> (groups, pass@k) per batch
+    for ts, bm in batches:
+        for tag in dict.fromkeys(t.tag for t in ts):
+            n = len({t.group_uid for t in ts if t.tag == tag})
+            groups.setdefault(tag, []).append((n, bm.get(f"{tag}/pass@{group_size}", 0.0)))
+    for tag, parts in groups.items():
+        n_all = sum(n for n, _ in parts)
+        m[f"{tag}/pass@{group_size}"] = sum(n * p for n, p in parts) / n_all if n_all else 0.0
+    counters = {k for _, bm in batches for k in bm if k.startswith(_SUMMED_PREFIXES)}
+    for key in counters:
+        m[key] = total(key)
+    if "failures/started" in m:
+        m["failures/unrecovered_fraction"] = (m["failures/unrecovered"]
+                                              / max(1.0, m["failures/started"]))
+    for key in ("tree/chosen_success", "tree/chosen_score"):  # means, not counters
+        if key in m:
+            m[key] = total(key) / sum(key in bm for _, bm in batches)
+    return m

@@ -8,6 +8,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import shutil
+import signal
 import socket
 import tempfile
 import threading
@@ -85,9 +86,17 @@ class FrontGroup:
         ours, theirs = self._ctx.Pipe(duplex=False)
         proc = self._ctx.Process(target=run_front, args=(self.specs[k], theirs),
                                  name=f"turnpool-front-{k}")
-        proc.start()
-        theirs.close()
-        self._ready[k], self._procs[k], self._up[k] = ours, proc, False
+        # a front is stopped by this supervisor (SIGTERM), never by the terminal's Ctrl-C: it
+        # starts with SIGINT blocked (the mask survives the spawn's exec), so a Ctrl-C while
+        # its interpreter starts is the supervisor's alone, not a fatal error in the front;
+        # the Ctrl-C lands here once the front is on record, so `stop` ends it too
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            proc.start()
+            theirs.close()
+            self._ready[k], self._procs[k], self._up[k] = ours, proc, False
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def _await_ready(self, k: int) -> None:
         proc, conn = self._procs[k], self._ready[k]
@@ -153,23 +162,26 @@ class FrontGroup:
             if self._stopped:
                 return
             self._stopped = True
-        procs = [p for p in self._procs if p is not None]
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        end = time.monotonic() + timeout
-        for p in procs:
-            p.join(max(0.0, end - time.monotonic()))
-            if p.is_alive():
-                log.warning("front %s did not stop within %.0f s; killing it", p.name, timeout)
-                p.kill()
-                p.join(5.0)
-        for conn in self._ready:
-            if conn is not None:
-                conn.close()
-        if self._reserve is not None:
-            self._reserve.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        try:  # a second SIGTERM while stopping still leaves no directory behind
+            procs = [p for p in self._procs if p is not None]
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            end = time.monotonic() + timeout
+            for p in procs:
+                p.join(max(0.0, end - time.monotonic()))
+                if p.is_alive():
+                    log.warning("front %s did not stop within %.0f s; killing it", p.name,
+                                timeout)
+                    p.kill()
+                    p.join(5.0)
+        finally:
+            for conn in self._ready:
+                if conn is not None:
+                    conn.close()
+            if self._reserve is not None:
+                self._reserve.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> FrontGroup:
         return self
