@@ -180,6 +180,8 @@ def base_model(kind: str, path: Path, seed: int) -> Path:
 
     gguf = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if tokenizer.pad_token is None:  # SmolLM2's GGUF names no pad token: batches pad with EOS
+        tokenizer.pad_token = tokenizer.eos_token
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # the weights come dequantized, but a model marked as loaded from GGUF refuses to save:
     # the same weights in a plain model of the same config

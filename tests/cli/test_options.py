@@ -93,9 +93,44 @@ def test_every_help_example_runs(name: str, example: str, tmp_path: Path) -> Non
                   "--no-gym", "--min-time", "0.01", "--repeats", "1", "--retries", "0"]
     (tmp_path / "configs").symlink_to(Path.cwd() / "configs")  # as from the repository
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    if words[0] == "view":  # the file a rollout writes, then the page until Ctrl-C
+        _view_example(words, tmp_path, env)
+        return
     proc = subprocess.run([sys.executable, "-m", "turnpool.cli", *words], cwd=tmp_path,
                           capture_output=True, text=True, timeout=240, env=env, check=False)
     assert proc.returncode == 0, f"{example}: {proc.stderr[-2000:]}"
+
+
+#: what writes each file the view examples show
+VIEW_INPUTS = {".jsonl.gz": ["--record"], "tree.jsonl": ["turnpool.collector.tree.mode=best_of_n",
+                                                        "--tree-out"], ".jsonl": ["--out"]}
+
+
+def _view_example(words: list[str], tmp_path: Path, env: dict[str, str]) -> None:
+    """Write the example's file with a quick rollout, start the page on a free port, load it,
+    and stop it with Ctrl-C (exit 0)."""
+    import signal
+
+    import httpx
+
+    target = words[1]
+    writes = next(v for k, v in VIEW_INPUTS.items() if target.endswith(k))
+    subprocess.run([sys.executable, "-m", "turnpool.cli", "rollout", *QUICK, *writes, target],
+                   cwd=tmp_path, check=True, capture_output=True, timeout=120, env=env)
+    args = [w for w in words if w not in ("--port", "0")] + ["--port", "0"]
+    proc = subprocess.Popen([sys.executable, "-m", "turnpool.cli", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the ready line, printed once it listens
+        url = line.split(" at ", 1)[1].split(" ", 1)[0]
+        assert httpx.get(url.rstrip("/") + "/api/summary", timeout=30).status_code == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def test_every_turnpool_command_of_the_makefile_exists() -> None:
