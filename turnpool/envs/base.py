@@ -366,13 +366,17 @@ class TextEnv(gymnasium.Env[str, Any]):
 
     # ------------------------------------------------------------ subclass hooks
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _reset(seed, options) "
+                                  "-> the first observation text")
 
     def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _step(action) -> "
+                                  "(observation, reward, terminated, truncated, info)")
 
     def _render_text(self) -> str:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _render_text() -> the "
+                                  "current state as text (render() and info['anchor_obs'] "
+                                  "read it)")
 
     def _render_rgb_array(self) -> np.ndarray:
         """The ``rgb_array`` frame, for envs whose ``metadata["render_modes"]`` list it."""

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -72,8 +73,14 @@ POOL_KEYS = ("backend", "num_workers", "mp_context", "step_timeout", "on_error",
 def _read_yaml(path: Path) -> DictConfig:
     try:
         cfg = OmegaConf.load(path)
-    except (OSError, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    except yaml.MarkedYAMLError as exc:  # PyYAML's own text spans lines: the cause and where
+        mark = exc.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"config file {path} is not valid YAML: {type(exc).__name__}: "
+                          f"{exc.problem or exc.context}{where}") from exc
+    except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {type(exc).__name__}: "
+                          f"{exc}") from exc
     if not isinstance(cfg, DictConfig):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return cfg
