@@ -130,3 +130,23 @@ def test_closing_the_last_env_stops_the_shared_sandbox() -> None:
     env.close()
     env.close()  # idempotent
     assert _Shared.box is None and box.server_pid is None
+
+
+@pytest.mark.parametrize("reply", [
+    # 1 GiB straight to the process's stdout (the sandbox stops it at its output limit)
+    "import os\nfor _ in range(1024):\n    os.write(1, b'x' * (1 << 20))\n",
+    # a wrong answer of 256 KiB per test, and an exception whose message is 256 KiB
+    "print('y' * (1 << 18))\n",
+    "raise ValueError('z' * (1 << 18))\n",
+])
+def test_a_flood_of_output_leaves_obs_and_info_a_few_kb(reply: str) -> None:
+    env = DeepCoderEnv(max_steps=2)
+    try:
+        env.reset(seed=1)
+        env.index = 0  # a stdin/stdout problem
+        obs, reward, done, _, info = env.step(reply)
+        assert (reward, done, info["success"]) == (0.0, False, False)
+        assert "[cut " in info["detail"] and "[cut " in obs
+        assert len(obs) + len(json.dumps(info)) < 64 << 10
+    finally:
+        env.close()

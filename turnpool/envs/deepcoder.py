@@ -12,12 +12,14 @@ wall clock (3 s) for the whole reply: on timeout the reward is 0, as in RAGEN.
 
 What differs: the reply runs in `turnpool.sandbox` (no network, no host files, limits) instead
 of a bare ``subprocess.run(["python", ...])``, and expected outputs never enter the sandbox
-(the host compares), so a reply cannot read the answers. A missing dataset is an error, never
-RAGEN's toy ``add(a, b)`` problem. Rows in the DeepCoder-Preview format (``problem``,
-``tests``, ``metadata``, ``starter_code``; or RAGEN's ``question`` / ``ground_truth``) are
-read from ``data_path`` (JSONL / JSON / Parquet); tests given as ``{"inputs", "outputs"}``
-(TACO) become stdin/stdout tests, as in RAGEN's preprocessing. Without ``data_path``, a
-bundled set of 240 generated problems is used (``scripts/gen_deepcoder.py``).
+(the host compares), so a reply cannot read the answers; the feedback (``detail``) is cut to a
+few KB with a marker (RAGEN passes on all a reply printed, up to megabytes). A missing dataset
+is an error, never RAGEN's toy ``add(a, b)`` problem. Rows in the DeepCoder-Preview format
+(``problem``, ``tests``, ``metadata``, ``starter_code``; or RAGEN's ``question`` /
+``ground_truth``) are read from ``data_path`` (JSONL / JSON / Parquet); tests given as
+``{"inputs", "outputs"}`` (TACO) become stdin/stdout tests, as in RAGEN's preprocessing.
+Without ``data_path``, a bundled set of 240 generated problems is used
+(``scripts/gen_deepcoder.py``).
 
     >>> env = DeepCoderEnv()
     >>> obs, _ = env.reset(seed=0)
@@ -45,6 +47,7 @@ from turnpool.sandbox import (
     SandboxError,
     SandboxUnavailable,
     available,
+    clip,
 )
 from turnpool.sandbox.core import UNAVAILABLE
 
@@ -208,7 +211,15 @@ def judge(tests: list[dict[str, Any]], func_name: str | None, records: dict[int,
 def run_reply(box: Sandbox, code: str, problem: dict[str, Any], timeout_s: float = 3.0
               ) -> tuple[bool, str, int, int, bool, Outcome]:
     """Run every test of ``problem`` on ``code`` in one sandboxed process; RAGEN's result
-    tuple and the sandbox's `Outcome` of the process."""
+    tuple and the sandbox's `Outcome` of the process. The detail is clipped to a few KB (a
+    marker says how much was cut): RAGEN passes on all a reply printed, up to megabytes."""
+    correct, detail, passed, total, runnable, outcome = _run_reply(box, code, problem,
+                                                                   timeout_s)
+    return correct, clip(detail), passed, total, runnable, outcome
+
+
+def _run_reply(box: Sandbox, code: str, problem: dict[str, Any], timeout_s: float
+               ) -> tuple[bool, str, int, int, bool, Outcome]:
     tests = problem["tests"]
     if not tests:
         return False, "No tests available.", 0, 0, False, Outcome.PASSED
