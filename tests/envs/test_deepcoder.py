@@ -150,3 +150,34 @@ def test_a_flood_of_output_leaves_obs_and_info_a_few_kb(reply: str) -> None:
         assert len(obs) + len(json.dumps(info)) < 64 << 10
     finally:
         env.close()
+
+
+def test_a_function_problem_shows_its_starter_code_as_ragen_v2_asks() -> None:
+    problems = load_problems({})
+    functions = [p for p in problems if p["starter_code"]]
+    assert len(functions) == 72
+    env = DeepCoderEnv()
+    try:
+        for seed in range(40):
+            obs, _ = env.reset(seed=seed)
+            problem = env.problem
+            if not problem["starter_code"]:
+                assert "Starter code:" not in obs
+                continue
+            # RAGEN v2: the problem, a blank line, "Starter code:" and the code
+            head, sep, code = obs.partition("\n\nStarter code:\n")
+            assert sep and code == problem["starter_code"] and head
+            assert f"def {problem['func_name']}(" in obs  # the method the tests call
+            break
+        else:
+            pytest.fail("no function problem in the first 40 seeds")
+    finally:
+        env.close()
+
+
+def test_a_prepared_question_is_shown_as_is(tmp_path: Path) -> None:
+    row = {"question": "Q", "starter_code": "class Solution:\n    def f(self): pass",
+           "ground_truth": json.dumps([{"input": "", "output": "1", "testtype": "stdin"}])}
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    assert load_problems({"data_path": str(path)})[0]["prompt"] == "Q"

@@ -1,14 +1,16 @@
 """DeepCoder: write a Python program (or a method of ``class Solution``) that passes the tests.
 
-RAGEN v2's ``deepcoder`` env (taken from rLLM), with its semantics kept: the observation is
-the problem text; the reward of a reply is ``passed / total`` tests; the episode ends when all
-pass or after ``max_steps`` attempts (default 1), and a failed attempt shows the problem again
-with ``Feedback: <detail>`` (``Passed 2/5 tests. Wrong answer on test 2: got 3 expected 4``).
-The reply is assembled with the ``starter_code`` as RAGEN does (a reply that defines
-``class Solution`` replaces it; a bare ``def`` under a starter class is indented into it).
-Tests are stdin/stdout (stripped outputs compared) or function calls (``str(result) ==
-str(expected)``, ``metadata.func_name``); all tests of a reply run in one process, with one
-wall clock (3 s) for the whole reply: on timeout the reward is 0, as in RAGEN.
+RAGEN v2's ``deepcoder`` env (taken from rLLM), with its semantics kept: the observation is the
+question as RAGEN v2 prepares it (the problem, then ``Starter code:`` and the code where a row
+has starter code; a row that already holds a ``question`` is shown as is); the reward of a
+reply is ``passed / total`` tests; the episode ends when all pass or after ``max_steps``
+attempts (default 1), and a failed attempt shows the problem again with ``Feedback: <detail>``
+(``Passed 2/5 tests. Wrong answer on test 2: got 3 expected 4``). The reply is assembled with
+the ``starter_code`` as RAGEN does (a reply that defines ``class Solution`` replaces it; a bare
+``def`` under a starter class is indented into it). Tests are stdin/stdout (stripped outputs
+compared) or function calls (``str(result) == str(expected)``, ``metadata.func_name``); all
+tests of a reply run in one process, with one wall clock (3 s) for the whole reply: on timeout
+the reward is 0, as in RAGEN.
 
 What differs: the reply runs in `turnpool.sandbox` (no network, no host files, limits) instead
 of a bare ``subprocess.run(["python", ...])``, and expected outputs never enter the sandbox
@@ -131,15 +133,26 @@ def _metadata_of(row: dict[str, Any]) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+def question(problem: str, starter_code: str) -> str:
+    """The question RAGEN v2 asks for a raw DeepCoder row (its preparation without rLLM
+    installed): the problem, then ``Starter code:`` and the code when the row has some, so a
+    function problem names the class and method the tests call."""
+    return f"{problem}\n\nStarter code:\n{starter_code}" if starter_code else problem
+
+
 def _build(rows: list[dict[str, Any]], options: dict[str, Any]) -> tuple[dict[str, Any], ...]:
     problems = []
     for row in rows:
-        prompt = row.get("question", row.get("prompt", row.get("problem")))
-        if prompt is None:
+        starter = str(row.get("starter_code") or "")
+        if "question" in row or "prompt" in row:  # already a question (RAGEN's prepared rows)
+            prompt = str(row.get("question", row.get("prompt")))
+        elif "problem" in row:
+            prompt = question(str(row["problem"]), starter)
+        else:
             continue
-        problems.append({"prompt": str(prompt), "tests": _tests_of(row),
+        problems.append({"prompt": prompt, "tests": _tests_of(row),
                          "func_name": _metadata_of(row).get("func_name"),
-                         "starter_code": str(row.get("starter_code") or "")})
+                         "starter_code": starter})
     if not problems:
         raise ValueError("no DeepCoder problems in the data file")
     return tuple(problems)
