@@ -132,7 +132,11 @@ def test_parallel_friendly_tags_run_on_worker_processes_with_their_max_workers()
     def cfg(friendly: bool, workers: int) -> dict[str, Any]:
         return {"custom_envs": {"SimpleSokoban": {"parallel_friendly": friendly,
                                                   "max_workers": workers}}}
-    assert pool_options(load_config(cfg(True, 3))) == {"backend": "process", "num_workers": 3}
+    # still auto's choice: it falls back to sequential where processes cannot start
+    assert pool_options(load_config(cfg(True, 3))) == {"backend": "process", "num_workers": 3,
+                                                       "fallback": True}
+    pinned = {**cfg(True, 3), "turnpool": {"fallback": False}}
+    assert pool_options(load_config(pinned))["fallback"] is False
     assert pool_options(load_config(cfg(False, 32))).get("backend", "auto") == "auto"
     assert pool_options(load_config(cfg(True, 1))).get("backend", "auto") == "auto"
 

@@ -318,7 +318,10 @@ def pool_options(cfg: DictConfig) -> dict[str, Any]:
     ``sequential_env_types`` (those env types stay in the calling process);
     ``use_parallel_envs: false`` -> ``sequential``; RAGEN v2's ``custom_envs.<tag>.
     parallel_friendly`` with ``max_workers`` > 1 -> ``process`` with that many workers (see
-    `_parallel_friendly_workers`). Keys left unset take EnvPool's defaults.
+    `_parallel_friendly_workers`). A backend mapped so is still ``auto``'s choice: it falls
+    back to sequential when it cannot start (a plain script's unguarded top level starts no
+    worker processes) unless ``turnpool.fallback`` says otherwise. Keys left unset take
+    EnvPool's defaults.
     """
     tp = _section(cfg, "turnpool") or {}
     ap = _section(cfg, "agent_proxy") or {}
@@ -340,6 +343,8 @@ def pool_options(cfg: DictConfig) -> dict[str, Any]:
     elif _parallel_friendly_workers(cfg):
         options["backend"] = "process"
         options.setdefault("num_workers", _parallel_friendly_workers(cfg))
+    if options.get("backend", "auto") != "auto":  # still auto's choice: fall back as auto does
+        options.setdefault("fallback", True)       # (an unguarded script gets no processes)
     return options
 
 
