@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +121,9 @@ REGISTERED_ENV_CONFIGS = {"coin": CoinEnvConfig, "paint": PaintEnvConfig}
 
 
 @pytest.fixture
-def ragen_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``ragen.env`` with a registered RAGEN-style env, importable here and in workers."""
+def ragen_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``ragen.env`` with a registered RAGEN-style env, importable here and in workers; the
+    modules imported from it are forgotten afterwards (later tests see no RAGEN)."""
     pkg = tmp_path / "pkgs"
     (pkg / "ragen" / "env").mkdir(parents=True)
     (pkg / "ragen" / "__init__.py").write_text("")
@@ -131,7 +133,9 @@ def ragen_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pkg), str(ROOT)]))
     for name in [m for m in sys.modules if m == "ragen" or m.startswith("ragen.")]:
         monkeypatch.delitem(sys.modules, name)
-    return pkg
+    yield pkg
+    for name in [m for m in sys.modules if m == "ragen" or m.startswith("ragen.")]:
+        del sys.modules[name]  # imported during the test (monkeypatch restores the rest)
 
 
 def _config(env_type: str, backend: str) -> dict[str, Any]:
