@@ -130,3 +130,54 @@ def test_closing_the_last_env_stops_the_shared_sandbox() -> None:
     env.close()
     env.close()  # idempotent
     assert _Shared.box is None and box.server_pid is None
+
+
+@pytest.mark.parametrize("reply", [
+    # 1 GiB straight to the process's stdout (the sandbox stops it at its output limit)
+    "import os\nfor _ in range(1024):\n    os.write(1, b'x' * (1 << 20))\n",
+    # a wrong answer of 256 KiB per test, and an exception whose message is 256 KiB
+    "print('y' * (1 << 18))\n",
+    "raise ValueError('z' * (1 << 18))\n",
+])
+def test_a_flood_of_output_leaves_obs_and_info_a_few_kb(reply: str) -> None:
+    env = DeepCoderEnv(max_steps=2)
+    try:
+        env.reset(seed=1)
+        env.index = 0  # a stdin/stdout problem
+        obs, reward, done, _, info = env.step(reply)
+        assert (reward, done, info["success"]) == (0.0, False, False)
+        assert "[cut " in info["detail"] and "[cut " in obs
+        assert len(obs) + len(json.dumps(info)) < 64 << 10
+    finally:
+        env.close()
+
+
+def test_a_function_problem_shows_its_starter_code_as_ragen_v2_asks() -> None:
+    problems = load_problems({})
+    functions = [p for p in problems if p["starter_code"]]
+    assert len(functions) == 72
+    env = DeepCoderEnv()
+    try:
+        for seed in range(40):
+            obs, _ = env.reset(seed=seed)
+            problem = env.problem
+            if not problem["starter_code"]:
+                assert "Starter code:" not in obs
+                continue
+            # RAGEN v2: the problem, a blank line, "Starter code:" and the code
+            head, sep, code = obs.partition("\n\nStarter code:\n")
+            assert sep and code == problem["starter_code"] and head
+            assert f"def {problem['func_name']}(" in obs  # the method the tests call
+            break
+        else:
+            pytest.fail("no function problem in the first 40 seeds")
+    finally:
+        env.close()
+
+
+def test_a_prepared_question_is_shown_as_is(tmp_path: Path) -> None:
+    row = {"question": "Q", "starter_code": "class Solution:\n    def f(self): pass",
+           "ground_truth": json.dumps([{"input": "", "output": "1", "testtype": "stdin"}])}
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    assert load_problems({"data_path": str(path)})[0]["prompt"] == "Q"

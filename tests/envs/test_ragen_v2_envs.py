@@ -19,8 +19,9 @@ import pytest
 from turnpool import EnvPool
 from turnpool.envs import ragen_adapter
 from turnpool.envs.base import TextEnv
-from turnpool.envs.registry import draws_from_global_rng, make
+from turnpool.envs.registry import draws_from_global_rng, make, resolve
 from turnpool.extras import MissingExtra
+from turnpool.ragen.config import ragen_defaults
 from turnpool.worker.errors import BackendUnavailable
 
 GYMNASIUM_STYLE = '''
@@ -301,12 +302,9 @@ V2_TAGS: dict[str, tuple[str, dict[str, Any]]] = {
 def test_every_native_ragen_v2_tag_builds_without_a_warning(tag: str) -> None:
     import warnings
 
-    from turnpool.envs.registry import resolve
-
     env_type, env_config = V2_TAGS[tag]
-    cls, _ = resolve(env_type)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        env = make(env_type, **{**cls.ragen_v2_defaults, **env_config})
+        env = make(env_type, **{**ragen_defaults(resolve(env_type)[0], "v2"), **env_config})
         obs, _ = env.reset(seed=1)
     assert isinstance(obs, str) and obs

@@ -211,7 +211,8 @@ def test_packaged_defaults_are_ragens() -> None:
 
 def test_full_ragen_config_loads_and_unowned_sections_stay_unresolved(
         ragen_dir: Path) -> None:
-    cfg = load_config(ragen_dir / "base.yaml")
+    with pytest.warns(ConfigWarning, match="turnpool.ragen_version=v1"):
+        cfg = load_config(ragen_dir / "base.yaml")  # RAGEN v1's shape, unpinned
     plan = rollout_plan(cfg)
     assert plan.tags[0].env_instruction == "Solve the Sokoban puzzle."
     assert plan.tags[0].max_tokens == 100
@@ -223,15 +224,16 @@ def test_full_ragen_config_loads_and_unowned_sections_stay_unresolved(
         OmegaConf.to_container(cfg.ctx_manager, resolve=True)  # verl's keys are not there
     assert "defaults" not in cfg
     # a per-task file on top of base (RAGEN's _1_bandit.yaml)
-    bandit = load_config(ragen_dir / "_1_bandit.yaml")
+    with pytest.warns(ConfigWarning, match="taken as RAGEN v1's"):
+        bandit = load_config(ragen_dir / "_1_bandit.yaml")
     p = rollout_plan(bandit)
     assert [t.tag for t in p.tags] == ["Bandit"] and p.collector.max_turn == 1
     assert p.collector.turn.max_actions_per_turn == 1
     v = rollout_plan(bandit, "val")
     assert [(t.tag, t.n_groups) for t in v.tags] == [("Bandit", 256), ("BanditTest", 256)]
-    # nothing marks this config as v1, so it runs as v2: v2's Bandit defaults come first
-    assert v.tags[0].env_kwargs == {"split": "train", "lo_arm_name": "Phoenix",
-                                    "hi_arm_name": "Dragon"}
+    # RAGEN v1's training config (no v2 key): v1's Bandit, its arms as named
+    assert bandit.turnpool.ragen_version == "v1"
+    assert v.tags[0].env_kwargs == {"lo_arm_name": "Phoenix", "hi_arm_name": "Dragon"}
 
 
 def test_config_object_from_hydra_is_accepted(ragen_dir: Path) -> None:

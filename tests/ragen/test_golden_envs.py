@@ -18,8 +18,9 @@ import pytest
 
 from tests.ragen.golden import FIXTURES, load, tagged, untag
 from turnpool.envs import sokoban_gen
-from turnpool.envs.registry import make
+from turnpool.envs.registry import make, resolve
 from turnpool.envs.sokoban import SokobanEnv
+from turnpool.ragen.config import ragen_defaults
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,7 +42,8 @@ def _env_for(name: str, tmp_path: Path) -> Any:
         data = tmp_path / "countdown.jsonl"
         data.write_text(bundled.read_text(encoding="utf-8"), encoding="utf-8")
         kwargs["train_path"] = str(data)
-    return make(ENVS[name], **kwargs)
+    cls, _ = resolve(ENVS[name])  # RAGEN v1's defaults where the class's own are v2's
+    return make(ENVS[name], **{**ragen_defaults(cls, "v1"), **kwargs})
 
 
 @pytest.mark.parametrize("name", sorted(ENVS))
@@ -87,11 +89,10 @@ def load_v2(name: str) -> dict[str, Any]:
 
 
 def make_v2(env_type: str, env_config: dict[str, Any]) -> Any:
-    """An env as a RAGEN v2 config builds it: v2's defaults under the tag's env_config."""
-    from turnpool.envs.registry import resolve
-
+    """An env as a RAGEN v2 config builds it: v2's defaults (where the class's own differ)
+    under the tag's env_config."""
     cls, _ = resolve(env_type)
-    return make(env_type, **{**cls.ragen_v2_defaults, **env_config})
+    return make(env_type, **{**ragen_defaults(cls, "v2"), **env_config})
 
 
 @pytest.mark.parametrize("name", V2_PLAIN)
@@ -255,7 +256,8 @@ def test_frozen_lake_matches_gymnasium_live() -> None:
         desc = generate_map(np.random.default_rng(seed), 4, 0.8)
         gym = GymLake(desc=list(desc), is_slippery=slippery)
         gym.reset(seed=seed)
-        ours = make("frozen_lake", is_slippery=slippery)
+        ours = make("frozen_lake", is_slippery=slippery, p=0.8,  # gymnasium's (RAGEN v1's)
+                    success_rate=1 / 3)
         ours.reset(seed=seed)
         assert ours.desc == desc
         rs = np.random.RandomState(seed)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.ragen.test_golden_es import BUNDLED_COUNTDOWN, encode
+from turnpool.envs.registry import make
 from turnpool.ragen.state_manager import EnvStateManager
 
 pytestmark = pytest.mark.timeout(300)
@@ -132,7 +133,11 @@ def test_parallel_friendly_tags_run_on_worker_processes_with_their_max_workers()
     def cfg(friendly: bool, workers: int) -> dict[str, Any]:
         return {"custom_envs": {"SimpleSokoban": {"parallel_friendly": friendly,
                                                   "max_workers": workers}}}
-    assert pool_options(load_config(cfg(True, 3))) == {"backend": "process", "num_workers": 3}
+    # still auto's choice: it falls back to sequential where processes cannot start
+    assert pool_options(load_config(cfg(True, 3))) == {"backend": "process", "num_workers": 3,
+                                                       "fallback": True}
+    pinned = {**cfg(True, 3), "turnpool": {"fallback": False}}
+    assert pool_options(load_config(pinned))["fallback"] is False
     assert pool_options(load_config(cfg(False, 32))).get("backend", "auto") == "auto"
     assert pool_options(load_config(cfg(True, 1))).get("backend", "auto") == "auto"
 
@@ -314,8 +319,9 @@ def test_a_v2_config_numbers_bandits_across_train_then_val_and_adds_v2_defaults(
     assert [m["internal_seed"] for m in val.tags[0].member_kwargs] == [4, 5]
     assert train.tags[1].member_kwargs == ()  # FrozenLake is not numbered
     assert train.tags[0].env_kwargs["split"] == "train"
-    lake = train.tags[1].env_kwargs
-    assert (lake["p"], lake["success_rate"], lake["is_slippery"]) == (0.9, 0.8, True)
+    lake = make("frozen_lake", **train.tags[1].env_kwargs)  # v2's are FrozenLake's own
+    assert (lake.p, lake.success_rate, lake.is_slippery) == (0.9, 0.8, True)
+    assert lake.p == make("frozen_lake").p
 
 
 def test_a_v1_config_builds_envs_as_before() -> None:
@@ -323,7 +329,9 @@ def test_a_v1_config_builds_envs_as_before() -> None:
 
     plan = rollout_plan(load_config(_two_modes(ragen_version="v1")), "val")
     assert [t.member_kwargs for t in plan.tags] == [(), ()]
-    assert "split" not in plan.tags[0].env_kwargs and "p" not in plan.tags[1].env_kwargs
+    assert "split" not in plan.tags[0].env_kwargs
+    lake = plan.tags[1].env_kwargs  # v1's FrozenLake: gymnasium's map and slip odds
+    assert (lake["p"], lake["success_rate"]) == (0.8, 1 / 3)
 
 
 def _game_2048_config() -> dict[str, Any]:

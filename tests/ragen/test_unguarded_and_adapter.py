@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +121,9 @@ REGISTERED_ENV_CONFIGS = {"coin": CoinEnvConfig, "paint": PaintEnvConfig}
 
 
 @pytest.fixture
-def ragen_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``ragen.env`` with a registered RAGEN-style env, importable here and in workers."""
+def ragen_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``ragen.env`` with a registered RAGEN-style env, importable here and in workers; the
+    modules imported from it are forgotten afterwards (later tests see no RAGEN)."""
     pkg = tmp_path / "pkgs"
     (pkg / "ragen" / "env").mkdir(parents=True)
     (pkg / "ragen" / "__init__.py").write_text("")
@@ -131,7 +133,9 @@ def ragen_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pkg), str(ROOT)]))
     for name in [m for m in sys.modules if m == "ragen" or m.startswith("ragen.")]:
         monkeypatch.delitem(sys.modules, name)
-    return pkg
+    yield pkg
+    for name in [m for m in sys.modules if m == "ragen" or m.startswith("ragen.")]:
+        del sys.modules[name]  # imported during the test (monkeypatch restores the rest)
 
 
 def _config(env_type: str, backend: str) -> dict[str, Any]:
@@ -212,3 +216,34 @@ def test_ragen_classes_are_reset_with_the_managers_mode(ragen_pkg: Path, mode: s
     cfg["es_manager"]["val"] = cfg["es_manager"]["train"]
     with EnvStateManager(cfg, mode=mode) as es:
         assert es.reset()[0]["history"][0]["state"] == f"guess the coin ({mode})"
+
+
+def test_ragen_v2_search_config_in_an_unguarded_script_falls_back_as_auto_does(
+        tmp_path: Path) -> None:
+    """RAGEN v2's ``_9_search``: SearchQA is ``parallel_friendly`` (``max_workers`` 32), which
+    ``auto`` maps to worker processes; a plain script cannot start them, so the manager runs
+    sequentially (as ``auto`` itself would) instead of failing at construction."""
+    from tests.ragen.test_golden_manager_v2 import write_v2_configs
+
+    write_v2_configs(tmp_path)
+    script = tmp_path / "plain_search.py"
+    script.write_text(textwrap.dedent("""
+        import multiprocessing
+        from turnpool.ragen.config import load_config, pool_options
+        from turnpool.ragen.state_manager import EnvStateManager
+        cfg = load_config("_9_search.yaml", ["es_manager.train.env_groups=2",
+                          "es_manager.train.group_size=2",
+                          "es_manager.train.env_configs.n_groups=[2]",
+                          "custom_envs.SearchQA.env_config.mock_mode=true"])
+        print("OPTIONS", pool_options(cfg)["backend"], pool_options(cfg)["fallback"])
+        with EnvStateManager(cfg) as es:
+            cache = es.reset(seed=0)
+            es.step([{"env_id": 0, "actions": ["finish[x]"], "llm_response": "",
+                      "llm_raw_response": ""}])
+            print("RAN", es.backend_name, len(multiprocessing.active_children()), len(cache))
+    """))
+    proc = _run(script, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout.count("RAN") == 1
+    assert "OPTIONS process True" in proc.stdout
+    assert "RAN sequential 0 4" in proc.stdout, proc.stdout

@@ -73,8 +73,9 @@ def _jsonl(batch: RolloutBatch) -> str:
 
 def test_none_mode_writes_the_jsonl_it_wrote_before_tree_modes() -> None:
     """The digest was recorded with the collector as it was before tree modes existed."""
+    lake = {"p": 0.8, "success_rate": 1 / 3}  # FrozenLake's defaults when it was recorded
     specs = [EnvGroupSpec("S", "sokoban", 2, {"dim_room": (7, 7)}),
-             EnvGroupSpec("L", "frozen_lake", 1)]
+             EnvGroupSpec("L", "frozen_lake", 1, lake)]
     pool = EnvPool.from_specs(specs, group_n=3, backend="sequential")
     settings = CollectorSettings(max_turn=4, turn=TurnSettings(max_actions_per_turn=2))
     with TrajectoryCollector(pool, make_policy({"name": "oracle", "epsilon": 0.3}),

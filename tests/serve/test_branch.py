@@ -193,7 +193,7 @@ def test_bad_input_is_a_clear_error_and_leaves_the_session_as_it_was(
         _ask(ws, "step", {"action": "Up"})
         snap = _ask(ws, "snapshot")["data"]["snapshot"]
         _ask(lake, "reset", {"seed": 7})
-        _ask(lake, "step", {"action": "Down"})
+        _ask(lake, "step", {"action": "Up"})  # still playing (Down reaches the goal)
         lake_snap = _ask(lake, "snapshot")["data"]["snapshot"]
         foreign = SnapshotCodec("sokoban", "another key", 16_384, 64).encode(
             Snapshot(snap["env_key"], 7, (("Up",),)))

@@ -96,7 +96,10 @@ def extra_for(module: str, command: str = "") -> str | None:
 
 
 def unknown_env(name: str) -> str | None:
-    """The one-line complaint for an env name turnpool cannot resolve, or None if it can."""
+    """The one-line complaint for an env name turnpool cannot resolve, or None if it can.
+
+    A ``module:Class`` entry point whose module cannot be imported (or lacks the class) is
+    the cause's one line, not the import machinery's traceback."""
     from turnpool.envs.registry import registered, resolve
 
     try:
@@ -105,7 +108,20 @@ def unknown_env(name: str) -> str | None:
         public = [n for n, spec in registered().items() if not is_test_env(spec.entry_point)]
         return (f"unknown env {name!r}{did_you_mean(name, registered())}; "
                 f"registered: {', '.join(sorted(public))} (turnpool envs --all lists every one)")
+    except Exception as exc:  # the user's module: anything its import raises is the cause
+        if missing_extra(exc, "") is not None:
+            raise  # an extra's module: `user_errors` names the extra for the command
+        return f"cannot load env {name!r}: {cause(exc)}"
     return None
+
+
+def cause(exc: BaseException) -> str:
+    """``"<ExcType>: message"`` of ``exc`` on one line, bounded (a user env's or config's
+    error as the line shows it); a message-less exception is its type alone."""
+    from turnpool.worker.errors import bounded
+
+    text = " ".join(str(exc).split())
+    return bounded(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 def is_test_env(entry_point: str) -> bool:
@@ -164,6 +180,7 @@ def user_errors(command: str | Callable[[], str]) -> Iterator[None]:
         raise err from exc
 
 
-__all__ = ["EXIT_FAILED", "cannot_listen", "EXIT_INTERRUPTED", "EXIT_POLICY_UNREACHABLE",
-           "EXIT_TOO_MANY_FAILURES", "EXIT_USAGE", "UserError", "did_you_mean", "extra_for",
-           "is_test_env", "missing_extra", "translate", "unknown_env", "user_errors"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_POLICY_UNREACHABLE",
+           "EXIT_TOO_MANY_FAILURES", "EXIT_USAGE", "UserError", "cannot_listen", "cause",
+           "did_you_mean", "extra_for", "is_test_env", "missing_extra", "translate",
+           "unknown_env", "user_errors"]

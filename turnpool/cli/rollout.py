@@ -213,7 +213,8 @@ def rollout(config_path: str | None, overrides: tuple[str, ...], backend: str | 
     if recorder is not None:
         console.print(f"recorded {recorder.episodes} episode attempts to {record_path}",
                       soft_wrap=True)
-    _check_failures(metrics, max_failed_fraction)
+    first_error = next((b.first_error for b in results if b.first_error), None)
+    _check_failures(metrics, max_failed_fraction, first_error)
 
 
 class _WholeBatches:
@@ -253,15 +254,18 @@ def _build(plan: RolloutPlan) -> TrajectoryCollector:
         raise RolloutFailed(str(exc), EXIT_USAGE) from exc           # model folder
 
 
-def _check_failures(metrics: dict[str, float], max_failed_fraction: float) -> None:
-    """`RolloutFailed` when more than ``max_failed_fraction`` of episodes failed for good."""
+def _check_failures(metrics: dict[str, float], max_failed_fraction: float,
+                    first_error: str | None = None) -> None:
+    """`RolloutFailed` when more than ``max_failed_fraction`` of episodes failed for good,
+    naming the first episode's cause."""
     failed = metrics.get("failures/unrecovered_fraction", 0.0)
     if failed > max_failed_fraction:
         classes = ", ".join(f"{name} {metrics[f'failures/{name}']:.0f}"
                             for name in FAILURE_CLASSES if metrics.get(f"failures/{name}"))
+        first = f"; first: {first_error}" if first_error else ""
         raise RolloutFailed(f"{100 * failed:.0f}% of episodes failed after retries (more "
-                            f"than --max-failed-fraction {max_failed_fraction:g}): {classes}",
-                            EXIT_TOO_MANY_FAILURES)
+                            f"than --max-failed-fraction {max_failed_fraction:g}): {classes}"
+                            f"{first}", EXIT_TOO_MANY_FAILURES)
 
 
 @contextmanager

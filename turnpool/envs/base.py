@@ -249,8 +249,11 @@ class TextEnv(gymnasium.Env[str, Any]):
     #: or RAGEN config keys accepted and unused); any other key warns, naming the env and
     #: the key. ``None``: the class takes any keys (it passes them on, as adapters do).
     extra_kwargs: ClassVar[frozenset[str] | None] = None
-    #: RAGEN v2's config-dataclass defaults where they differ from this class's own (a RAGEN
-    #: v2 config builds the env with these under its ``env_config``).
+    #: RAGEN's config-dataclass defaults where they differ from this class's own, per
+    #: version: a config of that version builds the env with them under its ``env_config``
+    #: (`turnpool.ragen.config.ragen_defaults`). A class defaults to v2's (the default
+    #: version) where its users allow it (FrozenLake); Bandit and WebShop keep v1's.
+    ragen_v1_defaults: ClassVar[dict[str, Any]] = {}
     ragen_v2_defaults: ClassVar[dict[str, Any]] = {}
     #: The kwarg that takes RAGEN v2's per-process instance number of this class (its class
     #: counter: how many envs of the class its process built before this one, train manager
@@ -401,13 +404,17 @@ class TextEnv(gymnasium.Env[str, Any]):
 
     # ------------------------------------------------------------ subclass hooks
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _reset(seed, options) "
+                                  "-> the first observation text")
 
     def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _step(action) -> "
+                                  "(observation, reward, terminated, truncated, info)")
 
     def _render_text(self) -> str:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _render_text() -> the "
+                                  "current state as text (render() and info['anchor_obs'] "
+                                  "read it)")
 
     def _render_rgb_array(self) -> np.ndarray:
         """The ``rgb_array`` frame, for envs whose ``metadata["render_modes"]`` list it."""

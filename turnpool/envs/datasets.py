@@ -45,8 +45,11 @@ def bundled_path(name: str) -> Path:
     return Path(str(resources.files("turnpool").joinpath("data", name)))
 
 
-def resolve_path(config: dict[str, Any], aliases: tuple[str, ...], bundled: str) -> Path:
-    """The file named by the first set config key in ``aliases``, else the bundled file."""
+def resolve_path(config: dict[str, Any], aliases: tuple[str, ...], bundled: str,
+                 ragen_default: str | None = None) -> Path:
+    """The file named by the first set config key in ``aliases``; else ``ragen_default`` (the
+    path RAGEN reads when no key is set, relative to the working directory as RAGEN takes it)
+    when that file exists; else the bundled file."""
     for key in aliases:
         value = config.get(key)
         if value:
@@ -55,6 +58,9 @@ def resolve_path(config: dict[str, Any], aliases: tuple[str, ...], bundled: str)
                 raise FileNotFoundError(
                     f"{key}={value!r} is not a local file (turnpool reads local files only)")
             return path.resolve()
+    if ragen_default and Path(ragen_default).is_file():
+        logger.info("reading %s (RAGEN's default data path)", ragen_default)
+        return Path(ragen_default).resolve()
     return bundled_path(bundled)
 
 

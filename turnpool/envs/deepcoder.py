@@ -1,23 +1,27 @@
 """DeepCoder: write a Python program (or a method of ``class Solution``) that passes the tests.
 
-RAGEN v2's ``deepcoder`` env (taken from rLLM), with its semantics kept: the observation is
-the problem text; the reward of a reply is ``passed / total`` tests; the episode ends when all
-pass or after ``max_steps`` attempts (default 1), and a failed attempt shows the problem again
-with ``Feedback: <detail>`` (``Passed 2/5 tests. Wrong answer on test 2: got 3 expected 4``).
-The reply is assembled with the ``starter_code`` as RAGEN does (a reply that defines
-``class Solution`` replaces it; a bare ``def`` under a starter class is indented into it).
-Tests are stdin/stdout (stripped outputs compared) or function calls (``str(result) ==
-str(expected)``, ``metadata.func_name``); all tests of a reply run in one process, with one
-wall clock (3 s) for the whole reply: on timeout the reward is 0, as in RAGEN.
+RAGEN v2's ``deepcoder`` env (taken from rLLM), with its semantics kept: the observation is the
+question as RAGEN v2 prepares it (the problem, then ``Starter code:`` and the code where a row
+has starter code; a row that already holds a ``question`` is shown as is); the reward of a
+reply is ``passed / total`` tests; the episode ends when all pass or after ``max_steps``
+attempts (default 1), and a failed attempt shows the problem again with ``Feedback: <detail>``
+(``Passed 2/5 tests. Wrong answer on test 2: got 3 expected 4``). The reply is assembled with
+the ``starter_code`` as RAGEN does (a reply that defines ``class Solution`` replaces it; a bare
+``def`` under a starter class is indented into it). Tests are stdin/stdout (stripped outputs
+compared) or function calls (``str(result) == str(expected)``, ``metadata.func_name``); all
+tests of a reply run in one process, with one wall clock (3 s) for the whole reply: on timeout
+the reward is 0, as in RAGEN.
 
 What differs: the reply runs in `turnpool.sandbox` (no network, no host files, limits) instead
 of a bare ``subprocess.run(["python", ...])``, and expected outputs never enter the sandbox
-(the host compares), so a reply cannot read the answers. A missing dataset is an error, never
-RAGEN's toy ``add(a, b)`` problem. Rows in the DeepCoder-Preview format (``problem``,
-``tests``, ``metadata``, ``starter_code``; or RAGEN's ``question`` / ``ground_truth``) are
-read from ``data_path`` (JSONL / JSON / Parquet); tests given as ``{"inputs", "outputs"}``
-(TACO) become stdin/stdout tests, as in RAGEN's preprocessing. Without ``data_path``, a
-bundled set of 240 generated problems is used (``scripts/gen_deepcoder.py``).
+(the host compares), so a reply cannot read the answers; the feedback (``detail``) is cut to a
+few KB with a marker (RAGEN passes on all a reply printed, up to megabytes). A missing dataset
+is an error, never RAGEN's toy ``add(a, b)`` problem. Rows in the DeepCoder-Preview format
+(``problem``, ``tests``, ``metadata``, ``starter_code``; or RAGEN's ``question`` /
+``ground_truth``) are read from ``data_path`` (JSONL / JSON / Parquet); tests given as
+``{"inputs", "outputs"}`` (TACO) become stdin/stdout tests, as in RAGEN's preprocessing.
+Without ``data_path``, a bundled set of 240 generated problems is used
+(``scripts/gen_deepcoder.py``).
 
     >>> env = DeepCoderEnv()
     >>> obs, _ = env.reset(seed=0)
@@ -45,6 +49,7 @@ from turnpool.sandbox import (
     SandboxError,
     SandboxUnavailable,
     available,
+    clip,
 )
 from turnpool.sandbox.core import UNAVAILABLE
 
@@ -128,15 +133,26 @@ def _metadata_of(row: dict[str, Any]) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+def question(problem: str, starter_code: str) -> str:
+    """The question RAGEN v2 asks for a raw DeepCoder row (its preparation without rLLM
+    installed): the problem, then ``Starter code:`` and the code when the row has some, so a
+    function problem names the class and method the tests call."""
+    return f"{problem}\n\nStarter code:\n{starter_code}" if starter_code else problem
+
+
 def _build(rows: list[dict[str, Any]], options: dict[str, Any]) -> tuple[dict[str, Any], ...]:
     problems = []
     for row in rows:
-        prompt = row.get("question", row.get("prompt", row.get("problem")))
-        if prompt is None:
+        starter = str(row.get("starter_code") or "")
+        if "question" in row or "prompt" in row:  # already a question (RAGEN's prepared rows)
+            prompt = str(row.get("question", row.get("prompt")))
+        elif "problem" in row:
+            prompt = question(str(row["problem"]), starter)
+        else:
             continue
-        problems.append({"prompt": str(prompt), "tests": _tests_of(row),
+        problems.append({"prompt": prompt, "tests": _tests_of(row),
                          "func_name": _metadata_of(row).get("func_name"),
-                         "starter_code": str(row.get("starter_code") or "")})
+                         "starter_code": starter})
     if not problems:
         raise ValueError("no DeepCoder problems in the data file")
     return tuple(problems)
@@ -208,7 +224,15 @@ def judge(tests: list[dict[str, Any]], func_name: str | None, records: dict[int,
 def run_reply(box: Sandbox, code: str, problem: dict[str, Any], timeout_s: float = 3.0
               ) -> tuple[bool, str, int, int, bool, Outcome]:
     """Run every test of ``problem`` on ``code`` in one sandboxed process; RAGEN's result
-    tuple and the sandbox's `Outcome` of the process."""
+    tuple and the sandbox's `Outcome` of the process. The detail is clipped to a few KB (a
+    marker says how much was cut): RAGEN passes on all a reply printed, up to megabytes."""
+    correct, detail, passed, total, runnable, outcome = _run_reply(box, code, problem,
+                                                                   timeout_s)
+    return correct, clip(detail), passed, total, runnable, outcome
+
+
+def _run_reply(box: Sandbox, code: str, problem: dict[str, Any], timeout_s: float
+               ) -> tuple[bool, str, int, int, bool, Outcome]:
     tests = problem["tests"]
     if not tests:
         return False, "No tests available.", 0, 0, False, Outcome.PASSED

@@ -4,11 +4,13 @@ RAGEN's semantics (gymnasium's FrozenLake underneath), written without gymnasium
 drawing the same numbers: the map from a generator seeded with the reset seed, the moves from
 a second one seeded the same way, one uniform draw per reset and per step:
 
-* the map is ``size`` x ``size``; each cell is frozen with probability ``p`` (else a hole);
+* the map is ``size`` x ``size``; each cell is frozen with probability ``p`` (else a hole;
+  0.9, RAGEN v2's default, as is ``success_rate`` 0.8; RAGEN v1 and gymnasium: 0.8 and 1/3);
   start and goal are two distinct random cells, and maps without a start -> goal path are
   redrawn from the same generator, so one seed gives one map everywhere;
 * actions 1 Left, 2 Down, 3 Right, 4 Up; on slippery ice the move goes in the intended
-  direction or either perpendicular one, each with probability 1/3; moving into the edge
+  direction with probability ``success_rate``, else either perpendicular one with half the
+  rest (``success_rate`` 1/3: each with 1/3, as in gymnasium); moving into the edge
   leaves the player in place;
 * reward 1 on reaching the goal, else 0; the episode ends in a hole or on the goal (the step
   budget lives in the manager, as in RAGEN);
@@ -234,15 +236,15 @@ class FrozenLakeEnv(TextEnv):
         "</think><answer>Down || Down</answer>")
     metadata = {"render_modes": ["text", "rgb_array"], "render_fps": 1}  # noqa: RUF012
 
-    #: RAGEN v2's ``FrozenLakeEnvConfig`` defaults where they differ from the ones here
-    ragen_v2_defaults = {"p": 0.9, "success_rate": 0.8}  # noqa: RUF012
+    #: RAGEN v1's ``FrozenLakeEnvConfig`` defaults (the signature's are v2's)
+    ragen_v1_defaults = {"p": 0.8, "success_rate": SUCCESS_RATE}  # noqa: RUF012
     #: RAGEN config keys accepted and unused: the map always follows the reset seed (RAGEN
     #: overwrote map_seed with it); its lookups only shape the prompt
     extra_kwargs = frozenset({"map_seed", "action_map", "map_lookup", "grid_lookup",
                                 "grid_vocab", "action_lookup"})
 
-    def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = True,
-                 success_rate: float = SUCCESS_RATE, observation_format: str = "grid",
+    def __init__(self, size: int = 4, p: float = 0.9, is_slippery: bool = True,
+                 success_rate: float = 0.8, observation_format: str = "grid",
                  **config: Any) -> None:
         super().__init__(size=size, p=p, is_slippery=is_slippery, success_rate=success_rate,
                          observation_format=observation_format, **config)

@@ -4,8 +4,9 @@ RAGEN v2's rules (HotpotQA-style), written from them:
 
 * data: rows with ``question`` and ``ground_truth`` (a string or a list of strings) from
   ``train_path`` / ``data_path`` (JSONL, JSON or Parquet; the first ``max_instances`` rows);
-  without one, a small bundled set of generated questions. ``reset(seed)`` asks row
-  ``seed % len(data)``;
+  without one, RAGEN's default ``data/search/train.parquet`` (relative to the working
+  directory, as RAGEN reads it) when that file exists, else a small bundled set of generated
+  questions (where RAGEN fails). ``reset(seed)`` asks row ``seed % len(data)``;
 * ``search[query]``: the results text (``mock_mode``: RAGEN's two placeholder documents; else
   a POST of ``{"query", "top_k"}`` to ``retrieval_server_url + "/retrieve"``, formatted as
   RAGEN formats them), reward 0; the episode ends when the step count reaches ``max_steps``;
@@ -41,6 +42,8 @@ from turnpool.envs.base import TextEnv
 
 BUNDLED = "search_qa_sample.jsonl"
 PATH_KEYS = ("data_path", "train_path")
+#: RAGEN v2's ``SearchEnvConfig.train_path`` default, read relative to the working directory
+RAGEN_TRAIN_PATH = "data/search/train.parquet"
 ACTIONS_LINE = "Available actions: search[<query>], finish[<answer>]"
 MAX_RESPONSE_BYTES = 8 << 20
 _PUNCTUATION = frozenset(string.punctuation)
@@ -205,7 +208,7 @@ class SearchQAEnv(TextEnv):
         self.max_steps = int(max_steps)
         self.correct_reward, self.incorrect_reward = correct_reward, incorrect_reward
         self.f1_threshold = float(f1_threshold)
-        path = datasets.resolve_path(self.config, PATH_KEYS, BUNDLED)
+        path = datasets.resolve_path(self.config, PATH_KEYS, BUNDLED, RAGEN_TRAIN_PATH)
         self._key = datasets.table_key("search_qa", path, max_instances=int(max_instances))
         self.table  # noqa: B018 (fail at construction, not at the first reset)
         self.question, self.step_count, self.text = "", 0, ""

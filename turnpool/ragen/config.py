@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -42,6 +43,7 @@ from turnpool.ragen.schema import (
     is_int,
     validate,
 )
+from turnpool.ragen.version import ragen_version
 from turnpool.rollout.settings import (
     DEFAULT_MAX_TOKENS,
     AsyncSettings,
@@ -72,8 +74,14 @@ POOL_KEYS = ("backend", "num_workers", "mp_context", "step_timeout", "on_error",
 def _read_yaml(path: Path) -> DictConfig:
     try:
         cfg = OmegaConf.load(path)
-    except (OSError, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    except yaml.MarkedYAMLError as exc:  # PyYAML's own text spans lines: the cause and where
+        mark = exc.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"config file {path} is not valid YAML: {type(exc).__name__}: "
+                          f"{exc.problem or exc.context}{where}") from exc
+    except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {type(exc).__name__}: "
+                          f"{exc}") from exc
     if not isinstance(cfg, DictConfig):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return cfg
@@ -169,45 +177,6 @@ def load_config(
     for mode in ("train", "val"):
         _check_mode(merged, mode, where)
     return merged
-
-
-#: Keys only RAGEN v2 (mll-lab-nu/RAGEN) configs carry, and keys only 5eb79b8-era (v1) ones do.
-V2_MARKERS = ("collapse_detection", "log_prob_micro_batch_size_per_gpu",
-              "agent_proxy.context_window_mode", "agent_proxy.batch_adjust_mode",
-              "custom_envs.*.parallel_friendly", "custom_envs.*.max_workers")
-V1_MARKERS = ("use_parallel_envs", "agent_proxy.use_parallel_rollout",
-              "agent_proxy.parallel_n_jobs", "es_manager.use_multiprocessing",
-              "es_manager.sequential_env_types")
-
-
-def _has_key(layer: DictConfig, dotted: str) -> bool:
-    head, _, rest = dotted.partition(".")
-    if head == "*":
-        return any(isinstance(layer[k], DictConfig) and _has_key(layer[k], rest)
-                   for k in layer)
-    if head not in layer:
-        return False
-    if not rest:
-        return True
-    node = layer._get_node(head)
-    return isinstance(node, DictConfig) and _has_key(node, rest)
-
-
-def ragen_version(user_layers: Sequence[tuple[str, DictConfig]]) -> str:
-    """Which RAGEN's semantics a config asks for: ``turnpool.ragen_version`` when the user
-    pins it; else ``v2`` if only v2's keys appear, ``v1`` if only v1's do, and ``v2`` (the
-    default) when neither or both do (docs/ragen.md, "RAGEN v1 and v2")."""
-    pinned = [OmegaConf.select(layer, "turnpool.ragen_version", default=None)
-              for _, layer in user_layers]
-    pinned = [p for p in pinned if p is not None]
-    if pinned:
-        return str(pinned[-1])
-    v2 = any(_has_key(layer, k) for _, layer in user_layers for k in V2_MARKERS)
-    v1 = any(_has_key(layer, k) for _, layer in user_layers for k in V1_MARKERS)
-    if v1 and v2:
-        log.info("the config has keys of both RAGEN v1 and v2; using v2 (pin "
-                 "turnpool.ragen_version to choose)")
-    return "v1" if v1 and not v2 else "v2"
 
 
 def user_sets(path: str | Path | DictConfig | Mapping[str, Any] | None, key: str) -> bool:
@@ -311,7 +280,10 @@ def pool_options(cfg: DictConfig) -> dict[str, Any]:
     ``sequential_env_types`` (those env types stay in the calling process);
     ``use_parallel_envs: false`` -> ``sequential``; RAGEN v2's ``custom_envs.<tag>.
     parallel_friendly`` with ``max_workers`` > 1 -> ``process`` with that many workers (see
-    `_parallel_friendly_workers`). Keys left unset take EnvPool's defaults.
+    `_parallel_friendly_workers`). A backend mapped so is still ``auto``'s choice: it falls
+    back to sequential when it cannot start (a plain script's unguarded top level starts no
+    worker processes) unless ``turnpool.fallback`` says otherwise. Keys left unset take
+    EnvPool's defaults.
     """
     tp = _section(cfg, "turnpool") or {}
     ap = _section(cfg, "agent_proxy") or {}
@@ -333,6 +305,8 @@ def pool_options(cfg: DictConfig) -> dict[str, Any]:
     elif _parallel_friendly_workers(cfg):
         options["backend"] = "process"
         options.setdefault("num_workers", _parallel_friendly_workers(cfg))
+    if options.get("backend", "auto") != "auto":  # still auto's choice: fall back as auto does
+        options.setdefault("fallback", True)       # (an unguarded script gets no processes)
     return options
 
 
@@ -414,6 +388,12 @@ def _instance_numbers(cfg: DictConfig, mode: str) -> list[tuple[dict[str, Any], 
     return out
 
 
+def ragen_defaults(cls: type[TextEnv], version: str) -> dict[str, Any]:
+    """The env kwargs under which a RAGEN ``version`` config builds ``cls`` (its dataclass's
+    defaults where they differ from the class's own)."""
+    return dict(cls.ragen_v2_defaults if version == "v2" else cls.ragen_v1_defaults)
+
+
 def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
     """The typed view of a loaded config for ``mode`` ("train" or "val")."""
     if mode not in ("train", "val"):
@@ -432,8 +412,8 @@ def rollout_plan(cfg: DictConfig, mode: str = "train") -> RolloutPlan:
         c = custom[tag]
         cls = _env_class(str(c["env_type"]))
         env_kwargs = dict(c.get("env_config") or {})
-        if v2 and cls is not None:  # RAGEN v2's config dataclass defaults, then the config
-            env_kwargs = {**cls.ragen_v2_defaults, **env_kwargs}
+        if cls is not None:  # the version's dataclass defaults, then the config
+            env_kwargs = {**ragen_defaults(cls, "v2" if v2 else "v1"), **env_kwargs}
         if "mode" not in env_kwargs and "split" not in env_kwargs \
                 and _reset_takes_mode(str(c["env_type"])):
             env_kwargs["mode"] = mode

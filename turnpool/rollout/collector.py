@@ -112,6 +112,8 @@ class RolloutBatch:
     metrics: dict[str, float]
     #: tree rollouts: every node of the returned groups' trees, in the order played
     tree: list[TreeNode] = field(default_factory=list)
+    #: the first episode that failed for good: ``"<failure class>: <ExcType>: message"``
+    first_error: str | None = None
 
     def to_jsonl(self, dest: str | Path | IO[str]) -> int:
         """Write the trajectories as canonical JSONL; returns the number of lines."""
@@ -174,6 +176,7 @@ class TrajectoryCollector:
         self.seat_policies = dict(seat_policies or {})
         self._clock = Clock()
         self._failures: Counter[str] = Counter()
+        self._first_error: str | None = None
         self._trees = TreeTally()
         self.on_turn: Callable[[int, int, int], None] | None = None
         self.recorder: Recorder | None = None
@@ -201,6 +204,7 @@ class TrajectoryCollector:
         """One rollout batch: vanilla, or dynamic sampling when ``filter_groups`` is on."""
         self._clock = Clock()
         self._failures = Counter()
+        self._first_error = None
         self._trees = TreeTally()
         s = self.settings
         if s.filter_groups:
@@ -214,10 +218,10 @@ class TrajectoryCollector:
         metrics.update(dyn)
         metrics.update(self._failure_metrics())
         if s.driver != "tree":
-            return RolloutBatch(trajectories, metrics)
+            return RolloutBatch(trajectories, metrics, first_error=self._first_error)
         nodes, tree_metrics = self._trees.finish(groups)
         metrics.update(tree_metrics)
-        return RolloutBatch(trajectories, metrics, nodes)
+        return RolloutBatch(trajectories, metrics, nodes, self._first_error)
 
     def record_to(self, recorder: Recorder | None) -> None:
         """From now on, write every episode attempt's env transitions to ``recorder`` (None:
@@ -451,6 +455,7 @@ class TrajectoryCollector:
             failed = [ep for ep in group if ep.error is not None]
             if failed:
                 self._failures["unrecovered"] += len(failed)
+                self._first_error = self._first_error or f"{failed[0].failure}: {failed[0].error}"
                 if self.settings.failed_groups == "keep":
                     groups.append([self._trajectory(ep) for ep in group])
                     continue

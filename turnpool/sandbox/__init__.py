@@ -26,7 +26,8 @@ from turnpool.sandbox.core import (
     SandboxError,
     SandboxUnavailable,
     available,
+    clip,
 )
 
 __all__ = ["Limits", "Outcome", "RunResult", "Sandbox", "SandboxError", "SandboxUnavailable",
-           "available"]
+           "available", "clip"]

@@ -82,6 +82,27 @@ class RunResult:
     error: str = ""
 
 
+#: How much of a run's text (feedback, an error, a program's output) an env passes on: a few
+#: KB, since it goes on into observations, ``info``, trajectories, JSON replies and prompts.
+MAX_SHOWN_CHARS = 4096
+
+
+def clip(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    """``text`` cut to at most ``limit`` characters, its head and tail kept around a marker
+    that says how much was cut (the head says what failed; the tail of a traceback, why).
+
+    >>> clip("a" * 30 + "b" * 30, 40)
+    'aaaaaaaaaa[cut 40 of 60 chars]bbbbbbbbbb'
+    """
+    if len(text) <= limit:
+        return text
+    total = len(text)
+    keep = max(0, limit - len(f"[cut {total} of {total} chars]"))  # the longest marker
+    marker = f"[cut {total - keep} of {total} chars]"
+    tail = keep // 2
+    return text[:keep - tail] + marker + text[total - tail:]
+
+
 @dataclass
 class _Probe:
     ok: bool | None = None
