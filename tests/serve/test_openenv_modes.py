@@ -2,7 +2,8 @@
 without a session steps a fresh env from the request's seed and holds nothing; OpenEnv's
 ``call_tool`` / ``list_tools`` actions work through HTTP ``/step`` and ``/ws`` ``step``,
 answered as OpenEnv's MCP observations with the turn's reward and done; a WebSocket on
-``/mcp`` speaks JSON-RPC over its own session; an MCP tool call's value is the tool's."""
+``/mcp`` speaks JSON-RPC over its own session; an MCP tool call's value is the tool's;
+production mode serves no HTTP simulation controls."""
 
 from __future__ import annotations
 
@@ -170,3 +171,26 @@ def test_mcp_tool_client_gets_each_tools_value(server: TurnpoolServer) -> None:
             "sessions"]}
         httpx.post(server.url + "/close", json={"session_id": fork}, timeout=30)
     _until_no_sessions(server.url)
+
+
+def test_production_mode_serves_no_simulation_controls_over_http() -> None:
+    """OpenEnv's production mode: no HTTP /reset, /step or /state; WebSocket sessions and
+    MCP tools play on."""
+    with pytest.raises(ValueError, match="mode must be one of"):
+        ServeSettings(mode="staging")
+    env = turnpool.make("sokoban")
+    want = [env.reset(seed=7)[0], env.step("Up")[0]]
+    settings = ServeSettings(env="sokoban", max_sessions=2, backend="sequential",
+                             mode="production")
+    with TurnpoolServer(settings) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        assert http.post("/reset", json={}).status_code in (404, 405)
+        assert http.post("/step", json={"action": {"action": "Up"}}).status_code in (404, 405)
+        assert http.get("/state").status_code in (404, 405)
+        called = http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                         "params": {"name": "reset",
+                                                    "arguments": {"seed": 7}}}).json()
+        assert called["result"]["data"] == want[0]
+        with connect(srv.url.replace("http://", "ws://") + "/ws", open_timeout=60) as ws:
+            _ask(ws, {"type": "reset", "data": {"seed": 7}})
+            assert _ask(ws, {"type": "step", "data": {"action": "Up"}})["data"][
+                "observation"]["text"] == want[1]

@@ -98,6 +98,9 @@ class Verb:
     #: the verb's MCP tools, given the env's action names and the tool names taken by the
     #: other verbs' (which an action's tool may not take)
     tools: Callable[[tuple[str, ...], frozenset[str]], list[mcp.Tool]] = lambda *_: []
+    #: one of OpenEnv's simulation controls: no HTTP route in production mode
+    #: (`turnpool.serve.engine.ServeSettings.mode`)
+    simulation_http: bool = False
     #: MCP: a call without a session gets a slot for that call alone (else it needs one)
     mcp_stateless: bool = False
     #: MCP: a session with no episode starts one (seedless) before the verb runs
@@ -273,11 +276,12 @@ VERBS: tuple[Verb, ...] = (
                      "returns the first observation.",
                      {"type": "object", "additionalProperties": False,
                       "properties": {"seed": {"type": "integer", "minimum": 0}}}),
-         mcp_stateless=True),
+         mcp_stateless=True, simulation_http=True),
     Verb("step", _step, "observation", http=_http_step,
          http_data=lambda body: body.get("action"),
-         tools=_step_tools, mcp_stateless=True, mcp_episode_first=True),
-    Verb("state", _state, "state", http=_http_state, http_get=True),
+         tools=_step_tools, mcp_stateless=True, mcp_episode_first=True,
+         simulation_http=True),
+    Verb("state", _state, "state", http=_http_state, http_get=True, simulation_http=True),
     Verb("fork", _fork, "fork",
          tools=_tool("fork", "Copy this session's episode into a new session; returns its "
                      "session_id (and its observation).")),
