@@ -154,6 +154,11 @@ def test_a_websocket_on_mcp_speaks_json_rpc_over_its_own_session(
         two.send("not json")
         assert json.loads(two.recv(timeout=60))["error"]["code"] == -32700
         assert _active(server.url) == 2
+        with connect(url, open_timeout=60), connect(url, open_timeout=60), \
+                connect(url, open_timeout=60) as fifth:  # past the 4 slots
+            refused = json.loads(fifth.recv(timeout=60))
+        assert refused["error"]["code"] == -32000
+        assert refused["error"]["data"]["code"] == "CAPACITY_REACHED"
     _until_no_sessions(server.url)  # each socket's session went with it
 
 

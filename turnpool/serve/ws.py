@@ -21,7 +21,10 @@ session table's sweep fails a step the pool has not answered within ``call_timeo
 Every other message (``reset``, ``state``, ``mcp``, ``close``, turnpool's ``fork``,
 ``snapshot`` and ``restore``, invalid or oversize ones) goes through `answer`, which finds
 its verb in the served-verb table (`turnpool.serve.verbs`) as HTTP and MCP do. Both paths
-of a step share `Service.begin_step` / `Service.finish_step`.
+of a step share `Service.begin_step` / `Service.finish_step`. A WebSocket on ``/mcp`` (OpenEnv's
+JSON-RPC socket) is a `WsConnection` too, with its own session, whose every message is the
+``mcp`` verb's (`turnpool.serve.verbs.rpc`); a ``step`` whose action has a ``type`` (OpenEnv's
+MCP actions) leaves the fast path for `answer`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections import deque
 from typing import Any, Protocol, cast
 
 import turnpool.serve.codec as codec
+import turnpool.serve.mcp as mcp
 from turnpool.pool.slots import StepRequest
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.jsonio import MAX_MESSAGE_CHARS, dumps, dumps_bytes, loads
@@ -246,8 +250,9 @@ class WsConnection(asyncio.Protocol):
         try:
             session = service.sessions.attach(wanted, self) if wanted else \
                 service.sessions.open("ws", self)
-        except ProtocolError as exc:
-            self.send(dumps({"type": "error", "data": exc.data()}))
+        except ProtocolError as exc:  # on /mcp the refusal is a JSON-RPC error too
+            self.send(dumps(mcp.rpc_error(mcp.SERVER_ERROR, exc.message, data=exc.data())
+                            if self.rpc else {"type": "error", "data": exc.data()}))
             self.end(1013 if exc.code == "CAPACITY_REACHED" else 1008)
             return
         self.attached = bool(wanted)
