@@ -47,10 +47,11 @@ def test_mcp_tool_client_plays_an_exact_episode(server: TurnpoolServer) -> None:
     with client:
         names = [t.name for t in client.list_tools()]
         assert names[:1] == ["reset"] and {"up", "down", "left", "right", "act"} <= set(names)
-        got = [client.call_tool("reset", seed=11)["observation"]["text"]]
+        # a tool's value, as an OpenEnv MCP env's tool returns it: the observation text
+        got = [client.call_tool("reset", seed=11)]
         for tool in ("up", "left", "down", "right"):
-            got.append(client.call_tool(tool)["observation"]["text"])
-        got.append(client.call_tool("act", action="Up")["observation"]["text"])
+            got.append(client.call_tool(tool))
+        got.append(client.call_tool("act", action="Up"))
         with pytest.raises(RuntimeError, match="Tool not found"):
             client.call_tool("jump")
     assert got == want

@@ -115,11 +115,14 @@ def load_settings(config_path: Path | None, overrides: dict[str, Any]) -> Any:
               help="With --state-dir: 'always' syncs each record before its reply (survives "
                    "a machine crash), 'batch' every 0.1 s, 'never' leaves it to the OS; all "
                    "survive a killed server.")
+@click.option("--mode", type=click.Choice(("simulation", "production")), default=None,
+              help="OpenEnv's server mode: 'production' serves no HTTP /reset, /step or "
+                   "/state (MCP and WebSocket sessions only)  [default: simulation]")
 def serve(env: str | None, config_path: Path | None, backend: str | None,
           num_workers: int | None, max_sessions: int | None, step_timeout: float | None,
           session_timeout: float | None, seed: int | None, frontends: int | None, host: str,
           port: int, allow_remote: bool, token: str | None, state_dir: Path | None,
-          fsync: str) -> None:
+          fsync: str, mode: str | None) -> None:
     """Serve envs over OpenEnv's protocol (WebSocket /ws and HTTP); Ctrl-C stops it."""
     from turnpool.serve import check_bind
     from turnpool.serve import serve as run
@@ -136,7 +139,8 @@ def serve(env: str | None, config_path: Path | None, backend: str | None,
     settings = load_settings(config_path, {
         "env": env, "backend": backend, "num_workers": num_workers,
         "max_sessions": max_sessions, "step_timeout": step_timeout,
-        "session_timeout": session_timeout, "seed": seed, "frontends": frontends})
+        "session_timeout": session_timeout, "seed": seed, "frontends": frontends,
+        "mode": mode})
 
     def ready(url: str) -> None:
         fronts = f" in {settings.frontends} fronts" if settings.frontends > 1 else ""

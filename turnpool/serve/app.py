@@ -6,8 +6,11 @@ never reach it: `turnpool.serve.ws` serves them from the socket.
 
 HTTP ``/reset`` is stateless by default, as OpenEnv's is (a slot for that call alone); with
 ``"stateful": true`` it opens a session whose id comes back in ``metadata.session_id`` for
-``/step``, ``/state`` and ``/close``. Branching (POST, each naming a held ``session_id``):
-``/fork`` answers a new held session's ``session_id`` and observation, ``/snapshot`` answers
+``/step``, ``/state`` and ``/close``; a ``/step`` naming no session is OpenEnv's simulation
+mode (a fresh slot, reset from the body's ``seed``, stepped, released). In OpenEnv's
+production mode (``ServeSettings.mode``) ``/reset``, ``/step`` and ``/state`` are not served.
+Branching (POST, each naming a held ``session_id``): ``/fork`` answers a new held session's
+``session_id`` and observation, ``/snapshot`` answers
 ``{"snapshot": value}``, ``/restore`` (``snapshot``) answers the observation, in a new held
 session when it names none. Sessions held over HTTP or MCP are capped and closed when idle
 (`turnpool.serve.sessions`). When every slot is held a new session gets a
@@ -140,7 +143,8 @@ def app_for(service: Service, peers: Peers | None = None) -> FastAPI:
     _status_routes(app, service, rate, peers)
     _info_routes(app, service)
     for verb in VERBS:
-        _verb_route(app, service, verb)
+        if service.settings.mode == "simulation" or not verb.simulation_http:
+            _verb_route(app, service, verb)
     return app
 
 

@@ -16,6 +16,9 @@ from turnpool.pool.slots import PoolFull, PoolTimeout, SlotEngine, SlotReset
 from turnpool.worker.defaults import DEFAULT_STEP_TIMEOUT
 from turnpool.worker.failures import FAILURE_CLASSES
 
+#: OpenEnv's server modes (`ServeSettings.mode`)
+SERVE_MODES = ("simulation", "production")
+
 
 @dataclass
 class ServeSettings:
@@ -60,6 +63,15 @@ class ServeSettings:
     #: server share theirs); servers given one key accept each other's snapshots
     snapshot_key: str = field(default_factory=lambda: secrets.token_hex(16), repr=False,
                               compare=False)
+    #: OpenEnv's server mode: ``simulation`` serves HTTP ``/reset``, ``/step`` and ``/state``
+    #: (training); ``production`` leaves them out, as OpenEnv's does (agents act through MCP
+    #: tools and WebSocket sessions only)
+    mode: str = "simulation"
+
+    def __post_init__(self) -> None:
+        if self.mode not in SERVE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(SERVE_MODES)}, not "
+                             f"{self.mode!r}")
 
     def http_cap(self) -> int:
         if self.max_http_sessions is not None:

@@ -2,16 +2,21 @@
 
 OpenEnv's MCP clients (``MCPToolClient``) create a session with ``openenv/session/create`` on
 ``POST /mcp``, attach a WebSocket to it (``/ws?session_id=...``) for ``reset``, then list and
-call tools on ``POST /mcp`` (or with ``{"type": "mcp", "data": <request>}`` frames on the
-WebSocket). ``openenv validate`` checks that ``POST /mcp`` answers JSON-RPC.
+call tools on ``POST /mcp``. The same requests come as ``{"type": "mcp", "data": <request>}``
+frames on ``/ws``, as plain JSON-RPC on a WebSocket to ``/mcp`` (one session per
+connection), or as OpenEnv's MCP actions through ``step`` (`step_action`: ``{"type":
+"call_tool", "tool_name", "arguments"}`` and ``{"type": "list_tools"}``). ``openenv
+validate`` checks that ``POST /mcp`` answers JSON-RPC.
 
 Tools: ``reset`` (``seed`` optional) starts an episode; a discrete env gets one tool per
 action (``up``, ``left``, ... for Sokoban; each is the action's name, lower-cased, with
 anything but letters, digits and ``_`` made ``_``); every env gets ``act`` (``action``: the
 action as the env takes it: a name, an id or free text). A tool call is one turn of the
-session's env; its result carries the observation text as MCP ``content`` and the whole
-observation payload (reward, done, info, metadata) as ``structuredContent`` / ``data``. A
-failed turn is a JSON-RPC error whose ``data`` names turnpool's failure class. A turn on a
+session's env; its result carries the observation text as MCP ``content``, the tool's value
+as ``data`` (what OpenEnv's ``MCPToolClient.call_tool`` returns: the observation text for an
+env action or ``reset``, the new ``session_id`` for ``fork``, the value for ``snapshot``)
+and the whole observation payload (reward, done, info, metadata) as ``structuredContent``.
+A failed turn is a JSON-RPC error whose ``data`` names turnpool's failure class. A turn on a
 session with no episode starts one first (seedless); a ``tools/call`` without a
 ``session_id`` is stateless: a slot is leased for that call alone.
 
@@ -80,6 +85,13 @@ REPLY_TEXT: dict[str, Callable[[dict[str, Any]], str]] = {
     "observation": lambda data: data["observation"]["text"],
     "fork": lambda data: data["observation"]["text"],
     "snapshot": lambda data: json.dumps(data["snapshot"]),
+}
+#: A tool call's value (an MCP result's ``data``), by the reply kind of its verb: what an
+#: OpenEnv MCP env's tool returns, not turnpool's whole payload.
+REPLY_VALUE: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "observation": lambda data: data["observation"]["text"],
+    "fork": lambda data: data["session_id"],
+    "snapshot": lambda data: data["snapshot"],
 }
 
 
@@ -196,18 +208,28 @@ async def handle(server: Server, calls: Calls, request: Any,
 
 async def _call(server: Server, calls: Calls, params: dict[str, Any],
                 session: Any) -> dict[str, Any]:
-    """A ``tools/call``: its tool's verb on the call's session (`_session_of`), or, for a
-    stateless verb called without one, on a slot for this call alone."""
+    """A ``tools/call``'s MCP result (`call_tool` with the call's parameters)."""
     name = params.get("name")
     arguments = params.get("arguments") or {}
     if not isinstance(name, str) or not isinstance(arguments, dict):
         raise ProtocolError("VALIDATION_ERROR", "tools/call needs 'name' and an object of "
                             "'arguments'")
+    reply, out = await call_tool(server, calls, name, arguments, session,
+                                 params.get("session_id"))
+    return result(reply, out)
+
+
+async def call_tool(server: Server, calls: Calls, name: str, arguments: dict[str, Any],
+                    session: Any, session_id: Any = None) -> tuple[str, dict[str, Any]]:
+    """Call tool ``name``: its verb on the call's session (`_session_of`), or, for a
+    stateless verb called without one, on a slot for this call alone. The verb's reply
+    kind and the handler's value (`result` makes it an MCP result)."""
     if name not in calls:
         raise ProtocolError("VALIDATION_ERROR", f"Tool not found: {name}")
     verb, tool = calls[name]
-    stateless = verb.mcp_stateless and session is None and params.get("session_id") is None
-    own = server.sessions.open("once") if stateless else _session_of(server, params, session)
+    stateless = verb.mcp_stateless and session is None and session_id is None
+    own = server.sessions.open("once") if stateless else \
+        _session_of(server, session_id, session)
     try:
         data = verb.parse(tool.data(arguments))
         if verb.mcp_episode_first and not own.started:  # a session with no episode starts one
@@ -217,22 +239,72 @@ async def _call(server: Server, calls: Calls, params: dict[str, Any],
         if stateless:
             server.sessions.close(own)
     assert verb.reply is not None
-    return _result(REPLY_TEXT[verb.reply](out), out)
+    return verb.reply, out
 
 
-def _session_of(server: Server, params: dict[str, Any], session: Any) -> Any:
-    """The session a call is for: the WebSocket's own, else ``params.session_id``'s."""
+def _session_of(server: Server, session_id: Any, session: Any) -> Any:
+    """The session a call is for: the WebSocket's own, else ``session_id``'s."""
     if session is not None:
         return session
-    if params.get("session_id") is None:
+    if session_id is None:
         raise ProtocolError("SESSION_ERROR", "this tool needs a session: call it on a "
                             "WebSocket, or with a session_id (openenv/session/create)")
-    own = server.sessions.get(str(params["session_id"]))
+    own = server.sessions.get(str(session_id))
     if own is None:
-        raise ProtocolError("SESSION_ERROR", f"Unknown session_id: {params['session_id']}")
+        raise ProtocolError("SESSION_ERROR", f"Unknown session_id: {session_id}")
     return own
 
 
-def _result(text: str, data: dict[str, Any]) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": text}], "structuredContent": data,
-            "isError": False, "data": data}
+def result(reply: str, out: dict[str, Any]) -> dict[str, Any]:
+    """The MCP result of a tool call whose verb replied ``reply`` with ``out``: the text as
+    ``content``, the tool's value (`REPLY_VALUE`) as ``data`` (what OpenEnv's
+    ``MCPToolClient.call_tool`` returns), the whole payload (reward, done, info, metadata)
+    as ``structuredContent``."""
+    return {"content": [{"type": "text", "text": REPLY_TEXT[reply](out)}],
+            "structuredContent": out, "isError": False, "data": REPLY_VALUE[reply](out)}
+
+
+#: An OpenEnv MCP action's reply when it changes no episode (OpenEnv's defaults).
+_NO_TURN: dict[str, Any] = {"reward": None, "done": False}
+
+
+async def step_action(server: Server, calls: Calls, action: dict[str, Any],
+                      session: Any) -> dict[str, Any]:
+    """OpenEnv's MCP actions through ``step`` on ``session``: ``{"type": "list_tools"}``
+    answers its ``ListToolsObservation`` (``observation.tools``); ``{"type": "call_tool",
+    "tool_name", "arguments"}`` its ``CallToolObservation`` (``observation.tool_name``,
+    ``.result``: the MCP result, whose ``data`` is the tool's value, ``.error``: a tool
+    not found or arguments refused), with the turn's ``reward`` and ``done`` beside the
+    observation, where OpenEnv puts a step's. A failed env turn stays an error reply."""
+    kind = action.get("type")
+    fields = {"list_tools": {"type", "metadata"},
+              "call_tool": {"type", "tool_name", "arguments", "metadata"}}.get(str(kind))
+    if fields is None:
+        raise ProtocolError("VALIDATION_ERROR", f"unknown action type {str(kind)[:40]!r} "
+                            "(list_tools or call_tool)")
+    if set(action) - fields:
+        raise ProtocolError("VALIDATION_ERROR",
+                            f"unknown action fields: {sorted(set(action) - fields)[:5]}")
+    if kind == "list_tools":
+        tools = [{"name": tool.name, "description": tool.description,
+                  "input_schema": tool.schema} for _, tool in calls.values()]
+        return {"observation": {"tools": tools, "metadata": {}}, **_NO_TURN, "metadata": {}}
+    name, arguments = action.get("tool_name"), action.get("arguments") or {}
+    if not isinstance(name, str) or not isinstance(arguments, dict):
+        raise ProtocolError("VALIDATION_ERROR", "call_tool needs a 'tool_name' and an "
+                            "object of 'arguments'")
+    try:
+        if name not in calls:
+            raise ProtocolError("VALIDATION_ERROR", f"Tool not found: {name}")
+        calls[name][1].data(arguments)
+    except ProtocolError as exc:  # OpenEnv answers these as the observation's error
+        error = {"error_type": "tool_not_found" if name not in calls else "invalid_args",
+                 "message": exc.message}
+        return {"observation": {"tool_name": name, "result": None, "error": error,
+                                "metadata": {}}, **_NO_TURN, "metadata": {}}
+    reply, out = await call_tool(server, calls, name, arguments, session)
+    meta = out.get("metadata", {})
+    return {"observation": {"tool_name": name, "result": result(reply, out), "error": None,
+                            "metadata": meta},
+            "reward": out.get("reward"), "done": bool(out.get("done", False)),
+            "metadata": meta}

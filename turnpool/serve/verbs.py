@@ -98,6 +98,9 @@ class Verb:
     #: the verb's MCP tools, given the env's action names and the tool names taken by the
     #: other verbs' (which an action's tool may not take)
     tools: Callable[[tuple[str, ...], frozenset[str]], list[mcp.Tool]] = lambda *_: []
+    #: one of OpenEnv's simulation controls: no HTTP route in production mode
+    #: (`turnpool.serve.engine.ServeSettings.mode`)
+    simulation_http: bool = False
     #: MCP: a call without a session gets a slot for that call alone (else it needs one)
     mcp_stateless: bool = False
     #: MCP: a session with no episode starts one (seedless) before the verb runs
@@ -110,6 +113,8 @@ async def _reset(service: Service, session: Session, data: Any) -> dict[str, Any
 
 
 async def _step(service: Service, session: Session, data: Any) -> dict[str, Any]:
+    if isinstance(data, dict) and "type" in data:  # OpenEnv's MCP actions (call_tool, ...)
+        return await mcp.step_action(service, tool_calls(service.tools), data, session)
     return await service.step(session, data)
 
 
@@ -171,6 +176,27 @@ async def _http_reset(service: Service, verb: Verb, data: dict[str, Any]) -> Any
     return out
 
 
+async def _http_step(service: Service, verb: Verb, data: dict[str, Any]) -> Any:
+    """``/step``: on the held session ``session_id`` names; without one, OpenEnv's
+    simulation mode: a fresh env (a slot for this call alone), reset first (from the
+    request's ``seed``; a ``list_tools`` action needs no episode), stepped, released."""
+    if data.get("session_id") is not None:
+        return await held(service, verb, data)
+    action = verb.parse(verb.http_data(data))
+    reset: dict[str, Any] = {key: data[key] for key in ("seed", "episode_id") if key in data}
+    session = service.sessions.open("once")
+    try:
+        if not (isinstance(action, dict) and action.get("type") == "list_tools"):
+            await service.reset(session, reset)
+        out = await verb.run(service, session, action)
+    finally:
+        service.sessions.close(session)
+    for meta in (out.get("metadata"), out["observation"].get("metadata")):
+        if meta:
+            meta["session_id"] = None  # the session is gone
+    return out
+
+
 async def _http_restore(service: Service, verb: Verb, data: dict[str, Any]) -> Any:
     """``/restore``: into a held session (``session_id``), or a new held one."""
     if data.get("session_id") is not None:
@@ -193,13 +219,21 @@ async def _http_state(service: Service, verb: Verb, query: dict[str, str]) -> An
 
 async def _http_mcp(service: Service, verb: Verb, raw: bytes) -> Any:
     """``POST /mcp``: JSON-RPC, whose errors are JSON-RPC answers too."""
+    return await rpc(service, None, raw)
+
+
+async def rpc(service: Service, session: Session | None, raw: bytes | str
+              ) -> dict[str, Any]:
+    """The JSON-RPC response to one raw request, the ``mcp`` verb's, on ``session`` (a
+    WebSocket's on ``/mcp``) or none (``POST /mcp``); a request that is no JSON, or too
+    large, gets a JSON-RPC error too."""
     if len(raw) > MAX_MESSAGE_CHARS:
         return mcp.rpc_error(mcp.INVALID_REQUEST, "request too large")
     try:
         message = json.loads(raw) if raw.strip() else {}
     except ValueError:
         return mcp.rpc_error(mcp.PARSE_ERROR, "Parse error")
-    return await _mcp(service, None, message)
+    return await _mcp(service, session, message)
 
 
 # ---------------------------------------------------------------------- MCP tools
@@ -242,10 +276,12 @@ VERBS: tuple[Verb, ...] = (
                      "returns the first observation.",
                      {"type": "object", "additionalProperties": False,
                       "properties": {"seed": {"type": "integer", "minimum": 0}}}),
-         mcp_stateless=True),
-    Verb("step", _step, "observation", http_data=lambda body: body.get("action"),
-         tools=_step_tools, mcp_stateless=True, mcp_episode_first=True),
-    Verb("state", _state, "state", http=_http_state, http_get=True),
+         mcp_stateless=True, simulation_http=True),
+    Verb("step", _step, "observation", http=_http_step,
+         http_data=lambda body: body.get("action"),
+         tools=_step_tools, mcp_stateless=True, mcp_episode_first=True,
+         simulation_http=True),
+    Verb("state", _state, "state", http=_http_state, http_get=True, simulation_http=True),
     Verb("fork", _fork, "fork",
          tools=_tool("fork", "Copy this session's episode into a new session; returns its "
                      "session_id (and its observation).")),
@@ -282,4 +318,4 @@ def tool_calls(tools: mcp.Tools) -> dict[str, tuple[Verb, mcp.Tool]]:
     return calls
 
 
-__all__ = ["BY_NAME", "tool_calls", "VERBS", "Verb", "http_session", "json_object"]
+__all__ = ["BY_NAME", "rpc", "tool_calls", "VERBS", "Verb", "http_session", "json_object"]

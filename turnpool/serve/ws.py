@@ -21,7 +21,10 @@ session table's sweep fails a step the pool has not answered within ``call_timeo
 Every other message (``reset``, ``state``, ``mcp``, ``close``, turnpool's ``fork``,
 ``snapshot`` and ``restore``, invalid or oversize ones) goes through `answer`, which finds
 its verb in the served-verb table (`turnpool.serve.verbs`) as HTTP and MCP do. Both paths
-of a step share `Service.begin_step` / `Service.finish_step`.
+of a step share `Service.begin_step` / `Service.finish_step`. A WebSocket on ``/mcp`` (OpenEnv's
+JSON-RPC socket) is a `WsConnection` too, with its own session, whose every message is the
+``mcp`` verb's (`turnpool.serve.verbs.rpc`); a ``step`` whose action has a ``type`` (OpenEnv's
+MCP actions) leaves the fast path for `answer`.
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ from collections import deque
 from typing import Any, Protocol, cast
 
 import turnpool.serve.codec as codec
+import turnpool.serve.mcp as mcp
 from turnpool.pool.slots import StepSlotRequest
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.jsonio import MAX_MESSAGE_CHARS, dumps, dumps_bytes, loads
 from turnpool.serve.service import Service
 from turnpool.serve.sessions import Session
-from turnpool.serve.verbs import BY_NAME
+from turnpool.serve.verbs import BY_NAME, rpc
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,9 @@ MAX_HEAD_BYTES = 65_536
 MAX_FRAME_BYTES = 16 * 2**20
 #: Messages a client may send ahead of its replies before the server stops reading.
 MAX_PENDING = 64
+#: The upgrade paths: ``/ws`` speaks OpenEnv's messages, ``/mcp`` JSON-RPC (the ``mcp``
+#: verb, one session per connection, as OpenEnv's WebSocket ``/mcp``).
+WS_PATHS = ("/ws", "/mcp")
 _FORBIDDEN = b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
 
@@ -83,6 +90,11 @@ async def answer(service: Service, session: Session, raw: str) -> str | None:
         return dumps({"type": verb.reply, "data": out})
     except ProtocolError as exc:
         return dumps({"type": "error", "data": exc.data()})
+
+
+async def _rpc_text(service: Service, session: Session, raw: str) -> str | None:
+    """The reply frame to one message of a WebSocket on ``/mcp``: its JSON-RPC response."""
+    return dumps(await rpc(service, session, raw))
 
 
 class StepBatcher:
@@ -136,7 +148,7 @@ class Entry(asyncio.Protocol):
                 self._hand_over(self.inner_class)
             return
         request = codec.parse_upgrade(self.head[:end])
-        self._hand_over(self.ws_class if request is not None and request[0] == "/ws"
+        self._hand_over(self.ws_class if request is not None and request[0] in WS_PATHS
                         else self.inner_class)
 
     def _hand_over(self, protocol_class: Any) -> None:
@@ -187,6 +199,7 @@ class WsConnection(asyncio.Protocol):
         self.session: Session | None = None
         self.attached = False  # a session someone else opened (theirs to close)
         self.began = 0.0
+        self.rpc = False  # a WebSocket on /mcp: each message is a JSON-RPC request
 
     # ------------------------------------------------------------------ handshake
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -203,13 +216,15 @@ class WsConnection(asyncio.Protocol):
                 self.transport.close()
             return
         request = codec.parse_upgrade(self.head[:end])
-        if request is None or request[0] != "/ws":
+        if request is None or request[0] not in WS_PATHS:
             self.head = None
             self.transport.write(_FORBIDDEN)
             self.transport.close()
             return
+        self.rpc = request[0] == "/mcp"
         if self.placement is not None:
-            to = self.placement.place(request[3].get("session_id"), self.hops)
+            wanted = None if self.rpc else request[3].get("session_id")
+            to = self.placement.place(wanted, self.hops)
             if to is not None and self.placement.pass_connection(
                     self.transport, self.head, to, self.hops + 1,
                     lambda: self._start(request, end)):
@@ -231,12 +246,13 @@ class WsConnection(asyncio.Protocol):
         self.transport.write(codec.accept_response(key))
         self.open = True
         self.server_state.connections.add(self)
-        wanted = query.get("session_id")
+        wanted = None if self.rpc else query.get("session_id")
         try:
             session = service.sessions.attach(wanted, self) if wanted else \
                 service.sessions.open("ws", self)
-        except ProtocolError as exc:
-            self.send(dumps({"type": "error", "data": exc.data()}))
+        except ProtocolError as exc:  # on /mcp the refusal is a JSON-RPC error too
+            self.send(dumps(mcp.rpc_error(mcp.SERVER_ERROR, exc.message, data=exc.data())
+                            if self.rpc else {"type": "error", "data": exc.data()}))
             self.end(1013 if exc.code == "CAPACITY_REACHED" else 1008)
             return
         self.attached = bool(wanted)
@@ -287,9 +303,12 @@ class WsConnection(asyncio.Protocol):
                 self.paused = False
                 self._transport().resume_reading()
             self.running = True
-            if self._step(session, raw):
+            if self.rpc:
+                task = self.loop.create_task(_rpc_text(self.service, session, raw))
+            elif self._step(session, raw):
                 return
-            task = self.loop.create_task(answer(self.service, session, raw))
+            else:
+                task = self.loop.create_task(answer(self.service, session, raw))
             task.add_done_callback(self._answered)
             return
         self.running = False
@@ -306,9 +325,12 @@ class WsConnection(asyncio.Protocol):
             return False
         if not isinstance(msg, dict) or msg.get("type") != "step":
             return False
+        data = msg.get("data")
+        if isinstance(data, dict) and "type" in data:  # an MCP action: `answer` runs it
+            return False
         service = self.service
         try:
-            actions = service.begin_step(session, msg.get("data"))
+            actions = service.begin_step(session, data)
             fut = service.submit(session, lambda: self.batcher.add(session.slot, actions))
         except ProtocolError as exc:
             self._reply(dumps({"type": "error", "data": exc.data()}))
