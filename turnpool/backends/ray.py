@@ -36,11 +36,12 @@ import functools
 import logging
 import os
 import pickle
+import queue
 import socket
+import threading
 import time
-from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from turnpool.backends.base import BackendUnavailable, WorkerHandle, WorkerLost, one_per_core
@@ -48,7 +49,7 @@ from turnpool.backends.remote import Hello, RemoteBackend, WorkerInit, build_hos
 from turnpool.extras import MissingExtra, require
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import EnvBuild, Op, Reply, Request, short_error
-from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot, encode
+from turnpool.worker.transport import CLOSE_GRACE_S, PROTOCOL, ProgressSlot, serve
 
 log = logging.getLogger(__name__)
 
@@ -92,28 +93,43 @@ def ensure_ray(address: str | None = None, init_kwargs: dict[str, Any] | None = 
 
 
 class SliceActor:
-    """The actor body: an `EnvHost` for one slice (wrapped by ``ray.remote`` at start).
+    """The actor body (wrapped by ``ray.remote`` at start): a worker like any other, whose
+    `HandoffServer` reads the inbox and writes the outbox that `put` and `take` reach.
 
     Envs arrive with `load` (a `WorkerInit`; the answer is the worker's `Hello`), not with the
     constructor, so an idle standby actor can take over a slice the moment its actor is lost.
+    `put` and `take` run in concurrency groups of one thread each (requests stay in order, and
+    a `take` waiting for a late result never blocks a `put`); an empty `take` means the loop
+    has ended.
     """
 
     def __init__(self) -> None:
-        self.host: EnvHost | None = None
+        self._inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
 
     def load(self, init: WorkerInit) -> Hello:
         import ray
 
-        self.host, hello = build_host(init, ray.get_runtime_context().get_node_id())
+        host, hello = build_host(init, ray.get_runtime_context().get_node_id())
+        threading.Thread(target=self._serve, args=(host, init), daemon=True,
+                         name="turnpool-ray-worker").start()
         return hello
+
+    def _serve(self, host: EnvHost, init: WorkerInit) -> None:
+        try:
+            serve(self._inbox.get, self._outbox.put, host, init.handoff_after,
+                  init.step_timeout)
+        finally:
+            self._outbox.put(b"")
 
     def ping(self) -> int:
         return os.getpid()
 
-    def handle(self, request: Request) -> bytes:
-        if self.host is None:
-            raise RuntimeError("actor has no envs")
-        return encode(self.host.handle(request))
+    def put(self, request: bytes) -> None:
+        self._inbox.put(request)
+
+    def take(self) -> bytes:
+        return self._outbox.get()
 
 
 def _nodes_with_cpus() -> list[str]:
@@ -132,17 +148,19 @@ def _remote_class() -> Any:
 
     # No Ray-level restarts: a restarted actor would come back with fresh envs behind the
     # pool's back; the pool restarts it itself and replays the innocent envs.
-    return ray.remote(max_restarts=0, max_task_retries=0)(SliceActor)
+    # `put` and `take` each in a group of one thread, beside `load` and `ping`.
+    options: dict[str, Any] = {"concurrency_groups": {"inbox": 1, "outbox": 1}}
+    return ray.remote(max_restarts=0, max_task_retries=0, **options)(SliceActor)
 
 
 @dataclass(eq=False, kw_only=True)
 class _Actor(WorkerHandle):
-    """A Ray actor handle, its ``load`` (or, on standby, ``ping``) call, and its requests in
-    flight ``(seq, op, object ref)``."""
+    """A Ray actor handle, its ``load`` (or, on standby, ``ping``) call, and its ``take``
+    call waiting for the next reply (``next``)."""
 
     runner: Any
     hello: Any = None
-    pending: deque[tuple[int, Op, Any]] = field(default_factory=deque)
+    next: Any = None
     #: the Ray node the actor runs on
     node: str = ""
 
@@ -220,6 +238,7 @@ class RayBackend(RemoteBackend[_Actor]):
     def _load(self, worker: _Actor, slot: int) -> None:
         worker.progress = ProgressSlot()
         worker.hello = worker.runner.load.remote(self._init(slot, worker.progress))
+        worker.next = _take(worker)
 
     def _await_hello(self, worker: _Actor, slot: int, deadline: float) -> Hello:
         import ray
@@ -256,8 +275,9 @@ class RayBackend(RemoteBackend[_Actor]):
         if ray.is_initialized():
             live = [a for a in workers if not a.lost]
             with contextlib.suppress(Exception):  # envs get a chance to close cleanly
-                ray.wait([a.runner.handle.remote((0, Op.CLOSE, None)) for a in live],
-                         num_returns=len(live), timeout=CLOSE_GRACE_S)
+                for a in live:
+                    _put(a, (0, Op.CLOSE, None))
+                ray.wait([a.next for a in live], num_returns=len(live), timeout=CLOSE_GRACE_S)
             for a in workers:
                 self._stop(a)
         _wait_gone(self._killed, _EXIT_WAIT_S)
@@ -266,8 +286,7 @@ class RayBackend(RemoteBackend[_Actor]):
 
     # ------------------------------------------------------------------ protocol
     def send(self, worker: int, request: Request) -> None:
-        actor = self._live(worker)
-        actor.pending.append((request[0], request[1], actor.runner.handle.remote(request)))
+        _put(self._live(worker), request)
 
     def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
         import ray
@@ -278,8 +297,8 @@ class RayBackend(RemoteBackend[_Actor]):
             actor = self._workers[k]
             if actor is None or actor.lost:
                 dead.append(k)
-            elif actor.pending:
-                heads[actor.pending[0][2]] = k
+            else:
+                heads[actor.next] = k
         if dead or not heads:
             return dead
         refs = list(heads)
@@ -294,19 +313,19 @@ class RayBackend(RemoteBackend[_Actor]):
         from ray.exceptions import GetTimeoutError, RayActorError
 
         actor = self._live(worker)
-        if not actor.pending:
-            raise WorkerLost("ray actor is gone")
-        seq, op, ref = actor.pending.popleft()
         try:
-            reply: Reply = pickle.loads(ray.get(ref, timeout=self._timeout))
+            data = ray.get(actor.next, timeout=self._timeout)
         except RayActorError as exc:
             actor.lost = True
             raise WorkerLost(f"ray actor died ({type(exc).__name__})") from exc
         except GetTimeoutError as exc:
             actor.lost = True
             raise WorkerLost("ray actor did not reply") from exc
-        except Exception as exc:  # e.g. a request Ray could not serialize: the actor is fine
-            return (seq, op, None, "unpicklable", short_error(exc))
+        actor.next = _take(actor)
+        if not data:
+            actor.lost = True
+            raise WorkerLost("ray actor stopped serving")
+        reply: Reply = pickle.loads(data)
         return reply
 
     def worker_dead(self, worker: int) -> bool:
@@ -314,6 +333,17 @@ class RayBackend(RemoteBackend[_Actor]):
         # process table answers at once.
         actor = self._workers[worker]
         return actor is not None and actor.local and actor.pid > 0 and not _alive(actor.pid)
+
+
+def _put(actor: _Actor, request: Request) -> None:
+    """Hand a request to the actor's inbox (its reply comes through `_take`)."""
+    data = pickle.dumps(request, PROTOCOL)  # an unpicklable action fails here, in the pool
+    actor.runner.put.options(concurrency_group="inbox").remote(data)
+
+
+def _take(actor: _Actor) -> Any:
+    """The call that returns the actor's next reply."""
+    return actor.runner.take.options(concurrency_group="outbox").remote()
 
 
 def _wait_gone(pids: list[int], timeout: float) -> None:
