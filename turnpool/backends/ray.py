@@ -1,8 +1,9 @@
 """ray backend: one Ray actor per worker, each owning a slice of envs for its whole life.
 
-A step is one remote call per actor (``handle``, carrying every env's actions for that actor),
-never one per env: a remote call costs far more than a local env step, so batching per actor
-is what makes Ray usable for microsecond envs.
+Each actor runs the request loop every worker runs (`turnpool.worker.handoff.HandoffServer`,
+with ``handoff_after``; off by default here) on a thread, fed by ``put`` calls and answered
+through ``take`` calls (`SliceActor`): a step is one call per actor carrying every env's
+actions, never one per env, since a remote call costs far more than a microsecond env step.
 
 Ray runtime: with ``ray_address`` the pool joins that cluster (``ray.init(address=...)``);
 otherwise, if Ray is not initialised yet, it starts a local one bound to 127.0.0.1 with the
@@ -168,8 +169,9 @@ class _Actor(WorkerHandle):
 class RayBackend(RemoteBackend[_Actor]):
     """``num_workers`` actors (default: one per usable core of this host, at most one per env).
 
-    Options: ``ray_address``, ``ray_init_kwargs``, ``ray_actor_options``, ``standby`` (keep
-    one idle actor ready so that replacing a lost one costs a call, not a process start).
+    Options: ``ray_address``, ``ray_init_kwargs``, ``ray_actor_options``, ``handoff_after``,
+    ``standby`` (keep one idle actor ready so that replacing a lost one costs a call, not a
+    process start).
     """
 
     name: ClassVar[str] = "ray"
