@@ -2,8 +2,9 @@
 
 Each actor runs the request loop every worker runs (`turnpool.worker.handoff.HandoffServer`,
 with ``handoff_after``; off by default here) on a thread, fed by ``put`` calls and answered
-through ``take`` calls (`SliceActor`): a step is one call per actor carrying every env's
-actions, never one per env, since a remote call costs far more than a microsecond env step.
+through ``take`` calls, or by one ``call`` per request without hand-off (`SliceActor`): a
+step is one call per actor carrying every env's actions, never one per env, since a remote
+call costs far more than a microsecond env step.
 
 Ray runtime: with ``ray_address`` the pool joins that cluster (``ray.init(address=...)``);
 otherwise, if Ray is not initialised yet, it starts a local one bound to 127.0.0.1 with the
@@ -41,8 +42,9 @@ import queue
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from turnpool.backends.base import BackendUnavailable, WorkerHandle, WorkerLost, one_per_core
@@ -100,8 +102,8 @@ class SliceActor:
     Envs arrive with `load` (a `WorkerInit`; the answer is the worker's `Hello`), not with the
     constructor, so an idle standby actor can take over a slice the moment its actor is lost.
     `put` and `take` run in concurrency groups of one thread each (requests stay in order, and
-    a `take` waiting for a late result never blocks a `put`); an empty `take` means the loop
-    has ended.
+    a `take` waiting for a late result never blocks a `put`; without hand-off each request has
+    one reply and `call` does both); an empty reply means the loop has ended.
     """
 
     def __init__(self) -> None:
@@ -132,6 +134,11 @@ class SliceActor:
     def take(self) -> bytes:
         return self._outbox.get()
 
+    def call(self, request: bytes) -> bytes:
+        """`put` and `take` in one call, where each request has one reply (no hand-off)."""
+        self._inbox.put(request)
+        return self._outbox.get()
+
 
 def _nodes_with_cpus() -> list[str]:
     """The ids of the cluster's live nodes that have CPUs (all live ones if none has),
@@ -157,11 +164,12 @@ def _remote_class() -> Any:
 @dataclass(eq=False, kw_only=True)
 class _Actor(WorkerHandle):
     """A Ray actor handle, its ``load`` (or, on standby, ``ping``) call, and its ``take``
-    call waiting for the next reply (``next``)."""
+    and ``take`` calls in flight (``pending``: with hand-off one standing ``take``, else one
+    ``call`` per request)."""
 
     runner: Any
     hello: Any = None
-    next: Any = None
+    pending: deque[Any] = field(default_factory=deque)
     #: the Ray node the actor runs on
     node: str = ""
 
@@ -240,7 +248,7 @@ class RayBackend(RemoteBackend[_Actor]):
     def _load(self, worker: _Actor, slot: int) -> None:
         worker.progress = ProgressSlot()
         worker.hello = worker.runner.load.remote(self._init(slot, worker.progress))
-        worker.next = _take(worker)
+        worker.pending = deque([_take(worker)] if self.handoff_after else [])
 
     def _await_hello(self, worker: _Actor, slot: int, deadline: float) -> Hello:
         import ray
@@ -277,9 +285,10 @@ class RayBackend(RemoteBackend[_Actor]):
         if ray.is_initialized():
             live = [a for a in workers if not a.lost]
             with contextlib.suppress(Exception):  # envs get a chance to close cleanly
-                for a in live:
-                    _put(a, (0, Op.CLOSE, None))
-                ray.wait([a.next for a in live], num_returns=len(live), timeout=CLOSE_GRACE_S)
+                for a in live:  # each loop ends with an empty reply
+                    self._send(a, (0, Op.CLOSE, None))
+                ray.wait([a.pending[-1] for a in live], num_returns=len(live),
+                         timeout=CLOSE_GRACE_S)
             for a in workers:
                 self._stop(a)
         _wait_gone(self._killed, _EXIT_WAIT_S)
@@ -288,7 +297,14 @@ class RayBackend(RemoteBackend[_Actor]):
 
     # ------------------------------------------------------------------ protocol
     def send(self, worker: int, request: Request) -> None:
-        _put(self._live(worker), request)
+        self._send(self._live(worker), request)
+
+    def _send(self, actor: _Actor, request: Request) -> None:
+        data = pickle.dumps(request, PROTOCOL)  # an unpicklable action fails here, in the pool
+        if self.handoff_after:  # replies come through the standing `take`
+            actor.runner.put.options(concurrency_group="inbox").remote(data)
+        else:  # one reply per request: one call (half the calls of put + take)
+            actor.pending.append(actor.runner.call.options(concurrency_group="inbox").remote(data))
 
     def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
         import ray
@@ -299,8 +315,8 @@ class RayBackend(RemoteBackend[_Actor]):
             actor = self._workers[k]
             if actor is None or actor.lost:
                 dead.append(k)
-            else:
-                heads[actor.next] = k
+            elif actor.pending:
+                heads[actor.pending[0]] = k
         if dead or not heads:
             return dead
         refs = list(heads)
@@ -315,15 +331,18 @@ class RayBackend(RemoteBackend[_Actor]):
         from ray.exceptions import GetTimeoutError, RayActorError
 
         actor = self._live(worker)
+        if not actor.pending:
+            raise WorkerLost("ray actor is gone")
         try:
-            data = ray.get(actor.next, timeout=self._timeout)
+            data = ray.get(actor.pending.popleft(), timeout=self._timeout)
         except RayActorError as exc:
             actor.lost = True
             raise WorkerLost(f"ray actor died ({type(exc).__name__})") from exc
         except GetTimeoutError as exc:
             actor.lost = True
             raise WorkerLost("ray actor did not reply") from exc
-        actor.next = _take(actor)
+        if self.handoff_after:
+            actor.pending.append(_take(actor))
         if not data:
             actor.lost = True
             raise WorkerLost("ray actor stopped serving")
@@ -335,12 +354,6 @@ class RayBackend(RemoteBackend[_Actor]):
         # process table answers at once.
         actor = self._workers[worker]
         return actor is not None and actor.local and actor.pid > 0 and not _alive(actor.pid)
-
-
-def _put(actor: _Actor, request: Request) -> None:
-    """Hand a request to the actor's inbox (its reply comes through `_take`)."""
-    data = pickle.dumps(request, PROTOCOL)  # an unpicklable action fails here, in the pool
-    actor.runner.put.options(concurrency_group="inbox").remote(data)
 
 
 def _take(actor: _Actor) -> Any:
