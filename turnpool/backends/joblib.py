@@ -1,17 +1,12 @@
 """joblib backend: ``Parallel(n_jobs=...)`` workers, env state kept in the workers.
 
-joblib runs stateless tasks and cannot send a task to the worker that holds env *i*; a design
-that calls ``Parallel`` per step ships envs (or rebuilds them) per call and pays joblib's
-result-polling floor on every step. Here each turnpool worker is **one joblib task that
-lives as long as the pool**: it builds its slice of envs, connects back to the pool over a
-private local socket (`turnpool.backends.remote.Rendezvous`: Linux abstract namespace, no file;
-the first bytes must be a random token before anything is unpickled) and serves requests there
-with the request loop every worker runs, one message per worker per step, like the process
-backend (``handoff_after`` turns hand-off on; it is off by default here). The lifecycle
-(handshake, restart, close) is `turnpool.backends.remote.RemoteBackend`'s. joblib chooses and
-manages the processes or threads
-(``joblib_backend``: ``"loky"`` (default), ``"multiprocessing"`` or ``"threading"``;
-``n_jobs=-1`` means one worker per core, joblib's rule), and no joblib call happens per step.
+joblib runs stateless tasks and cannot send a task to the worker that holds env *i*; calling
+``Parallel`` per step would ship envs and pay joblib's result-polling floor every step. Here
+each turnpool worker is one joblib task that lives as long as the pool and dials back
+(`turnpool.backends.remote.DialBackBackend`: lifecycle, rendezvous and request loop are
+shared; ``handoff_after`` turns hand-off on, off by default here). joblib chooses and manages
+the processes or threads (``joblib_backend``: ``"loky"`` (default), ``"multiprocessing"`` or
+``"threading"``; ``n_jobs=-1`` means one worker per core, joblib's rule).
 
 All slices are launched by one ``Parallel`` call at start; a slice restarted after a fault is
 launched by a new one-task call. Each call runs in a daemon thread until its tasks return.
@@ -48,10 +43,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from turnpool.backends.remote import (
-    Hello,
-    Rendezvous,
+    DialBackBackend,
     Stream,
-    StreamBackend,
     WorkerInit,
     dial_and_serve,
 )
@@ -163,7 +156,7 @@ class _Task(Stream):
     launch: _Launch
 
 
-class JoblibBackend(StreamBackend[_Task]):
+class JoblibBackend(DialBackBackend[_Task]):
     """Slices served by long-lived joblib tasks (see the module docstring).
 
     Options: ``n_jobs`` (joblib's worker count, used when ``num_workers`` is None;
@@ -190,7 +183,6 @@ class JoblibBackend(StreamBackend[_Task]):
                              f"got {joblib_backend!r}")
         self.flavour = joblib_backend
         self._launches: list[_Launch] = []
-        self._rendezvous = Rendezvous("joblib")
         self._stuck_call = False
         #: loky: the executor generation, and the one each worker's task was launched on
         self._epoch = 0
@@ -204,7 +196,7 @@ class JoblibBackend(StreamBackend[_Task]):
             require("joblib", feature="the joblib backend", extra="joblib")
         except MissingExtra as exc:
             raise BackendUnavailable(str(exc)) from exc
-        self._rendezvous.open(self.num_workers)
+        super()._prepare()
 
     # ------------------------------------------------------------------ a worker's start
     def _launch(self, slot: int | None) -> _Task:
@@ -233,11 +225,8 @@ class JoblibBackend(StreamBackend[_Task]):
         self._launches.append(launch)
         return [_Task(progress=p, launch=launch) for p in progress]
 
-    def _await_hello(self, worker: _Task, slot: int, deadline: float) -> Hello:
-        conn, hello = self._rendezvous.accept(slot, self._incarnations[slot], deadline,
-                                              worker.launch.thread.is_alive)
-        worker.conn = worker.out = conn
-        return hello
+    def _running(self, worker: _Task) -> bool:
+        return worker.launch.thread.is_alive()
 
     # ------------------------------------------------------------------ a worker's end
     def _stop(self, worker: _Task) -> None:
@@ -275,18 +264,6 @@ class JoblibBackend(StreamBackend[_Task]):
         if self.flavour == "loky":
             _shutdown_loky(CLOSE_GRACE_S)
 
-    def _release(self) -> None:
-        self._rendezvous.close()
-
-    def _abandon_forked(self, workers: list[_Task]) -> None:
-        self._rendezvous.close()
-
-    def _kill(self, pid: int) -> None:
-        if pid <= 0 or pid == self._owner_pid:
-            return  # a thread worker: cannot be killed
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
     def _stop_task(self, w: _Task) -> None:
         """End a worker's task: interrupt it, and kill its process only if it does not return
         (env code stuck in C); a thread worker can only be abandoned."""
@@ -301,7 +278,8 @@ class JoblibBackend(StreamBackend[_Task]):
                 return
             time.sleep(0.005)  # bounded, only while a stuck worker is being replaced
         log.warning("joblib worker pid %d ignored the interrupt; killing it", w.pid)
-        self._kill(w.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(w.pid, signal.SIGKILL)
 
     def _death(self, worker: int, w: _Task) -> str:
         return f"joblib worker {worker} ({self.flavour}) died"

@@ -4,17 +4,11 @@ Per step each worker gets one pickled request over its pipe and sends one pickle
 fixed cost is one wake-up round trip per worker, not per env, which is what makes it cheaper
 than one-process-per-env or task-pool designs.
 
-Waiting blocks in ``poll(2)`` on the pipes plus each process's sentinel, so a worker that dies
-is noticed at once and nothing spins. A worker publishes which env it is running (and since
-when) in its `turnpool.worker.transport.ProgressSlot`: the pool uses it to enforce
-``step_timeout`` per env and to blame the right env when a worker dies or hangs. A hung worker
-is killed with SIGKILL. The lifecycle (handshake, standby, restart, close) is
-`turnpool.backends.remote.RemoteBackend`'s; this file only starts processes and their pipes.
-
-A worker whose env stalls for ``handoff_after`` s (default 0.05; None turns it off) hands the
-rest of its request to another thread and answers it at once; the stalled env's result
-follows on its own (`turnpool.worker.handoff`), so one stuck env never holds back the envs
-that share its worker.
+The lifecycle (handshake, standby, restart, close), the ``poll(2)`` wait on pipes and
+sentinels and the progress slots that blame the right env are
+`turnpool.backends.remote.StreamBackend`'s; this file starts processes and their pipes, and
+kills a hung one with SIGKILL. Hand-off is on by default here (``handoff_after=0.05`` s; None
+turns it off), so one stalled env never holds back the envs that share its worker.
 
 Workers never outlive the pool's process: they ask the kernel to kill them when their parent
 dies (Linux ``PR_SET_PDEATHSIG``), and a watchdog thread exits when their parent pid changes or
@@ -41,7 +35,6 @@ import os
 import pickle
 import signal
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -49,12 +42,12 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
-from turnpool.backends.base import WorkerLost, one_per_core
+from turnpool.backends.base import one_per_core
 from turnpool.backends.choice import unguarded_main_call
-from turnpool.backends.remote import Hello, Stream, StreamBackend, WorkerInit, serve_worker
+from turnpool.backends.remote import Stream, StreamBackend, WorkerInit, serve_worker
 from turnpool.worker.build import EnvBuild
 from turnpool.worker.handoff import DEFAULT_HANDOFF_AFTER
-from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot, watch_parent
+from turnpool.worker.transport import ProgressSlot, watch_parent
 
 #: The standby's nice value while it waits (lowest priority: it must not slow live steps).
 STANDBY_NICE = 19
@@ -155,36 +148,9 @@ class ProcessBackend(StreamBackend[_Proc]):
         # cloudpickle: env classes defined in a script or a test travel by value
         worker.out.send_bytes(cloudpickle.dumps(self._init(slot, worker.progress)))
 
-    def _await_hello(self, worker: _Proc, slot: int, deadline: float) -> Hello:
-        conn = worker.conn
-        assert conn is not None
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"worker {slot} did not start in time")
-            ready = multiprocessing.connection.wait([conn, worker.runner.sentinel], left)
-            if conn in ready:
-                try:
-                    hello = pickle.loads(conn.recv_bytes())
-                except (EOFError, OSError) as exc:
-                    worker.runner.join(1.0)
-                    raise WorkerLost(f"worker {slot} died while starting "
-                                     f"(exit code {worker.runner.exitcode})") from exc
-                if isinstance(hello, Hello):
-                    return hello
-            elif ready:
-                worker.runner.join(1.0)
-                raise WorkerLost(f"worker {slot} died while starting "
-                                 f"(exit code {worker.runner.exitcode})")
-
     # ------------------------------------------------------------------ a worker's end
-    def _shutdown(self, workers: list[_Proc]) -> None:
-        self._say_close(workers)
-        deadline = time.monotonic() + CLOSE_GRACE_S
-        for w in workers:
-            w.runner.join(max(0.0, deadline - time.monotonic()))
-        for w in workers:
-            self._stop(w)
+    def _join(self, worker: _Proc, timeout: float) -> None:
+        worker.runner.join(timeout)
 
     def _stop(self, worker: _Proc) -> None:
         if worker.runner.is_alive():

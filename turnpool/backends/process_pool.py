@@ -2,21 +2,17 @@
 
 A task pool cannot route a task to the process that holds env *i*, so a design that submits one
 task per env to a shared ``ProcessPoolExecutor`` ships the env with every task. Here each worker
-is its own single-process executor (``max_workers=1``) running **one task that lives as long as
-the pool**: it builds that worker's slice of envs, dials back to the pool over a private local
-socket (`turnpool.backends.remote.Rendezvous`) and serves requests there with the request loop
-every worker runs (`turnpool.worker.handoff.HandoffServer`; ``handoff_after`` turns hand-off
-on, off by default here). One message per worker per step carries every env's actions: nothing
-but actions and results crosses the process boundary, and no executor call happens per step.
-The lifecycle (handshake, restart, close) is `turnpool.backends.remote.RemoteBackend`'s.
+is its own single-process executor (``max_workers=1``) running one task that lives as long as
+the pool and dials back (`turnpool.backends.remote.DialBackBackend`: lifecycle, rendezvous and
+request loop are shared; ``handoff_after`` turns hand-off on, off by default here).
 
 The executor-style knobs:
 
 * ``max_workers`` (default ``min(8, cpu_count)``, never more than envs) is the worker count when
   ``num_workers`` is not given;
 * ``sequential_env_types`` (names such as ``["webshop"]`` or entry points): those envs stay in
-  the caller, in one more worker whose `EnvHost` answers each request as it is sent (the
-  sequential backend's path), so they are stepped in order;
+  the caller, in one more worker that is a thread of the caller's process serving them in
+  order over a local socket pair;
 * "fallback to sequential on failure" is the pool's: `start` raises `BackendUnavailable`, and
   `turnpool.backends.start_backend` runs sequentially instead when asked (``fallback=True``);
 * "timeout protection": the pool waits with its ``step_timeout``; a worker past it (or one that
@@ -31,25 +27,24 @@ import logging
 import multiprocessing
 import os
 import threading
-from collections import deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any, ClassVar
 
 from turnpool.backends.remote import (
+    DialBackBackend,
     Hello,
-    Rendezvous,
     Stream,
     StreamBackend,
     WorkerInit,
     dial_and_serve,
+    serve_worker,
 )
 from turnpool.envs.registry import registered
 from turnpool.worker.build import EnvBuild, split_evenly
-from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import Reply, Request
-from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot, watch_parent
+from turnpool.worker.transport import ProgressSlot, watch_parent
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +72,27 @@ def _serve_slice(address: str, token: bytes, init: WorkerInit, parent_pid: int,
     dial_and_serve(address, token, init)
 
 
+def _serve_here(conn: Connection, init: WorkerInit) -> None:
+    """The ``sequential_env_types`` worker: a thread of the caller."""
+    try:
+        serve_worker(conn.recv_bytes, conn.send_bytes, init)
+    except (EOFError, OSError):
+        pass  # stopped before its hello
+    finally:
+        conn.close()
+
+
 # ------------------------------------------------------------------------- caller side
 @dataclass(eq=False, kw_only=True)
 class _Executor(Stream):
     """A one-process executor and its long task (``runner``: the executor, ``task``: the
-    task's future), or, for the ``sequential_env_types`` slice, an `EnvHost` in the caller
-    (``runner``) whose replies wait in ``answered``."""
+    task's future), or the caller's thread serving ``sequential_env_types`` (``runner``)."""
 
     runner: Any
     task: Any = None
-    answered: deque[Reply] = field(default_factory=deque)
 
 
-class ProcessPoolBackend(StreamBackend[_Executor]):
+class ProcessPoolBackend(DialBackBackend[_Executor]):
     """One ``ProcessPoolExecutor(max_workers=1)`` per worker; envs live in the executor's process.
 
     Options: ``max_workers`` (used when ``num_workers`` is None), ``sequential_env_types``,
@@ -98,7 +101,7 @@ class ProcessPoolBackend(StreamBackend[_Executor]):
 
     name: ClassVar[str] = "process_pool"
     start_methods: ClassVar[tuple[str, ...]] = ("spawn", "forkserver", "fork")
-    start_errors = (*StreamBackend.start_errors, RuntimeError, BrokenProcessPool)
+    start_errors = (*DialBackBackend.start_errors, RuntimeError, BrokenProcessPool)
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:
@@ -119,7 +122,6 @@ class ProcessPoolBackend(StreamBackend[_Executor]):
             self._local_slot = len(self.slices) - 1
             self._workers = [None] * self.num_workers
             self._incarnations = [0] * self.num_workers
-        self._rendezvous = Rendezvous("process-pool")
         self._ctx: Any = None
 
     def _prepare(self) -> None:
@@ -127,7 +129,7 @@ class ProcessPoolBackend(StreamBackend[_Executor]):
             self._ctx = multiprocessing.get_context(self.mp_context)
         except ValueError as exc:
             raise ValueError(f"start method {self.mp_context!r}: {exc}") from exc
-        self._rendezvous.open(self.num_workers)
+        super()._prepare()
 
     # ------------------------------------------------------------------ a worker's start
     def _launch(self, slot: int | None) -> _Executor:
@@ -135,8 +137,11 @@ class ProcessPoolBackend(StreamBackend[_Executor]):
         progress = ProgressSlot()
         init = self._init(slot, progress)
         if slot == self._local_slot:
-            progress.unlink()  # written in this process only
-            return _Executor(runner=EnvHost(init.builds, progress.write), progress=progress)
+            mine, theirs = multiprocessing.Pipe()
+            thread = threading.Thread(target=_serve_here, args=(theirs, init), daemon=True,
+                                      name="turnpool-sequential-worker")
+            thread.start()
+            return _Executor(runner=thread, progress=progress, conn=mine, out=mine)
         executor = cf.ProcessPoolExecutor(max_workers=1, mp_context=self._ctx)
         worker = _Executor(runner=executor, progress=progress)
         worker.task = executor.submit(_serve_slice, self._rendezvous.address,
@@ -144,70 +149,34 @@ class ProcessPoolBackend(StreamBackend[_Executor]):
                                       threading.current_thread() is threading.main_thread())
         return worker
 
+    def _running(self, worker: _Executor) -> bool:
+        return not worker.task.done()
+
     def _await_hello(self, worker: _Executor, slot: int, deadline: float) -> Hello:
-        if isinstance(worker.runner, EnvHost):
-            return Hello(slot, self._incarnations[slot], os.getpid(),
-                         dict(worker.runner.build_errors))
+        if isinstance(worker.runner, threading.Thread):
+            return StreamBackend._await_hello(self, worker, slot, deadline)
         try:
-            conn, hello = self._rendezvous.accept(slot, self._incarnations[slot], deadline,
-                                                  lambda: not worker.task.done())
+            return super()._await_hello(worker, slot, deadline)
         except TimeoutError:
             if worker.task.done():  # say why the task ended (a broken executor, ...)
                 worker.task.result(timeout=0)
             raise
-        worker.conn = worker.out = conn
-        return hello
 
     # ------------------------------------------------------------------ a worker's end
-    def _shutdown(self, workers: list[_Executor]) -> None:
-        self._say_close(workers)
-        tasks = [w.task for w in workers if w.task is not None]
-        if tasks:
-            cf.wait(tasks, timeout=CLOSE_GRACE_S)
-        for w in workers:
-            self._stop(w)
+    def _join(self, worker: _Executor, timeout: float) -> None:
+        if worker.task is not None:
+            cf.wait([worker.task], timeout=timeout)
+        else:
+            worker.runner.join(timeout)
 
     def _stop(self, worker: _Executor) -> None:
         worker.lost = True
-        if isinstance(worker.runner, EnvHost):
-            worker.runner.close()
-        else:
-            if worker.task is None or not worker.task.done():  # dead, or stuck in env code
-                _kill_executor(worker.runner)
-            worker.close_pipes()
+        if worker.task is not None and not worker.task.done():  # dead, or stuck in env code
+            _kill_executor(worker.runner)
+        worker.close_pipes()  # the caller's thread sees the end and closes its envs
+        if worker.task is not None:
             worker.runner.shutdown(wait=True, cancel_futures=True)
         worker.progress.close()
-
-    def _release(self) -> None:
-        self._rendezvous.close()
-
-    # ------------------------------------------------------------------ requests
-    def send(self, worker: int, request: Request) -> None:
-        w = self._live(worker)
-        if isinstance(w.runner, EnvHost):
-            w.answered.append(w.runner.handle(request))
-        else:
-            super().send(worker, request)
-
-    def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
-        local = [k for k in workers if k == self._local_slot]
-        remote = [k for k in workers if k != self._local_slot]
-        ready = [k for k in local if self._local_ready(k)]
-        if remote:
-            ready += super().wait(remote, 0.0 if ready else timeout)
-        return sorted(ready)
-
-    def _local_ready(self, worker: int) -> bool:
-        w = self._workers[worker]
-        return w is None or w.lost or bool(w.answered)
-
-    def recv(self, worker: int) -> Reply:
-        if worker != self._local_slot:
-            return super().recv(worker)
-        return self._live(worker).answered.popleft()
-
-    def _death(self, worker: int, w: _Executor) -> str:
-        return f"process_pool worker {worker} died"
 
 
 def _kill_executor(executor: cf.ProcessPoolExecutor) -> None:

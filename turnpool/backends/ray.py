@@ -1,8 +1,10 @@
 """ray backend: one Ray actor per worker, each owning a slice of envs for its whole life.
 
-A step is one remote call per actor (``handle``, carrying every env's actions for that actor),
-never one per env: a remote call costs far more than a local env step, so batching per actor
-is what makes Ray usable for microsecond envs.
+Each actor runs the request loop every worker runs (`turnpool.worker.handoff.HandoffServer`,
+with ``handoff_after``; off by default here) on a thread, fed by ``put`` calls and answered
+through ``take`` calls, or by one ``call`` per request without hand-off (`SliceActor`): a
+step is one call per actor carrying every env's actions, never one per env, since a remote
+call costs far more than a microsecond env step.
 
 Ray runtime: with ``ray_address`` the pool joins that cluster (``ray.init(address=...)``);
 otherwise, if Ray is not initialised yet, it starts a local one bound to 127.0.0.1 with the
@@ -36,7 +38,9 @@ import functools
 import logging
 import os
 import pickle
+import queue
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Collection, Sequence
@@ -50,7 +54,7 @@ from turnpool.worker.build import EnvBuild
 from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import Op, Reply, Request
-from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot, encode
+from turnpool.worker.transport import CLOSE_GRACE_S, PROTOCOL, ProgressSlot, serve
 
 log = logging.getLogger(__name__)
 
@@ -94,28 +98,48 @@ def ensure_ray(address: str | None = None, init_kwargs: dict[str, Any] | None = 
 
 
 class SliceActor:
-    """The actor body: an `EnvHost` for one slice (wrapped by ``ray.remote`` at start).
+    """The actor body (wrapped by ``ray.remote`` at start): a worker like any other, whose
+    `HandoffServer` reads the inbox and writes the outbox that `put` and `take` reach.
 
     Envs arrive with `load` (a `WorkerInit`; the answer is the worker's `Hello`), not with the
     constructor, so an idle standby actor can take over a slice the moment its actor is lost.
+    `put` and `take` run in concurrency groups of one thread each (requests stay in order, and
+    a `take` waiting for a late result never blocks a `put`; without hand-off each request has
+    one reply and `call` does both); an empty reply means the loop has ended.
     """
 
     def __init__(self) -> None:
-        self.host: EnvHost | None = None
+        self._inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
 
     def load(self, init: WorkerInit) -> Hello:
         import ray
 
-        self.host, hello = build_host(init, ray.get_runtime_context().get_node_id())
+        host, hello = build_host(init, ray.get_runtime_context().get_node_id())
+        threading.Thread(target=self._serve, args=(host, init), daemon=True,
+                         name="turnpool-ray-worker").start()
         return hello
+
+    def _serve(self, host: EnvHost, init: WorkerInit) -> None:
+        try:
+            serve(self._inbox.get, self._outbox.put, host, init.handoff_after,
+                  init.step_timeout)
+        finally:
+            self._outbox.put(b"")
 
     def ping(self) -> int:
         return os.getpid()
 
-    def handle(self, request: Request) -> bytes:
-        if self.host is None:
-            raise RuntimeError("actor has no envs")
-        return encode(self.host.handle(request))
+    def put(self, request: bytes) -> None:
+        self._inbox.put(request)
+
+    def take(self) -> bytes:
+        return self._outbox.get()
+
+    def call(self, request: bytes) -> bytes:
+        """`put` and `take` in one call, where each request has one reply (no hand-off)."""
+        self._inbox.put(request)
+        return self._outbox.get()
 
 
 def _nodes_with_cpus() -> list[str]:
@@ -134,17 +158,20 @@ def _remote_class() -> Any:
 
     # No Ray-level restarts: a restarted actor would come back with fresh envs behind the
     # pool's back; the pool restarts it itself and replays the innocent envs.
-    return ray.remote(max_restarts=0, max_task_retries=0)(SliceActor)
+    # `put` and `take` each in a group of one thread, beside `load` and `ping`.
+    options: dict[str, Any] = {"concurrency_groups": {"inbox": 1, "outbox": 1}}
+    return ray.remote(max_restarts=0, max_task_retries=0, **options)(SliceActor)
 
 
 @dataclass(eq=False, kw_only=True)
 class _Actor(WorkerHandle):
-    """A Ray actor handle, its ``load`` (or, on standby, ``ping``) call, and its requests in
-    flight ``(seq, op, object ref)``."""
+    """A Ray actor handle, its ``load`` (or, on standby, ``ping``) call, and its ``take``
+    and ``take`` calls in flight (``pending``: with hand-off one standing ``take``, else one
+    ``call`` per request)."""
 
     runner: Any
     hello: Any = None
-    pending: deque[tuple[int, Op, Any]] = field(default_factory=deque)
+    pending: deque[Any] = field(default_factory=deque)
     #: the Ray node the actor runs on
     node: str = ""
 
@@ -152,8 +179,9 @@ class _Actor(WorkerHandle):
 class RayBackend(RemoteBackend[_Actor]):
     """``num_workers`` actors (default: one per usable core of this host, at most one per env).
 
-    Options: ``ray_address``, ``ray_init_kwargs``, ``ray_actor_options``, ``standby`` (keep
-    one idle actor ready so that replacing a lost one costs a call, not a process start).
+    Options: ``ray_address``, ``ray_init_kwargs``, ``ray_actor_options``, ``handoff_after``,
+    ``standby`` (keep one idle actor ready so that replacing a lost one costs a call, not a
+    process start).
     """
 
     name: ClassVar[str] = "ray"
@@ -222,6 +250,7 @@ class RayBackend(RemoteBackend[_Actor]):
     def _load(self, worker: _Actor, slot: int) -> None:
         worker.progress = ProgressSlot()
         worker.hello = worker.runner.load.remote(self._init(slot, worker.progress))
+        worker.pending = deque([_take(worker)] if self.handoff_after else [])
 
     def _await_hello(self, worker: _Actor, slot: int, deadline: float) -> Hello:
         import ray
@@ -258,8 +287,10 @@ class RayBackend(RemoteBackend[_Actor]):
         if ray.is_initialized():
             live = [a for a in workers if not a.lost]
             with contextlib.suppress(Exception):  # envs get a chance to close cleanly
-                ray.wait([a.runner.handle.remote((0, Op.CLOSE, None)) for a in live],
-                         num_returns=len(live), timeout=CLOSE_GRACE_S)
+                for a in live:  # each loop ends with an empty reply
+                    self._send(a, (0, Op.CLOSE, None))
+                ray.wait([a.pending[-1] for a in live], num_returns=len(live),
+                         timeout=CLOSE_GRACE_S)
             for a in workers:
                 self._stop(a)
         _wait_gone(self._killed, _EXIT_WAIT_S)
@@ -268,8 +299,14 @@ class RayBackend(RemoteBackend[_Actor]):
 
     # ------------------------------------------------------------------ protocol
     def send(self, worker: int, request: Request) -> None:
-        actor = self._live(worker)
-        actor.pending.append((request[0], request[1], actor.runner.handle.remote(request)))
+        self._send(self._live(worker), request)
+
+    def _send(self, actor: _Actor, request: Request) -> None:
+        data = pickle.dumps(request, PROTOCOL)  # an unpicklable action fails here, in the pool
+        if self.handoff_after:  # replies come through the standing `take`
+            actor.runner.put.options(concurrency_group="inbox").remote(data)
+        else:  # one reply per request: one call (half the calls of put + take)
+            actor.pending.append(actor.runner.call.options(concurrency_group="inbox").remote(data))
 
     def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
         import ray
@@ -281,7 +318,7 @@ class RayBackend(RemoteBackend[_Actor]):
             if actor is None or actor.lost:
                 dead.append(k)
             elif actor.pending:
-                heads[actor.pending[0][2]] = k
+                heads[actor.pending[0]] = k
         if dead or not heads:
             return dead
         refs = list(heads)
@@ -298,17 +335,20 @@ class RayBackend(RemoteBackend[_Actor]):
         actor = self._live(worker)
         if not actor.pending:
             raise WorkerLost("ray actor is gone")
-        seq, op, ref = actor.pending.popleft()
         try:
-            reply: Reply = pickle.loads(ray.get(ref, timeout=self._timeout))
+            data = ray.get(actor.pending.popleft(), timeout=self._timeout)
         except RayActorError as exc:
             actor.lost = True
             raise WorkerLost(f"ray actor died ({type(exc).__name__})") from exc
         except GetTimeoutError as exc:
             actor.lost = True
             raise WorkerLost("ray actor did not reply") from exc
-        except Exception as exc:  # e.g. a request Ray could not serialize: the actor is fine
-            return (seq, op, None, "unpicklable", short_error(exc))
+        if self.handoff_after:
+            actor.pending.append(_take(actor))
+        if not data:
+            actor.lost = True
+            raise WorkerLost("ray actor stopped serving")
+        reply: Reply = pickle.loads(data)
         return reply
 
     def worker_dead(self, worker: int) -> bool:
@@ -316,6 +356,11 @@ class RayBackend(RemoteBackend[_Actor]):
         # process table answers at once.
         actor = self._workers[worker]
         return actor is not None and actor.local and actor.pid > 0 and not _alive(actor.pid)
+
+
+def _take(actor: _Actor) -> Any:
+    """The call that returns the actor's next reply."""
+    return actor.runner.take.options(concurrency_group="outbox").remote()
 
 
 def _wait_gone(pids: list[int], timeout: float) -> None:

@@ -1,27 +1,16 @@
-"""The one lifecycle of every backend whose workers are other processes.
+"""The one lifecycle of every backend whose workers are other processes (or, for
+``process_pool``'s ``sequential_env_types``, a thread of the caller).
 
 The process, process_pool, joblib and Ray backends differ only in how a worker is started and
-how bytes reach it. Everything else is here, once:
-
-* the typed handshake: the pool gives a worker its slice as a `WorkerInit`; the worker builds
-  its envs and answers with a `Hello` (its pid, host, node and the envs it could not build);
-* the worker's side (`serve_worker`): build an `EnvHost`, say hello, then serve requests with
-  `turnpool.worker.transport.serve`, whose `HandoffServer` is every worker's one loop (with
-  ``handoff_after`` a stalled env holds back only itself);
-* `RemoteBackend`, the pool's side: start every worker before waiting for any, greet them,
-  keep an idle standby where the backend offers one, restart a lost worker (from the standby
-  when there is one), publish progress, close in order (standby, then ``close`` to each live
-  worker, a grace period, then stop whatever is left);
-* `StreamBackend`: send / wait / recv over a connection per worker (a pipe or a socket), with
-  the worker's death noticed through its sentinel or the connection's end;
-* `Rendezvous`: a private socket that workers started by someone else's machinery (a
-  process-pool executor, joblib) dial back to; the first bytes must be a random token before
-  anything is unpickled.
-
-A backend supplies "start a worker and give me its pipes": `RemoteBackend._launch` (and, for a
-standby, `RemoteBackend._load`), `RemoteBackend._await_hello` and `RemoteBackend._stop`.
-Which backends a caller may use at all (unguarded ``__main__``, global RNG in threads) is
-decided once, at the choice (`turnpool.backends.choice.refuse_unsupported`).
+how bytes reach it. Here, once: the typed handshake (`WorkerInit` out, `Hello` back); the
+worker's side (`serve_worker`: build an `EnvHost`, say hello, then run
+`turnpool.worker.handoff.HandoffServer`, every worker's one loop); the pool's side
+(`RemoteBackend`: start, greet, standby, restart, progress, close in order); connections
+(`StreamBackend`: send / ``poll(2)`` wait / recv, a death seen through the worker's sentinel
+or the connection's end); and workers that someone else's machinery starts and that dial back
+(`DialBackBackend`, `Rendezvous`: the first bytes must be a random token before anything is
+unpickled). A backend supplies "start a worker and give me its pipes". Which backends a caller
+may use at all is decided once, at the choice (`turnpool.backends.choice.refuse_unsupported`).
 """
 
 from __future__ import annotations
@@ -39,6 +28,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import wait as wait_for
 from typing import Any, ClassVar, Generic, TypeVar
 
 from turnpool.backends.base import (
@@ -53,7 +43,13 @@ from turnpool.worker.build import EnvBuild
 from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import Op, Reply, Request
-from turnpool.worker.transport import PROTOCOL, ProgressSlot, ProgressWriter, serve
+from turnpool.worker.transport import (
+    CLOSE_GRACE_S,
+    PROTOCOL,
+    ProgressSlot,
+    ProgressWriter,
+    serve,
+)
 
 log = logging.getLogger(__name__)
 
@@ -424,6 +420,37 @@ class StreamBackend(RemoteBackend[S]):
         for w in workers:
             w.close_pipes()
 
+    def _shutdown(self, workers: list[S]) -> None:
+        self._say_close(workers)
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        for w in workers:
+            self._join(w, max(0.0, deadline - time.monotonic()))
+        for w in workers:
+            self._stop(w)
+
+    def _join(self, worker: S, timeout: float) -> None:
+        """Wait (at most ``timeout``) for a worker told to close to end."""
+
+    def _await_hello(self, worker: S, slot: int, deadline: float) -> Hello:
+        """The hello on the worker's own connection; its sentinel firing first is a death."""
+        conn = worker.conn
+        assert conn is not None
+        watched: list[Any] = [conn] + ([worker.sentinel] if worker.sentinel >= 0 else [])
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"worker {slot} did not start in time")
+            ready = wait_for(watched, left)
+            if conn in ready:
+                try:
+                    hello = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError) as exc:
+                    raise WorkerLost(f"{self._death(slot, worker)} while starting") from exc
+                if isinstance(hello, Hello):
+                    return hello
+            elif ready:
+                raise WorkerLost(f"{self._death(slot, worker)} while starting")
+
     def restart(self, worker: int) -> None:
         self._exited.discard(worker)
         super().restart(worker)
@@ -481,5 +508,37 @@ class StreamBackend(RemoteBackend[S]):
         raise WorkerLost(why)
 
 
-__all__ = ["RESTART_TIMEOUT_S", "Hello", "RemoteBackend", "Rendezvous", "Stream",
+class DialBackBackend(StreamBackend[S]):
+    """`StreamBackend` whose workers are started by someone else's machinery (an executor,
+    joblib) as one task that lives as long as the pool: the task builds its slice, dials
+    back to the pool's `Rendezvous` (`dial_and_serve`) and serves there, one message per
+    worker per step, so nothing but actions and results crosses and no call to that
+    machinery happens per step. Subclasses say whether a worker's task still runs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._rendezvous = Rendezvous(self.name)
+
+    @abstractmethod
+    def _running(self, worker: S) -> bool:
+        """Does whatever runs the worker's task still run it (else no hello will come)?"""
+
+    def _prepare(self) -> None:
+        self._rendezvous.open(self.num_workers)
+
+    def _await_hello(self, worker: S, slot: int, deadline: float) -> Hello:
+        conn, hello = self._rendezvous.accept(slot, self._incarnations[slot], deadline,
+                                              lambda: self._running(worker))
+        worker.conn = worker.out = conn
+        return hello
+
+    def _release(self) -> None:
+        self._rendezvous.close()
+
+    def _abandon_forked(self, workers: list[S]) -> None:
+        super()._abandon_forked(workers)
+        self._rendezvous.close()
+
+
+__all__ = ["RESTART_TIMEOUT_S", "DialBackBackend", "Hello", "RemoteBackend", "Rendezvous", "Stream",
            "StreamBackend", "WorkerInit", "build_host", "dial_and_serve", "serve_worker"]
