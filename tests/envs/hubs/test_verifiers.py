@@ -5,18 +5,24 @@ the same on the sequential and process backends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 import verifiers.v1 as vf
+from verifiers.v1.agent import Segment
 from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+from verifiers.v1.types import AssistantMessage
 
 import turnpool
 from tests.envs.hubs.parity import play_make, play_pool, record
-from turnpool.envs.hubs.verifiers import VerifiersEnv
+from turnpool.envs.hubs.verifiers import MULTI_TURN, VerifiersEnv
+from turnpool.envs.hubs.verifiers_guess import GuessConfig, GuessEnv, GuessTaskset
 from turnpool.envs.hubs.verifiers_tasks import GeneratedConfig, GeneratedTaskset
 
 SIZE = 5
-NAMES = [f"verifiers:{i}" for i in VerifiersEnv.env_ids()]
+NAMES = [f"verifiers:{i}" for i in VerifiersEnv.env_ids() if i not in MULTI_TURN]
+GUESSES = ["8", "4", "twelve", "12", "2", "14", "16", "1", "3", "5"]
 BASE_SEED = 3  # seeds 3..22: tasksets seeded 0..4, rows 0..4 of each
 
 
@@ -45,7 +51,59 @@ def library_loop(name: str, seed: int, reply: str) -> tuple[str, list[tuple]]:
 
 
 def test_there_are_twenty_bundled_ids() -> None:
-    assert len(NAMES) >= 20
+    assert len(NAMES) >= 20 and len(VerifiersEnv.env_ids()) == len(NAMES) + 2
+
+
+class ScriptedSeat:
+    """A seat of verifiers' `Env.run` replying from a list, under a real event loop: the
+    library's own loop, with the model side scripted. Records what the env said."""
+
+    def __init__(self, replies: list[str], trace: Trace) -> None:
+        self.replies, self.trace, self.heard = list(replies), trace, []
+
+    def __getattr__(self, name: str) -> ScriptedSeat:
+        return self
+
+    @contextlib.asynccontextmanager
+    async def interaction(self, task: vf.Task) -> AsyncIterator[ScriptedSeat]:
+        yield self
+
+    async def turn(self, message: str | None = None) -> Segment:
+        await asyncio.sleep(0)
+        self.heard.append(message)
+        if not self.replies:
+            return Segment(messages=[], terminated=True)
+        reply = self.replies.pop(0)
+        self.trace.root_reply = reply
+        return Segment(messages=[AssistantMessage(content=reply)])
+
+
+def guess_library_loop(level: str, seed: int, replies: list[str]) -> tuple[str, list[tuple]]:
+    task = list(GuessTaskset(GuessConfig(id="g", level=level, size=SIZE, seed=seed // SIZE)))[
+        seed % SIZE]
+    trace = Trace(task=TraceTask(type=type(task).__name__, data=task.data),
+                  agent=AgentInfo(config=vf.AgentConfig()))
+    seat = ScriptedSeat(replies, trace)
+    asyncio.run(object.__new__(GuessEnv).run(task, seat))
+    asyncio.run(task.score(trace))
+    steps = [record(m, 0.0, False, False, {}, library=True) for m in seat.heard[1:]]
+    named = {k: r.score for k, r in trace.rewards.items() if r is not None}
+    last = replies[len(steps)]
+    steps.append(record(last, trace.reward, True, False,
+                        {"rewards": named, "trace_info": dict(trace.info)}, library=True))
+    return task.data.prompt_text, steps
+
+
+def test_the_guessing_game_plays_as_verifiers_own_env_run() -> None:
+    found = 0
+    for level in ("easy", "hard"):
+        for seed in range(12):
+            replies = GUESSES[seed % 3:] + ["7", "9", "10", "11", "13", "15"]
+            ours = play_make(f"verifiers:guess-{level}", seed, replies, size=SIZE)
+            assert ours == guess_library_loop(level, seed, replies), (level, seed)
+            assert len(ours[1]) <= 8
+            found += ours[1][-1][1] == 1.0
+    assert 0 < found < 24  # some games found, some not
 
 
 def test_every_id_asks_and_scores_as_verifiers_does() -> None:
@@ -90,9 +148,14 @@ def test_a_taskset_class_by_entry_point_and_an_unknown_id() -> None:
 
 
 def test_the_sequential_and_process_backends_play_the_same_episodes() -> None:
+    names = [*NAMES, "verifiers:guess-easy", "verifiers:guess-hard"]
     actions = {name: answers(name, BASE_SEED + k) for k, name in enumerate(NAMES)}
-    sequential = play_pool(NAMES, BASE_SEED, actions, "sequential", {"size": SIZE})
-    process = play_pool(NAMES, BASE_SEED, actions, "process", {"size": SIZE}, num_workers=2)
+    actions.update({n: GUESSES for n in names[len(NAMES):]})
+    sequential = play_pool(names, BASE_SEED, actions, "sequential", {"size": SIZE})
+    process = play_pool(names, BASE_SEED, actions, "process", {"size": SIZE}, num_workers=2)
     assert sequential == process
     for k, name in enumerate(NAMES):
         assert sequential[name] == library_loop(name, BASE_SEED + k, actions[name][0])
+    for k, level in ((len(NAMES), "easy"), (len(NAMES) + 1, "hard")):
+        assert sequential[f"verifiers:guess-{level}"] == \
+            guess_library_loop(level, BASE_SEED + k, GUESSES)
