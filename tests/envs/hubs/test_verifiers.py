@@ -159,3 +159,23 @@ def test_the_sequential_and_process_backends_play_the_same_episodes() -> None:
     for k, level in ((len(NAMES), "easy"), (len(NAMES) + 1, "hard")):
         assert sequential[f"verifiers:guess-{level}"] == \
             guess_library_loop(level, BASE_SEED + k, GUESSES)
+
+
+def test_an_env_stepped_from_async_code_scores_as_from_sync_code() -> None:
+    """Serving steps envs from a running event loop: scoring then runs on a loop of its own."""
+    env = turnpool.make("verifiers:add-easy", size=SIZE)
+    env.reset(seed=2)
+    gold = rows("verifiers:add-easy", 2)[2].data.answer
+
+    async def step() -> tuple:
+        return env.step(gold)
+
+    assert asyncio.run(step())[1:3] == (1.0, True)
+    guess = turnpool.make("verifiers:guess-easy", size=SIZE)
+    guess.reset(seed=0)
+    secret = list(GuessTaskset(GuessConfig(id="g", size=SIZE)))[0].data.secret
+
+    async def find() -> tuple:
+        return guess.step(str(secret))
+
+    assert asyncio.run(find())[1:3] == (1.0, True)

@@ -32,11 +32,31 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Generator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
 from turnpool.envs.hubs.base import HubEnv
 from turnpool.envs.registry import load_entry_point
+
+#: Longest a scoring may take (verifiers' rewards are plain Python here; a hung one is a bug).
+SCORE_TIMEOUT_S = 60.0
+
+
+def run_coroutine(coro: Any) -> None:
+    """Run ``coro`` to the end on an event loop of its own: in this thread, or in a helper
+    thread when this one already runs a loop (an env stepped from async code, as in serving)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(asyncio.wait_for(coro, SCORE_TIMEOUT_S))
+        finally:
+            loop.close()
+        return
+    with ThreadPoolExecutor(1) as helper:
+        helper.submit(asyncio.run, asyncio.wait_for(coro, SCORE_TIMEOUT_S)).result()
 
 
 def new_trace(task: Any, reply: str | None = None) -> Any:
@@ -53,11 +73,7 @@ def score(task: Any, reply: str | None, trace: Any = None) -> tuple[float, dict[
     """verifiers' reward of ``reply`` to ``task``: its `Task.score` on a fresh `Trace` (or on
     ``trace``, where an `Env.run` already recorded its own rewards)."""
     trace = new_trace(task, reply) if trace is None else trace
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(task.score(trace))
-    finally:
-        loop.close()
+    run_coroutine(task.score(trace))
     named = {k: r.score for k, r in trace.rewards.items() if r is not None}
     return float(trace.reward), named
 
