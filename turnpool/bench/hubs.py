@@ -2,11 +2,12 @@
 the library's own sequential loop, on the same ids, seeds and actions.
 
 Per library (GEM: eight game ids; reasoning-gym: ten datasets; SkyRL-gym: its three math ids
-with turnpool's generated tasks; TextArena: six one- and two-player games), ``--copies`` envs
-of each id play ``--rounds`` episodes of at most ``--steps`` steps. The library's loop is what
-a user of the library writes: build each env once, then reset with a seed and step, one env
-after the other, in this process (reasoning-gym: a dataset per chunk of seeds, ``score_answer``
-per answer). The pool runs the same episodes through `turnpool.make` names on the sequential
+with turnpool's generated tasks; TextArena: six one- and two-player games; verifiers: five of
+turnpool's bundled tasksets, scored by ``Task.score``), ``--copies`` envs of each id play
+``--rounds`` episodes of at most ``--steps`` steps. The library's loop is what a user of the
+library writes: build each env once, then reset with a seed and step, one env after the
+other, in this process (reasoning-gym: a dataset per chunk of seeds, ``score_answer`` per
+answer). The pool runs the same episodes through `turnpool.make` names on the sequential
 backend (the adapter's own cost: global RNG scope, plain infos) and on the process backend
 (``--workers`` worker processes). Resets are counted in the time, not in the steps.
 
@@ -44,6 +45,7 @@ IDS: dict[str, tuple[str, ...]] = {
     "skyrl": ("gsm8k", "gsm8k_multi_turn", "aime"),
     "textarena": ("TicTacToe-v0", "ConnectFour-v0", "Nim-v0", "KuhnPoker-v0",
                   "GuessTheNumber-v0", "Mastermind-v0"),
+    "verifiers": ("add-easy", "mul-hard", "reverse-easy", "count-hard", "sort-hard"),
 }
 #: the actions each library's episodes take, in turn (GEM parses ``\\boxed{...}``)
 ACTIONS: dict[str, tuple[str, ...]] = {
@@ -51,6 +53,7 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     "rg": ("1",),
     "skyrl": ("#### 1", "Answer: 2", "#### 3"),
     "textarena": ("[4]", "[0]", "[1]", "[2]", "[3]", "[5]"),
+    "verifiers": ("1",),
 }
 RG_SIZE = 50
 
@@ -139,8 +142,32 @@ def _textarena_loop(ids: tuple[str, ...], copies: int, rounds: int, steps: int
     return done, time.perf_counter() - t0
 
 
+def _verifiers_loop(ids: tuple[str, ...], copies: int, rounds: int, steps: int
+                    ) -> tuple[int, float]:
+    """Each taskset built once; every reply scored by `Task.score` on a fresh trace."""
+    import asyncio
+
+    import verifiers.v1 as vf
+    from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+
+    from turnpool.envs.hubs.verifiers_tasks import taskset
+
+    t0 = time.perf_counter()
+    rows = {i: list(taskset(i, seed=0)) for i in ids}
+    done = 0
+    for r in range(rounds):
+        for k, name in enumerate(i for i in ids for _ in range(copies)):
+            task = rows[name][(r * len(ids) * copies + k) % len(rows[name])]
+            trace = Trace(task=TraceTask(type=type(task).__name__, data=task.data),
+                          agent=AgentInfo(config=vf.AgentConfig()), root_reply="1")
+            asyncio.run(task.score(trace))
+            done += 1
+    return done, time.perf_counter() - t0
+
+
 LOOPS: dict[str, Callable[[tuple[str, ...], int, int, int], tuple[int, float]]] = {
-    "gem": _gem_loop, "rg": _rg_loop, "skyrl": _skyrl_loop, "textarena": _textarena_loop}
+    "gem": _gem_loop, "rg": _rg_loop, "skyrl": _skyrl_loop, "textarena": _textarena_loop,
+    "verifiers": _verifiers_loop}
 
 
 def _pool(prefix: str, backend: str, workers: int, copies: int, rounds: int, steps: int
@@ -201,7 +228,7 @@ def render(report: dict[str, Any]) -> list[Any]:
 @click.option("--workers", default=2, show_default=True, help="Process backend's workers.")
 @json_option("Write the report as JSON.")
 def command(copies: int, rounds: int, steps: int, workers: int, json_path: Path | None) -> None:
-    """Library envs (GEM, reasoning-gym, SkyRL-gym) through the pool vs their own loops."""
+    """Library envs (GEM, reasoning-gym, SkyRL-gym, verifiers): the pool vs their own loops."""
     console = start(width=100)
     report = measure_and_print(
         console, lambda progress: measure(copies, rounds, steps, workers, progress), render)

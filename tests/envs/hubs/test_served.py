@@ -18,7 +18,8 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.mark.parametrize(("name", "action"), [("gem:game:Sokoban-v0-easy", "\\boxed{up}"),
                                               ("rg:leg_counting", "12"),
-                                              ("skyrl:gsm8k", "#### 5")])
+                                              ("skyrl:gsm8k", "#### 5"),
+                                              ("verifiers:add-easy", "5")])
 def test_turnpool_serve_of_a_library_env_passes_openenv_validate(name: str, action: str) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "turnpool.cli", "serve", "--env", name,
                              "--max-sessions", "2", "--backend", "process", "--port", "0"],

@@ -1,5 +1,5 @@
 """Envs of other libraries, by name: ``"gem:game:Sokoban-v0-easy"``, ``"rg:leg_counting"``,
-``"textarena:Wordle-v0"``, ``"skyrl:gsm8k"``.
+``"textarena:Wordle-v0"``, ``"skyrl:gsm8k"``, ``"verifiers:add-easy"``.
 
 A *hub* is a library that offers many envs under its own ids. `HUBS` is the one table of them:
 the name's prefix (before the first ``:``), the library's import name, the pip extra that
@@ -112,6 +112,8 @@ HUBS: tuple[Hub, ...] = (
         aliases=("ta",)),
     Hub("skyrl", "skyrl_gym", "skyrl-gym", "SkyRL-gym", f"{_MOD}.skyrl:SkyRLEnv",
         aliases=("skyrl-gym", "skyrl_gym")),
+    Hub("verifiers", "verifiers.v1", "verifiers", "verifiers", f"{_MOD}.verifiers:VerifiersEnv",
+        aliases=("vf",)),
 )
 
 _BY_PREFIX = {h.prefix: h for h in HUBS}
