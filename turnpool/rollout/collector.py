@@ -173,6 +173,9 @@ class TrajectoryCollector:
         #: multi-player games: the policy of each seat that is not played by ``policy``
         self.seat_policies = dict(seat_policies or {})
         self._clock = Clock()
+        #: generation batches played by earlier `collect` calls: ``gen_batch`` (and so
+        #: ``group_uid`` and tree node ids) count on across calls, never repeating in a run
+        self._gen_batches_before = 0
         self._failures: Counter[str] = Counter()
         self._trees = TreeTally()
         self.on_turn: Callable[[int, int, int], None] | None = None
@@ -203,10 +206,13 @@ class TrajectoryCollector:
         self._failures = Counter()
         self._trees = TreeTally()
         s = self.settings
-        if s.filter_groups:
-            groups, dyn = self._dynamic(seed)
-        else:
-            groups, dyn = self._groups_of(self._run_batch(self.seeds.next(seed), 0)), {}
+        try:
+            if s.filter_groups:
+                groups, dyn = self._dynamic(seed)
+            else:
+                groups, dyn = self._groups_of(self._run_batch(self.seeds.next(seed), 0)), {}
+        finally:
+            self._gen_batches_before += self._clock.batches
         trajectories = [t for g in groups for t in g]
         self._score(trajectories)
         metrics = batch_metrics(trajectories, self.group_size, self._clock,
@@ -265,7 +271,9 @@ class TrajectoryCollector:
 
     # ------------------------------------------------------------------ the loop
     def _run_batch(self, seed: int, gen_batch: int) -> list[EpisodeState]:
-        """Reset the pool and play up to ``max_turn`` turns."""
+        """Reset the pool and play up to ``max_turn`` turns; ``gen_batch`` counts within this
+        `collect` call (the run's number adds the batches of earlier calls)."""
+        gen_batch += self._gen_batches_before
         t0 = time.perf_counter()
         obs, infos = self.pool.reset(seed=seed)
         self._clock.reset_s += time.perf_counter() - t0
