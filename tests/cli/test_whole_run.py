@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -72,3 +73,24 @@ def test_the_progress_bar_advances_over_every_batch() -> None:
     shown = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", proc.stderr)
     assert "batch 1/3" in shown and "batch 3/3" in shown
     assert "15/15 turns" in shown  # 3 batches x max_turn 5
+
+
+def test_each_batch_of_a_run_has_its_own_group_uids_and_tree_node_ids(tmp_path: Path) -> None:
+    def run(batches: int, name: str) -> tuple[list[Any], list[dict[str, Any]]]:
+        out, tree = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.tree.jsonl"
+        res = CliRunner().invoke(main, ["rollout", "--no-progress", *LAKE,
+                                        "turnpool.collector.tree.mode=best_of_n",
+                                        "--batches", str(batches), "--out", str(out),
+                                        "--tree-out", str(tree)])
+        assert res.exit_code == 0, res.output
+        return list(read_jsonl(out)), [json.loads(x) for x in tree.read_text().splitlines()]
+
+    one, one_nodes = run(1, "one")
+    three, three_nodes = run(3, "three")
+    assert len({t.group_uid for t in three}) == 3 * len({t.group_uid for t in one}) == 6
+    assert sorted({t.gen_batch for t in three}) == [0, 1, 2]
+    assert [t.group_uid for t in three[:len(one)]] == [t.group_uid for t in one]
+    ids = [n["node_id"] for n in three_nodes]
+    assert len(set(ids)) == len(ids) > len(one_nodes)  # later batches' trees differ in size
+    assert len({n["group_uid"] for n in three_nodes}) == 6
+    assert all(n["parent_id"] is None or n["parent_id"] in set(ids) for n in three_nodes)

@@ -232,10 +232,10 @@ def test_plans_are_cached_per_observation() -> None:
 def test_an_env_without_an_oracle_is_warned_about_once_not_per_turn(
         caplog: pytest.LogCaptureFixture) -> None:
     policy = OraclePolicy(seed=0)
-    contexts = [ctx(env_id=i, turn=t, env_type="sudoku", obs=f"board {i}")
+    contexts = [ctx(env_id=i, turn=t, env_type="trivial", obs=f"board {i}")
                 for i in range(6) for t in range(3)]
     with caplog.at_level("WARNING", logger="turnpool.policies.oracle"):
         out = replies(policy, contexts)
     assert len(out) == 18 and all("<answer>" in r for r in out)  # random actions, in format
-    warned = [r for r in caplog.records if "oracle for sudoku failed" in r.getMessage()]
+    warned = [r for r in caplog.records if "oracle for trivial failed" in r.getMessage()]
     assert len(warned) == 1 and policy.stats.failures == 6  # once per board (plans are cached)

@@ -304,3 +304,15 @@ def test_an_env_error_ends_only_that_episode_and_is_reported() -> None:
     assert all(by_id[i].error is None and len(by_id[i].turns) == 3 for i in (2, 3))
     assert batch.metrics["failures/env_error"] == 1 and batch.metrics["errors"] == 0
     assert batch.metrics["failures/dropped_groups"] == 1
+
+
+def test_first_gen_batch_numbers_a_run_of_collect_calls_on() -> None:
+    with _collector(*_tags(["FrozenLake"], [2], 2), "agent_proxy.max_turn=1") as col:
+        first = col.collect(seed=5)
+        plain = col.collect(seed=5)  # the default: every call the same for the same seed
+        assert col.gen_batches == 2
+        later = col.collect(seed=5, first_gen_batch=col.gen_batches)
+    uids = [t.group_uid for t in first.trajectories]
+    assert uids == [t.group_uid for t in plain.trajectories] == ["0-0", "0-0", "0-1", "0-1"]
+    assert [t.group_uid for t in later.trajectories] == ["2-0", "2-0", "2-1", "2-1"]
+    assert {t.gen_batch for t in later.trajectories} == {2}

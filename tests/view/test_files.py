@@ -192,7 +192,7 @@ def test_groups_of_a_multi_batch_run_stay_apart(tmp_path: Path) -> None:
     _rollout("--batches", "2", "turnpool.collector.tree.mode=best_of_n", "--tree-out",
              str(tree))
     trajectories = list(read_jsonl(out))
-    assert len({t.group_uid for t in trajectories}) == 2  # the ids start again per batch
+    assert len({t.group_uid for t in trajectories}) == 4  # each batch numbers its own
     run = load(out)
     groups: dict[str, set[int | None]] = {}
     for e in run.episodes:

@@ -343,7 +343,9 @@ def _collect_batches(collector: TrajectoryCollector, seed: int | None, batches: 
                      finished: Callable[[int], None]) -> None:
     for b in range(batches):
         try:
-            batch = collector.collect(seed if b == 0 else None)
+            # gen_batch counts on over the run: no two batches share a group_uid
+            batch = collector.collect(seed if b == 0 else None,
+                                      first_gen_batch=collector.gen_batches)
         except BudgetExhausted as exc:
             raise RolloutFailed(str(exc)) from exc
         if out is not None:

@@ -377,3 +377,56 @@ class DeepCoderEnv(TextEnv):
         if self._holds:
             self._holds = False
             _Shared.release()
+
+
+# ------------------------------------------------------------------------------- oracle
+def _json_args(raw: Any) -> str | None:
+    """The harness's arguments of a functional test (`args_of` in `HARNESS`) as JSON, read
+    with ``json`` (never ``eval``); None when a line is not JSON."""
+    if isinstance(raw, str):
+        try:
+            args = [json.loads(p) for p in raw.strip().splitlines() if p.strip()]
+        except ValueError:
+            return None
+    else:
+        args = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    return json.dumps(args, sort_keys=True)
+
+
+def answer_key(problem: dict[str, Any]) -> str | None:
+    """A program that answers each test with its expected output: the data carries no
+    reference solution, so the oracle answers from the tests it knows (an answer key, as
+    SearchQA's and MetaMathQA's oracles answer from their tables). ``repr`` writes the data's
+    strings as literals; nothing is evaluated here. None when a test's input is not JSON."""
+    tests, name = problem["tests"], problem["func_name"]
+    if not tests:
+        return None
+    if not (name and any(t.get("testtype") == "functional" for t in tests)):
+        stdin = {str(t.get("input", "")): str(t.get("output", "")) for t in tests}
+        return (f"import sys\nANSWERS = {stdin!r}\n"
+                "sys.stdout.write(ANSWERS.get(sys.stdin.read(), ''))\n")
+    table: dict[str, str] = {}
+    for t in tests:
+        key = _json_args(t.get("input", []))
+        if key is None:
+            return None
+        table[key] = str(t.get("output", ""))
+    if not str(name).isidentifier():
+        return None
+    lookup = "ANSWERS.get(json.dumps(list(args), sort_keys=True), '')"
+    return (f"import json\nANSWERS = {table!r}\nclass Solution:\n"
+            f"    def {name}(self, *args):\n        return {lookup}\n"
+            f"def {name}(*args):\n    return {lookup}\n")
+
+
+def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
+    """The answer-key program (`answer_key`) of the problem on the page, else ``[]``. Two
+    problems may share a prompt: the first one's key answers."""
+    for problem in load_problems(env_config):
+        if problem["prompt"] == obs:
+            code = answer_key(problem)
+            return [] if code is None or len(code) > MAX_CODE_CHARS else [code]
+    return []
+
+
+DeepCoderEnv.oracle = staticmethod(oracle)

@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -165,3 +166,56 @@ class Game2048Env(TextEnv):
         lines += ["", f"Valid Actions: {actions}.", "Goal: Merge same numbers to reach 2048.",
                   f"Current Score: {self.score}", "What is your next move?"]
         return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- oracle
+_ROW = re.compile(r"^Row \d+: \[([\d, ]*)\]$", re.MULTILINE)
+
+
+def read_board(obs: str) -> Grid | None:
+    """The grid on the page, or None."""
+    rows = [[int(v) for v in m.split(",")] for m in _ROW.findall(obs) if m.strip()]
+    if not rows or any(len(r) != len(rows) for r in rows):
+        return None
+    return rows
+
+
+def _value(grid: Grid) -> float:
+    """How promising a grid is: empty cells, and rows and columns that fall away from the
+    top-left corner (where the largest tile is kept)."""
+    size = len(grid)
+    empty = sum(1 for row in grid for v in row if not v)
+    mono = 0.0
+    for line in [*grid, *([grid[r][c] for r in range(size)] for c in range(size))]:
+        mono -= sum(max(0, b - a) for a, b in zip(line, line[1:]))
+    corner = grid[0][0] if grid[0][0] == max(max(row) for row in grid) else 0
+    return 4.0 * empty * max(1, max(max(row) for row in grid)) ** 0.5 + mono + 2.0 * corner
+
+
+def _expected(grid: Grid) -> float:
+    """The value after the spawn of a 2 in each empty cell, the best reply then, averaged."""
+    size = len(grid)
+    empties = [(r, c) for r in range(size) for c in range(size) if not grid[r][c]]
+    if not empties:
+        return _value(grid)
+    total = 0.0
+    for r, c in empties:
+        grid[r][c] = 2
+        total += max((_value(g) + merged for g, merged, moved in
+                      (slide(grid, a) for a in ACTIONS) if moved), default=-1e9)
+        grid[r][c] = 0
+    return total / len(empties)
+
+
+def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
+    """One move: the one whose spawned-on grid looks best two plies ahead (a heuristic, not a
+    solver: 2048 draws its tiles at random); ``[]`` when no move changes the grid."""
+    grid = read_board(obs)
+    if grid is None:
+        return []
+    scored = [(merged + _expected(g), -a) for a in ACTIONS
+              for g, merged, moved in [slide(grid, a)] if moved]
+    return [ACTIONS[-max(scored)[1]]] if scored else []
+
+
+Game2048Env.oracle = staticmethod(oracle)

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from turnpool.envs.base import TextEnv
@@ -132,3 +133,65 @@ class RubiksCube2x2Env(TextEnv):
             lines += ["", "Available Actions:", "U, U', D, D', L, L', R, R', F, F', B, B'",
                       "\nWhat is your next move?"]
         return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- oracle
+#: the deepest solution the oracle looks for (the default scramble is 5 turns)
+MAX_SOLVE_DEPTH = 7
+#: nodes the search may visit before it gives up (a few seconds at worst)
+MAX_SOLVE_NODES = 2_000_000
+_INVERSE = {a: a + 1 if a % 2 else a - 1 for a in ACTIONS}
+
+
+def read_stickers(obs: str) -> list[int] | None:
+    """The 24 stickers (as colour indices) of the state on the page, or None."""
+    stickers: list[int] = []
+    for label, _ in FACES:
+        match = re.search(re.escape(label.strip()) + r"\s*\[(\w), (\w)\]\s*\[(\w), (\w)\]", obs)
+        if match is None or any(ch not in COLOURS for ch in match.groups()):
+            return None
+        stickers += [COLOURS.index(ch) for ch in match.groups()]
+    return stickers
+
+
+def solve_moves(stickers: list[int], max_depth: int = MAX_SOLVE_DEPTH,
+                max_nodes: int = MAX_SOLVE_NODES) -> list[int] | None:
+    """A shortest action sequence that solves the cube (iterative deepening), or None."""
+    budget = [max_nodes]
+    path: list[int] = []
+
+    def dfs(state: list[int], depth: int) -> bool:
+        if solved(state):
+            return True
+        if depth == 0:
+            return False
+        for action in ACTIONS:
+            if path and action == _INVERSE[path[-1]]:
+                continue
+            if len(path) >= 2 and path[-1] == path[-2] == action:  # three = one inverse
+                continue
+            budget[0] -= 1
+            if budget[0] < 0:
+                return False
+            path.append(action)
+            if dfs(turn(state, action), depth - 1):
+                return True
+            path.pop()
+        return False
+
+    for depth in range(max_depth + 1):
+        if dfs(stickers, depth):
+            return path
+        if budget[0] < 0:
+            break
+    return None
+
+
+def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
+    """The turns of a shortest solution of the state on the page (``[]`` if none found)."""
+    stickers = read_stickers(obs)
+    moves = None if stickers is None else solve_moves(stickers)
+    return [ACTIONS[a] for a in moves or []]
+
+
+RubiksCube2x2Env.oracle = staticmethod(oracle)

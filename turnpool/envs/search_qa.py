@@ -181,6 +181,31 @@ def _build_table(rows: list[dict[str, Any]], options: dict[str, Any]
     return table
 
 
+def data_key(config: dict[str, Any]) -> datasets.TableKey:
+    """Which table an env with this config asks from."""
+    path = datasets.resolve_path(config, PATH_KEYS, BUNDLED, RAGEN_TRAIN_PATH)
+    return datasets.table_key("search_qa", path,
+                              max_instances=int(config.get("max_instances", 20000) or 0))
+
+
+def load_table(key: datasets.TableKey) -> tuple[tuple[str, str | list[str]], ...]:
+    """The question table (shared, loaded once per process)."""
+    rows: tuple[tuple[str, str | list[str]], ...] = datasets.get_table(key, _build_table)
+    return rows
+
+
+def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
+    """``finish[<reference answer>]`` for a question of the configured data (no search
+    needed), ``[]`` for any other page."""
+    head, tail = "Question: ", f"\n{ACTIONS_LINE}"
+    if not (obs.startswith(head) and obs.endswith(tail)):
+        return []
+    question = obs[len(head):-len(tail)]
+    truth = next((t for q, t in load_table(data_key(env_config)) if q == question), None)
+    answer = truth if isinstance(truth, str) else truth[0] if truth else None
+    return [] if answer is None else [f"finish[{answer}]"]
+
+
 # ----------------------------------------------------------------------------------- env
 class SearchQAEnv(TextEnv):
     """Search, then answer; see the module docstring for the rules."""
@@ -208,17 +233,14 @@ class SearchQAEnv(TextEnv):
         self.max_steps = int(max_steps)
         self.correct_reward, self.incorrect_reward = correct_reward, incorrect_reward
         self.f1_threshold = float(f1_threshold)
-        path = datasets.resolve_path(self.config, PATH_KEYS, BUNDLED, RAGEN_TRAIN_PATH)
-        self._key = datasets.table_key("search_qa", path, max_instances=int(max_instances))
-        self.table  # noqa: B018 (fail at construction, not at the first reset)
+        self._key = data_key(self.config)
+        load_table(self._key)  # fail at construction, not at the first reset
         self.question, self.step_count, self.text = "", 0, ""
         self.truth: str | list[str] = ""
 
     @property
     def table(self) -> tuple[tuple[str, str | list[str]], ...]:
-        rows: tuple[tuple[str, str | list[str]], ...] = datasets.get_table(self._key,
-                                                                           _build_table)
-        return rows
+        return load_table(self._key)
 
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
         self.question, self.truth = self.table[seed % len(self.table)]
@@ -272,3 +294,6 @@ class SearchQAEnv(TextEnv):
 
     def _render_text(self) -> str:
         return self.text
+
+
+SearchQAEnv.oracle = staticmethod(oracle)

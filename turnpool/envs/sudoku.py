@@ -281,3 +281,84 @@ class SudokuEnv(TextEnv):
     def grid(self) -> np.ndarray:
         """The current grid as an array (0 = empty)."""
         return np.array(self.current, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- oracle
+_CELL = re.compile(r"\[(\d+)\]|\*(\d+)\*|(\d+)|(\.)")
+_GRID_LINE = re.compile(r"^[\s\d.\[\]*|]+$")
+#: the solver's search budget (guesses), so a 16x16 grid cannot take minutes
+MAX_SOLVER_NODES = 200_000
+
+
+def read_grid(obs: str, size: int) -> tuple[Grid, Grid] | None:
+    """``(current, initial)`` from an observation (``simple`` marks no initial cells: then
+    both are the current grid), or None when no ``size`` x ``size`` grid is on the page."""
+    rows: list[list[int]] = []
+    givens: list[list[int]] = []
+    for line in obs.splitlines():
+        if not line.strip() or not _GRID_LINE.match(line) or set(line.strip()) <= {"-"}:
+            continue
+        cells = _CELL.findall(line)
+        if len(cells) != size:
+            continue
+        rows.append([int(a or b or c or 0) for a, b, c, _ in cells])
+        givens.append([int(a) if a else 0 for a, _, _, _ in cells])
+        if len(rows) == size:
+            break
+    if len(rows) != size:
+        return None
+    marked = any(v for row in givens for v in row)
+    return rows, (givens if marked else [row[:] for row in rows])
+
+
+def solve(grid: Grid, max_nodes: int = MAX_SOLVER_NODES) -> Grid | None:
+    """A completion of ``grid`` by backtracking (fewest candidates first), or None."""
+    size = len(grid)
+    box = int(size ** 0.5)
+    work = [row[:] for row in grid]
+    budget = [max_nodes]
+
+    def search() -> bool:
+        best: tuple[int, int, list[int]] | None = None
+        for r in range(size):
+            for c in range(size):
+                if not work[r][c]:
+                    options = candidates(work, r, c, box)
+                    if best is None or len(options) < len(best[2]):
+                        best = (r, c, options)
+        if best is None:
+            return True
+        r, c, options = best
+        for n in options:
+            budget[0] -= 1
+            if budget[0] < 0:
+                return False
+            work[r][c] = n
+            if search():
+                return True
+        work[r][c] = 0
+        return False
+
+    if conflicts(work, box) or not search():
+        return None
+    return work
+
+
+def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
+    """Placements that complete the grid on the page: solved with every placed number kept,
+    else from the initial cells only (overwriting wrong placements first: a placement the
+    env refuses is planned again next turn); ``[]`` when no grid."""
+    read = read_grid(obs, int(env_config.get("grid_size", 9)))
+    if read is None:
+        return []
+    current, initial = read
+    solution = solve(current) or solve(initial)
+    if solution is None:
+        return []
+    cells = [(r, c) for r in range(len(current)) for c in range(len(current))
+             if current[r][c] != solution[r][c]]
+    cells.sort(key=lambda rc: not current[rc[0]][rc[1]])  # wrong numbers out of the way first
+    return [f"place {solution[r][c]} at row {r + 1} col {c + 1}" for r, c in cells]
+
+
+SudokuEnv.oracle = staticmethod(oracle)

@@ -175,6 +175,10 @@ class TrajectoryCollector:
         #: multi-player games: the policy of each seat that is not played by ``policy``
         self.seat_policies = dict(seat_policies or {})
         self._clock = Clock()
+        #: generation batches played by every `collect` call so far (a run of several calls
+        #: passes it as the next call's ``first_gen_batch``)
+        self.gen_batches = 0
+        self._first_gen_batch = 0
         self._failures: Counter[str] = Counter()
         self._first_error: str | None = None
         self._trees = TreeTally()
@@ -200,17 +204,25 @@ class TrajectoryCollector:
             raise
 
     # ------------------------------------------------------------------ public API
-    def collect(self, seed: int | None = None) -> RolloutBatch:
-        """One rollout batch: vanilla, or dynamic sampling when ``filter_groups`` is on."""
+    def collect(self, seed: int | None = None, *, first_gen_batch: int = 0) -> RolloutBatch:
+        """One rollout batch: vanilla, or dynamic sampling when ``filter_groups`` is on.
+        ``first_gen_batch`` numbers its first generation batch (``gen_batch``, the head of
+        every ``group_uid`` and tree node id): a run of several calls passes `gen_batches`
+        so that no two of its batches share a group id; 0 keeps every call's output the same
+        for the same seed."""
+        self._first_gen_batch = int(first_gen_batch)
         self._clock = Clock()
         self._failures = Counter()
         self._first_error = None
         self._trees = TreeTally()
         s = self.settings
-        if s.filter_groups:
-            groups, dyn = self._dynamic(seed)
-        else:
-            groups, dyn = self._groups_of(self._run_batch(self.seeds.next(seed), 0)), {}
+        try:
+            if s.filter_groups:
+                groups, dyn = self._dynamic(seed)
+            else:
+                groups, dyn = self._groups_of(self._run_batch(self.seeds.next(seed), 0)), {}
+        finally:
+            self.gen_batches += self._clock.batches
         trajectories = [t for g in groups for t in g]
         self._score(trajectories)
         metrics = batch_metrics(trajectories, self.group_size, self._clock,
@@ -269,7 +281,9 @@ class TrajectoryCollector:
 
     # ------------------------------------------------------------------ the loop
     def _run_batch(self, seed: int, gen_batch: int) -> list[EpisodeState]:
-        """Reset the pool and play up to ``max_turn`` turns."""
+        """Reset the pool and play up to ``max_turn`` turns; ``gen_batch`` counts within this
+        `collect` call, from its ``first_gen_batch``."""
+        gen_batch += self._first_gen_batch
         t0 = time.perf_counter()
         obs, infos = self.pool.reset(seed=seed)
         self._clock.reset_s += time.perf_counter() - t0

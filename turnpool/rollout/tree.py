@@ -103,7 +103,8 @@ def score_function(score: str | Callable[[Any], float]) -> ScoreFn:
 
 
 def group_uid(gen_batch: int, group_id: int) -> str:
-    """A group's id within a collect call (generation batch, group)."""
+    """A group's id within a run (generation batch, which a multi-batch run counts on
+    across its `collect` calls, and group)."""
     return f"{gen_batch}-{group_id}"
 
 

@@ -206,8 +206,9 @@ def _parquet_rows(p: Path) -> list[dict[str, Any]]:
 
 
 def _load_rollout(p: Path, rows: list[dict[str, Any]]) -> Run:
-    """Trajectory rows as episodes. Group ids start again in every batch of a multi-batch
-    run (``--batches``), so where one id covers several seeds the seed joins the label."""
+    """Trajectory rows as episodes. In files written before runs numbered their batches on,
+    group ids start again in every batch (``--batches``), so where one id covers several
+    seeds the seed joins the label."""
     episodes = [_episode_of(i, d) for i, d in enumerate(rows)]
     if len({(e.group, e.seed) for e in episodes}) > len({e.group for e in episodes}):
         for e in episodes:
@@ -216,8 +217,8 @@ def _load_rollout(p: Path, rows: list[dict[str, Any]]) -> Run:
 
 
 def _batched_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tree nodes with ids unique over the file. Node ids repeat in every batch of a
-    multi-batch run, which writes batch after batch; a repeated id starts the next batch,
+    """Tree nodes with ids unique over the file. In older files node ids repeat in every
+    batch of a multi-batch run, which writes batch after batch; a repeated id starts the next batch,
     whose nodes (and groups) then get a ``b<k>:`` prefix."""
     batches: list[int] = []
     batch, seen = 0, set[str]()
