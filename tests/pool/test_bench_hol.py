@@ -33,7 +33,7 @@ def test_bench_hol_shows_the_handoff() -> None:
         assert row["innocent_errors"] == 0
         assert row["steps_per_s"] > 0 and row["p99_ms"] is not None
     # with hand-off the worker-mates of the hung env never wait for its deadline ...
-    assert rows["hang"]["near_max_ms"] < STEP_TIMEOUT * 1000 / 2
+    assert rows["hang"]["near_max_ms"] < STEP_TIMEOUT * 1000
     # ... without it they wait for the whole of it (the worker is killed, they are replayed)
     assert rows["hang, no hand-off"]["near_max_ms"] > STEP_TIMEOUT * 1000 * 0.9
     kinds = [(s["through"], s["kind"]) for s in report["summary"]]
