@@ -14,7 +14,7 @@ import pytest
 import textarena as ta
 
 import turnpool
-from turnpool.envs.hubs import GlobalRngScope
+from turnpool.envs.hub_table import GlobalRngScope
 from turnpool.envs.hubs.textarena import TextArenaEnv, observation_text
 from turnpool.pool import EnvPool
 

@@ -122,7 +122,7 @@ def envs(json_path: str | None, show_all: bool, hub_name: str | None, no_check: 
 def _hub_listing(name: str, json_path: str | None, *, check: bool) -> None:
     """``turnpool envs --hub NAME``: one row per id the library offers."""
     from turnpool.cli.errors import UserError, user_errors
-    from turnpool.envs.hubs import hub
+    from turnpool.envs.hub_table import hub
     from turnpool.envs.hubs.base import listing
 
     try:

@@ -5,7 +5,7 @@ registered by entry point works on every backend, including spawn and Ray.
 
 What names an env (`make`, ``EnvPool(env_type=...)``), tried in this order: a library's id
 behind its hub prefix (``"gem:game:Sokoban-v0-easy"``, ``"rg:leg_counting"``: the table
-`turnpool.envs.hubs.HUBS`), a registered name, a gymnasium id (``"FrozenLake-v1"``, wrapped
+`turnpool.envs.hub_table.HUBS`), a registered name, a gymnasium id (``"FrozenLake-v1"``, wrapped
 in `turnpool.envs.gym_adapter.GymTextEnv`), an entry point ``"module.path:Name"``, or a
 callable factory returning a `TextEnv` or a gymnasium env. `build_target` reduces each to an
 entry point string + kwargs, the form workers rebuild from.
@@ -22,7 +22,7 @@ from typing import Any
 
 from gymnasium.envs.registration import EnvSpec as GymEnvSpec
 
-from turnpool.envs import hubs
+from turnpool.envs import hub_table
 from turnpool.envs.base import ACTION_KINDS, OracleFn, TextEnv
 from turnpool.envs.entry import load_entry_point
 
@@ -72,7 +72,7 @@ def resolve(name_or_entry_point: str) -> tuple[type[TextEnv], dict[str, Any]]:
     string; RAGEN env classes and ``REGISTERED_ENVS`` names go through the RAGEN adapter."""
     import turnpool.envs.ragen_adapter as ragen_adapter
 
-    library_env = hubs.split(name_or_entry_point)
+    library_env = hub_table.split(name_or_entry_point)
     if library_env is not None:
         return load_entry_point(library_env[0].entry_point), {"env_id": library_env[1]}
     spec = _spec_of(name_or_entry_point)
@@ -167,7 +167,7 @@ def build_target(env: EnvTarget, kwargs: dict[str, Any] | None = None
     if not isinstance(env, str):
         raise TypeError(f"an env is a name, an entry point, a gymnasium id or a callable, "
                         f"got {type(env).__name__}")
-    found = hubs.split(env)
+    found = hub_table.split(env)
     if found is not None:
         return _hub_target(*found, kwargs)
     spec = _REGISTRY.get(env)
@@ -181,11 +181,12 @@ def build_target(env: EnvTarget, kwargs: dict[str, Any] | None = None
     return env, kwargs
 
 
-def _hub_target(hub: hubs.Hub, env_id: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _hub_target(hub: hub_table.Hub, env_id: str, kwargs: dict[str, Any]
+                ) -> tuple[str, dict[str, Any]]:
     """A library's env: its adapter's entry point with ``env_id``, checked here (the library
     installed, the id one it offers) so that a missing extra or a typo fails in the caller."""
     hub.require()
-    with hubs.GlobalRngScope():  # a library's registry may draw on first read
+    with hub_table.GlobalRngScope():  # a library's registry may draw on first read
         load_entry_point(hub.entry_point).check_id(env_id)
     return hub.entry_point, {**kwargs, "env_id": env_id}
 

@@ -11,7 +11,7 @@ import numpy as np
 
 import turnpool
 from tests.envs.hubs.parity import Record, play_make, play_pool, record
-from turnpool.envs.hubs import GlobalRngScope
+from turnpool.envs.hub_table import GlobalRngScope
 
 #: GEM's game ids that need NLTK's word lists (fetched from the web, not shipped) or fail in
 #: GEM itself with their "random" settings (FifteenPuzzle, Crosswords): not offline here.

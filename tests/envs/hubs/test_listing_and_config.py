@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from turnpool.cli import main
-from turnpool.envs.hubs import Hub
+from turnpool.envs.hub_table import Hub
 from turnpool.extras import MissingExtra
 
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from turnpool.envs.base import TextEnv
 from turnpool.envs.gym_adapter import obs_to_text
-from turnpool.envs.hubs import GlobalRngScope, Hub, hub
+from turnpool.envs.hub_table import GlobalRngScope, Hub, hub
 from turnpool.envs.registry import load_entry_point
 
 #: Longest action text handed to a library (longer LLM text: invalid, no step).
@@ -72,11 +72,13 @@ class HubEnv(TextEnv):
     library offers); `_library_close` and `library_success` when the library has them.
     """
 
-    #: this adapter's entry in `turnpool.envs.hubs.HUBS`
+    #: this adapter's entry in `turnpool.envs.hub_table.HUBS`
     hub_prefix: ClassVar[str] = ""
     action_kind = "free_text"
     extra_kwargs = None  # every kwarg goes to the library
     snapshot_by_state = False
+    #: the library's env (None before it is built and after close)
+    inner: Any = None
     #: the reward at termination that counts as success when the library reports none
     success_reward: ClassVar[float] = 1.0
 
@@ -91,7 +93,7 @@ class HubEnv(TextEnv):
         self._done = False
         self._reset_info: dict[str, Any] = {}
         library_kwargs = {k: v for k, v in kwargs.items() if k != "render_mode"}
-        self.inner: Any = None
+        self.inner = None
         with self.library_call():  # importing a library may draw from the global RNG too
             self.library = self.hub.require()
             self.inner = self._build(env_id, library_kwargs)
@@ -107,9 +109,11 @@ class HubEnv(TextEnv):
         raise NotImplementedError
 
     def _library_close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
+        try:
+            close = self.inner.close
+        except AttributeError:  # a library env without close: nothing to release
+            return
+        close()
 
     def library_success(self, reward: float, terminated: bool,
                         info: dict[str, Any]) -> bool | None:
@@ -179,7 +183,7 @@ class HubEnv(TextEnv):
         raise NotImplementedError(f"{type(self).__name__}: library envs are reset, not copied")
 
     def close(self) -> None:
-        inner, self.inner = getattr(self, "inner", None), None
+        inner, self.inner = self.inner, None
         if inner is not None:
             self.inner = inner
             try:

@@ -20,7 +20,7 @@ collector, fork, replay and serving treat a game like any other env:
   accepts.
 
 Determinism: TextArena seeds and draws from the process-global ``random`` (and a few games
-from ``numpy.random``): every call runs in the env's own `turnpool.envs.hubs.GlobalRngScope`
+from ``numpy.random``): every call runs in the env's own `turnpool.envs.hub_table.GlobalRngScope`
 (``uses_global_rng``), so interleaved games in one process, and the caller, never see each
 other's draws.
 
@@ -46,7 +46,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from turnpool.envs.hubs import GlobalRngScope, hub
+from turnpool.envs.hub_table import GlobalRngScope, hub
 from turnpool.envs.hubs.base import HubEnv, plain
 
 #: Player counts tried, in order, when an id does not say how many play.
@@ -146,8 +146,8 @@ class TextArenaEnv(HubEnv):
         info: dict[str, Any] = {"step_info": plain(step_info), "acting_seat": acting,
                                 "num_seats": self.num_players}
         if not done:
-            # TextArena counts a player's refused moves until one is accepted
-            self._refused = int(getattr(self.inner.state, "error_count", 0) or 0) > 0
+            # TextArena's states count a player's refused moves until one is accepted
+            self._refused = int(self.inner.state.error_count or 0) > 0
             self._seat = int(seat)
             info["seat"] = self._seat
             return observation_text(observation), 0.0, False, False, info
