@@ -43,8 +43,7 @@ class SeatAEC(_pz.AECEnv):  # type: ignore[misc,name-defined]
     def __init__(self, env: TextEnv) -> None:
         super().__init__()
         self.env = env
-        probe_seats = int(getattr(env, "num_players", 0) or 0)  # the class's own count
-        self.possible_agents = [agent_name(k) for k in range(max(1, probe_seats))]
+        self.possible_agents: list[str] = []  # known once reset names the seats
         self.agents: list[str] = []
         self._shown: dict[str, str] = {}
         self._next_seed: int | None = None

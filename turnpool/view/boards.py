@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from turnpool.envs.base import TextEnv
 from turnpool.envs.registry import make, registered, resolve
 from turnpool.view.files import Episode
 
@@ -63,7 +64,7 @@ def png_bytes(frame: np.ndarray) -> bytes:
             + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6)) + chunk(b"IEND", b""))
 
 
-def env_class(env_type: str | None) -> type | None:
+def env_class(env_type: str | None) -> type[TextEnv] | None:
     """The class of a registered env name (None for anything else)."""
     if not env_type or env_type not in registered():
         return None
@@ -79,9 +80,9 @@ def board_way(episode: Episode) -> str | None:
     cls = env_class(episode.env_type)
     if cls is None:
         return None
-    if callable(getattr(cls, "frame_from_obs", None)):
+    if cls.frame_from_obs is not None:
         return "hook"
-    modes = (getattr(cls, "metadata", None) or {}).get("render_modes") or ()
+    modes = cls.metadata.get("render_modes") or ()
     if "rgb_array" in modes and episode.seed is not None:
         return "replay"
     return None
@@ -113,7 +114,10 @@ def _hooked(episode: Episode, obs: str) -> np.ndarray | None:
     if len(obs) > MAX_OBS_CHARS:
         return None
     cls = env_class(episode.env_type)
-    frame = cls.frame_from_obs(obs, episode.env_kwargs)  # type: ignore[union-attr]
+    hook = None if cls is None else cls.frame_from_obs
+    if hook is None:
+        return None
+    frame = hook(obs, episode.env_kwargs)
     return None if frame is None else np.asarray(frame)
 
 

@@ -59,7 +59,7 @@ class ReasoningGymEnv(HubEnv):
                         "same items in every process", env_id)
         config_cls = DATASETS[env_id][1]
         self.config_kwargs = {k: v for k, v in kwargs.items() if k not in ("seed", "size")}
-        self.size = int(kwargs.get("size", getattr(config_cls(), "size", 500)))
+        self.size = int(kwargs.get("size", config_cls().size))
         self._built_seed: int | None = None
         self.entry: dict[str, Any] = {}
         return None  # the dataset is built per chunk of seeds, on reset
