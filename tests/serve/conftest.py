@@ -4,6 +4,9 @@ client from PyPI."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from typing import Any
 
 from openenv.core import GenericEnvClient
@@ -22,3 +25,13 @@ def expected_failure(kind: str) -> str:
 def client(url: str, **kwargs: Any) -> Any:
     """OpenEnv's sync WebSocket client on ``url``."""
     return GenericEnvClient(base_url=url, message_timeout_s=60.0, **kwargs).sync()
+
+
+def openenv_validate(url: str) -> None:
+    """``openenv validate`` against a running server passes every criterion (exit 0)."""
+    out = subprocess.run([sys.executable, "-m", "openenv.cli", "validate", "--url", url,
+                          "--json"], capture_output=True, text=True, timeout=120)
+    report = json.loads(out.stdout[out.stdout.index("{"):])
+    failed = [c for c in report["criteria"] if not c["passed"]]
+    assert report["passed"] is True and not failed, failed
+    assert out.returncode == 0

@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -17,6 +15,7 @@ from openenv.core.mcp_client import MCPToolClient
 from websockets.sync.client import connect
 
 import turnpool
+from tests.serve.conftest import openenv_validate
 from turnpool.serve import ServeSettings, TurnpoolServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -32,12 +31,7 @@ def server() -> Iterator[TurnpoolServer]:
 
 
 def test_openenv_validate_passes(server: TurnpoolServer) -> None:
-    out = subprocess.run([sys.executable, "-m", "openenv.cli", "validate", "--url", server.url,
-                          "--json"], capture_output=True, text=True, timeout=120)
-    report = json.loads(out.stdout[out.stdout.index("{"):])
-    failed = [c for c in report["criteria"] if not c["passed"]]
-    assert report["passed"] is True and not failed, failed
-    assert out.returncode == 0
+    openenv_validate(server.url)
 
 
 def test_mcp_tool_client_plays_an_exact_episode(server: TurnpoolServer) -> None:

@@ -5,8 +5,6 @@ reply names the seat to move; the last pays every seat) exactly as TextArena's o
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +12,7 @@ import pytest
 import textarena as ta
 from websockets.sync.client import connect
 
+from tests.serve.conftest import openenv_validate
 from turnpool.envs.hubs.textarena import listed_moves, observation_text
 from turnpool.serve import ServeSettings, TurnpoolServer
 
@@ -29,11 +28,7 @@ def server() -> Iterator[TurnpoolServer]:
 
 
 def test_openenv_validate_passes(server: TurnpoolServer) -> None:
-    out = subprocess.run([sys.executable, "-m", "openenv.cli", "validate", "--url", server.url,
-                          "--json"], capture_output=True, text=True, timeout=120)
-    report = json.loads(out.stdout[out.stdout.index("{"):])
-    failed = [c for c in report["criteria"] if not c["passed"]]
-    assert report["passed"] is True and not failed, failed
+    openenv_validate(server.url)
 
 
 def _ask(ws: Any, kind: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,6 @@ validate`` and plays the episode `turnpool.make` plays."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import sys
 import pytest
 
 import turnpool
-from tests.serve.conftest import client
+from tests.serve.conftest import client, openenv_validate
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -32,11 +31,7 @@ def test_turnpool_serve_of_a_library_env_passes_openenv_validate(name: str, acti
             line = proc.stdout.readline()
         assert f"turnpool serve: {name}" in line, line
         url = line.split(" at ", 1)[1].split()[0]
-        out = subprocess.run([sys.executable, "-m", "openenv.cli", "validate", "--url", url,
-                              "--json"], capture_output=True, text=True, timeout=120)
-        report = json.loads(out.stdout[out.stdout.index("{"):])
-        failed = [c for c in report["criteria"] if not c["passed"]]
-        assert report["passed"] is True and not failed, failed
+        openenv_validate(url)
         env = turnpool.make(name)
         want_obs, _ = env.reset(seed=4)
         want = env.step(action)
