@@ -21,9 +21,24 @@ from typing import Any, NamedTuple, Protocol
 from turnpool.pool.api import EnvPool
 from turnpool.pool.branch import Snapshot
 
-#: A future the driver resolves: `concurrent.futures.Future` (blocking face) or
-#: `asyncio.Future` (asyncio face).
-Waiter = concurrent.futures.Future[Any] | asyncio.Future[Any]
+
+class LoopWaiter(Protocol):
+    """A waiter resolved on its event loop without being a future (`turnpool.serve.ws`'s
+    step calls): ``set_result`` / ``set_exception`` run there, in the one callback per loop
+    per round, and must not raise."""
+
+    def get_loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def done(self) -> bool: ...
+
+    def set_result(self, value: Any) -> None: ...
+
+    def set_exception(self, exc: BaseException) -> None: ...
+
+
+#: What the driver resolves: `concurrent.futures.Future` (blocking face), `asyncio.Future`
+#: (asyncio face) or a `LoopWaiter`.
+Waiter = concurrent.futures.Future[Any] | asyncio.Future[Any] | LoopWaiter
 Deliveries = list[tuple[Waiter, Any, BaseException | None]]
 
 
@@ -166,6 +181,8 @@ class SlotPool(Protocol):
 
     def poll(self, timeout: float, min_ready: int) -> list[tuple[int, Any]]: ...
 
+    def wait_fds(self) -> list[int] | None: ...
+
     def forget(self, env_ids: list[int]) -> None: ...
 
     def episode(self, env_id: int) -> Snapshot: ...
@@ -213,6 +230,9 @@ class EnvPoolSlots:
     def poll(self, timeout: float, min_ready: int) -> list[tuple[int, Any]]:
         return self.pool.poll(timeout=timeout, min_ready=min_ready)
 
+    def wait_fds(self) -> list[int] | None:
+        return self.pool.wait_fds()
+
     def forget(self, env_ids: list[int]) -> None:
         self.pool.forget(env_ids)
 
@@ -232,15 +252,15 @@ class EnvPoolSlots:
 
 
 def deliver(out: Deliveries) -> None:
-    """Resolve the waiters: concurrent futures directly, asyncio futures in one thread-safe
-    callback per event loop."""
+    """Resolve the waiters: concurrent futures directly, the others (asyncio futures and
+    `LoopWaiter`s) in one thread-safe callback per event loop."""
     by_loop: dict[asyncio.AbstractEventLoop, Deliveries] = {}
     for item in out:
         waiter = item[0]
-        if isinstance(waiter, asyncio.Future):
-            by_loop.setdefault(waiter.get_loop(), []).append(item)
-        else:
+        if isinstance(waiter, concurrent.futures.Future):
             resolve([item])
+        else:
+            by_loop.setdefault(waiter.get_loop(), []).append(item)
     for loop, items in by_loop.items():
         if loop.is_closed():
             continue
@@ -264,6 +284,7 @@ def resolve(out: Deliveries) -> None:
 
 
 __all__ = ["BranchRequest", "Branched", "Deliveries", "EnvPoolSlots", "ForkSlotRequest",
-           "PoolFull", "PoolTimeout", "ReleaseRequest", "ResetSlotRequest", "RestoreSlotRequest",
+           "LoopWaiter", "PoolFull", "PoolTimeout", "ReleaseRequest", "ResetSlotRequest",
+           "RestoreSlotRequest",
            "SlotPool", "SlotRequest", "SlotReset", "SnapshotSlotRequest", "StepSlotRequest",
            "Waiter", "deliver", "resolve"]

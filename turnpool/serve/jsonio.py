@@ -32,7 +32,7 @@ def _json_dumps(obj: Any) -> str:
 
 #: the lean step path's parser (None without orjson): what it cannot read (NaN, ints beyond
 #: 64 bits, broken JSON) takes the general path, whose replies and errors are json's
-loads: Callable[[str], Any] | None
+loads: Callable[[str | bytes], Any] | None
 try:  # orjson writes a step's frame ~10x faster than json (0.55 vs 6.8 µs measured here)
     import orjson
 

@@ -29,12 +29,13 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import turnpool.serve.mcp as mcp
 from turnpool.pool.slot_requests import (
     Branched,
     ForkSlotRequest,
+    LoopWaiter,
     RestoreSlotRequest,
     SnapshotSlotRequest,
 )
@@ -46,6 +47,9 @@ from turnpool.serve.sessions import Session, SessionTable
 from turnpool.serve.snapshots import SnapshotCodec
 from turnpool.worker.failures import Failure
 from turnpool.worker.results import TurnResult
+
+#: A call in flight: the engine's future, or the ``/ws`` fast path's `LoopWaiter`
+W = TypeVar("W", bound="asyncio.Future[Any] | LoopWaiter")
 
 
 class Service:
@@ -103,13 +107,13 @@ class Service:
         fut = self.submit(session, lambda: self.engine.step_future(session.slot, actions))
         began = time.perf_counter()
         try:
-            await fut
-        except Exception:  # finish_step reads the future's failure
-            pass
+            result, failure = await fut, None
+        except Exception as exc:  # finish_step maps the failure
+            result, failure = None, exc
         except BaseException:  # the caller went away: the call is no longer its
             self.sessions.end_call(session)
             raise
-        return self.finish_step(session, fut, began)
+        return self.finish_step(session, result, failure, began)
 
     # The one begin/finish pair of a served step, whichever path submits it (`step` above,
     # `turnpool.serve.ws.WsConnection`'s fast path with its batcher): the checks and the
@@ -130,19 +134,17 @@ class Service:
         session.actions = actions
         return actions
 
-    def finish_step(self, session: Session, fut: asyncio.Future[Any], began: float
-                    ) -> dict[str, Any]:
-        """The observation payload of ``session``'s step ``fut`` (done; begun at ``began``,
-        perf_counter): the call ends, the session's count, episode flags and journal take
-        the turn. `ProtocolError` for a failed turn, a late one (the sweep's `PoolTimeout`)
-        or a pool that went away."""
+    def finish_step(self, session: Session, res: TurnResult | None,
+                    exc: BaseException | None, began: float) -> dict[str, Any]:
+        """The observation payload of ``session``'s step, answered ``res`` or failed with
+        ``exc`` (begun at ``began``, perf_counter): the call ends, the session's count,
+        episode flags and journal take the turn. `ProtocolError` for a failed turn, a late
+        one (the sweep's `PoolTimeout`) or a pool that went away."""
         self.sessions.end_call(session)
-        exc = None if fut.cancelled() else fut.exception()
         if isinstance(exc, PoolTimeout):  # the session table's sweep: too late
             raise self.timed_out(session, exc)
-        if fut.cancelled() or exc is not None:  # shutting down / the pool is closed
-            raise ProtocolError("EXECUTION_ERROR", str(exc or "cancelled"), status=503)
-        res: TurnResult = fut.result()
+        if exc is not None or res is None:  # shutting down / the pool is closed
+            raise ProtocolError("EXECUTION_ERROR", str(exc) or "cancelled", status=503)
         if self.observe_step is not None:
             self.observe_step(time.perf_counter() - began)
         if res.error is not None:
@@ -244,8 +246,7 @@ class Service:
         finally:
             self.sessions.end_call(session)
 
-    def submit(self, session: Session, start: Callable[[], asyncio.Future[Any]]
-                ) -> asyncio.Future[Any]:
+    def submit(self, session: Session, start: Callable[[], W]) -> W:
         """``start()`` ``session``'s engine call, now in flight under the session table's
         deadline (the caller ends it: `SessionTable.end_call`)."""
         try:

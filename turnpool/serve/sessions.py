@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from turnpool.pool.slot_requests import LoopWaiter
 from turnpool.pool.slots import PoolFull, PoolTimeout
 from turnpool.serve.engine import ServeSettings
 from turnpool.serve.errors import ProtocolError
@@ -81,7 +82,7 @@ class Session:
     #: the WebSocket connection holding the session (None: none now)
     websocket: Peer | None = None
     #: the call in flight (None: none), and the monotonic time after which it times out
-    inflight: asyncio.Future[Any] | None = None
+    inflight: asyncio.Future[Any] | LoopWaiter | None = None
     deadline: float = 0.0
     #: the actions of the last step asked (the journal records them once answered)
     actions: list[Any] = field(default_factory=list)
@@ -203,7 +204,7 @@ class SessionTable:
             self.on_change()
 
     # ------------------------------------------------------------------ calls
-    def begin_call(self, session: Session, fut: asyncio.Future[Any]) -> None:
+    def begin_call(self, session: Session, fut: asyncio.Future[Any] | LoopWaiter) -> None:
         """``fut`` is ``session``'s call in flight until it resolves (`end_call`)."""
         session.inflight = fut
         session.deadline = time.monotonic() + self.settings.call_timeout_s()

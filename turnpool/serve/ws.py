@@ -40,7 +40,7 @@ import turnpool.serve.codec as codec
 import turnpool.serve.mcp as mcp
 from turnpool.pool.slots import StepSlotRequest
 from turnpool.serve.errors import ProtocolError
-from turnpool.serve.jsonio import MAX_MESSAGE_CHARS, dumps, dumps_bytes, loads
+from turnpool.serve.jsonio import MAX_MESSAGE_CHARS, dumps_bytes, loads
 from turnpool.serve.service import Service
 from turnpool.serve.sessions import Session
 from turnpool.serve.verbs import BY_NAME, rpc
@@ -70,16 +70,20 @@ class Placement(Protocol):
                         here: Any) -> bool: ...
 
 
-async def answer(service: Service, session: Session, raw: str) -> str | None:
-    """The reply frame to one WebSocket message: its verb's (`turnpool.serve.verbs`) reply
-    of the handler's value, or an ``error``; None: the message ends the connection."""
+async def answer(service: Service, session: Session, raw: str | None, msg: Any = None
+                 ) -> bytes | None:
+    """The reply frame's payload to one WebSocket message: its verb's
+    (`turnpool.serve.verbs`) reply of the handler's value, or an ``error``; None: the message
+    ends the connection. ``msg``: the message as parsed already (``raw`` None), else ``raw``
+    is its text, parsed here."""
     try:
-        if len(raw) > MAX_MESSAGE_CHARS:
-            raise ProtocolError("VALIDATION_ERROR", "message too large")
-        try:
-            msg = json.loads(raw)
-        except ValueError as exc:
-            raise ProtocolError("INVALID_JSON", f"Invalid JSON: {exc}") from exc
+        if raw is not None:
+            if len(raw) > MAX_MESSAGE_CHARS:
+                raise ProtocolError("VALIDATION_ERROR", "message too large")
+            try:
+                msg = json.loads(raw)
+            except ValueError as exc:
+                raise ProtocolError("INVALID_JSON", f"Invalid JSON: {exc}") from exc
         kind = msg.get("type") if isinstance(msg, dict) else None
         verb = BY_NAME.get(kind) if isinstance(kind, str) else None
         if verb is None:
@@ -87,14 +91,49 @@ async def answer(service: Service, session: Session, raw: str) -> str | None:
         if verb.reply is None:
             return None
         out = await verb.run(service, session, verb.parse(msg.get("data")))
-        return dumps({"type": verb.reply, "data": out})
+        return dumps_bytes({"type": verb.reply, "data": out})
     except ProtocolError as exc:
-        return dumps({"type": "error", "data": exc.data()})
+        return _error(exc)
 
 
-async def _rpc_text(service: Service, session: Session, raw: str) -> str | None:
-    """The reply frame to one message of a WebSocket on ``/mcp``: its JSON-RPC response."""
-    return dumps(await rpc(service, session, raw))
+def _error(exc: ProtocolError) -> bytes:
+    return dumps_bytes({"type": "error", "data": exc.data()})
+
+
+async def _rpc_text(service: Service, session: Session, raw: str) -> bytes | None:
+    """The reply frame's payload to one message of a WebSocket on ``/mcp``: its JSON-RPC
+    response."""
+    return dumps_bytes(await rpc(service, session, raw))
+
+
+class StepCall:
+    """One ``/ws`` step in flight: the slot engine's waiter for it (a `LoopWaiter`), which
+    the driver's round resolves on the loop straight into `WsConnection.stepped`, with no
+    future and no callback of its own. The session table's sweep fails a late one the same
+    way (then the pool's answer, when it comes, finds it done)."""
+
+    __slots__ = ("conn", "finished")
+
+    def __init__(self, conn: WsConnection) -> None:
+        self.conn = conn
+        self.finished = False
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self.conn.loop
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, value: Any) -> None:
+        if not self.finished:
+            self.finished = True
+            self.conn.stepped(value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self.finished:
+            self.finished = True
+            # the sweep fails calls while it walks the sessions: answer after it
+            self.conn.loop.call_soon(self.conn.stepped, None, exc)
 
 
 class StepBatcher:
@@ -105,18 +144,17 @@ class StepBatcher:
         self.engine = service.engine
         self.items: list[StepSlotRequest] = []
 
-    def add(self, slot: int, actions: list[Any]) -> asyncio.Future[Any]:
+    def add(self, slot: int, actions: list[Any], call: StepCall) -> StepCall:
         self.engine.check(slot)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.items.append(StepSlotRequest(slot, actions, fut))
+        self.items.append(StepSlotRequest(slot, actions, call))
         if len(self.items) == 1:
-            fut.get_loop().call_soon(self.flush)
-        return fut
+            call.conn.loop.call_soon(self.flush)
+        return call
 
     def flush(self) -> None:
         items, self.items = self.items, []
         if items:
-            self.engine.post(list(items))
+            self.engine.post(items)
 
 
 class Entry(asyncio.Protocol):
@@ -191,7 +229,9 @@ class WsConnection(asyncio.Protocol):
         self.passed = b""
         self.frames = codec.FrameDecoder(MAX_FRAME_BYTES)
         self.messages = codec.MessageAssembler(MAX_FRAME_BYTES)
-        self.pending: deque[str] = deque()
+        #: messages waiting for the one being answered: (parsed, None), or (None, text)
+        #: for `answer` to parse
+        self.pending: deque[tuple[Any, str | None]] = deque()
         self.running = False  # a message of this session is being answered
         self.open = False  # the handshake is done and no close was sent
         self.lost = False
@@ -251,8 +291,9 @@ class WsConnection(asyncio.Protocol):
             session = service.sessions.attach(wanted, self) if wanted else \
                 service.sessions.open("ws", self)
         except ProtocolError as exc:  # on /mcp the refusal is a JSON-RPC error too
-            self.send(dumps(mcp.rpc_error(mcp.SERVER_ERROR, exc.message, data=exc.data())
-                            if self.rpc else {"type": "error", "data": exc.data()}))
+            self.send_bytes(dumps_bytes(
+                mcp.rpc_error(mcp.SERVER_ERROR, exc.message, data=exc.data())
+                if self.rpc else {"type": "error", "data": exc.data()}))
             self.end(1013 if exc.code == "CAPACITY_REACHED" else 1008)
             return
         self.attached = bool(wanted)
@@ -286,43 +327,61 @@ class WsConnection(asyncio.Protocol):
             return
         if opcode == codec.OP_PONG:
             return
-        self.pending.append(codec.message_text(opcode, payload))
+        item = self._read(opcode, payload)
+        if not self.running and not self.pending:  # the common case: nothing to queue behind
+            self._begin(item)
+            return
+        self.pending.append(item)
         if len(self.pending) > MAX_PENDING and not self.paused:
             self.paused = True
             self._transport().pause_reading()
-        if not self.running:
-            self._next()
+
+    def _read(self, opcode: int, payload: bytes) -> tuple[Any, str | None]:
+        """A data message parsed once, by orjson from the frame's bytes: ``(message, None)``;
+        ``(None, text)`` for one it cannot read (NaN, huge ints, broken JSON, a binary
+        frame, an oversize one) and for any on ``/mcp``: `answer` (or JSON-RPC) parses that
+        text with json and says what is wrong. `codec.FrameError` for text that is not
+        UTF-8."""
+        if opcode == codec.OP_TEXT and not self.rpc and loads is not None and \
+                len(payload) <= MAX_MESSAGE_CHARS:
+            try:
+                return loads(payload), None
+            except ValueError:  # not UTF-8 either: message_text closes with 1007
+                pass
+        return None, codec.message_text(opcode, payload)
 
     # ------------------------------------------------------------------ messages
     def _next(self) -> None:
         """Start answering the next message waiting, if any (one at a time, in order)."""
-        session = self.session
-        while self.pending and self.open and session is not None and not session.closed:
-            raw = self.pending.popleft()
-            if self.paused and len(self.pending) <= MAX_PENDING // 2:
-                self.paused = False
-                self._transport().resume_reading()
-            self.running = True
-            if self.rpc:
-                task = self.loop.create_task(_rpc_text(self.service, session, raw))
-            elif self._step(session, raw):
-                return
-            else:
-                task = self.loop.create_task(answer(self.service, session, raw))
-            task.add_done_callback(self._answered)
-            return
         self.running = False
+        if not self.pending:
+            return
+        item = self.pending.popleft()
+        if self.paused and len(self.pending) <= MAX_PENDING // 2:
+            self.paused = False
+            self._transport().resume_reading()
+        self._begin(item)
 
-    def _step(self, session: Session, raw: str) -> bool:
-        """Submit ``raw`` to the slot engine's batcher if it is a step message orjson reads
-        (True); False for anything else, which `answer` handles. The step itself is the
-        general path's: `Service.begin_step` before, `Service.finish_step` after."""
-        if len(raw) > MAX_MESSAGE_CHARS or loads is None:
-            return False
-        try:
-            msg = loads(raw)
-        except ValueError:
-            return False
+    def _begin(self, item: tuple[Any, str | None]) -> None:
+        session = self.session
+        if not self.open or session is None or session.closed:
+            self.pending.appendleft(item)  # the connection is ending: left unanswered
+            return
+        self.running = True
+        msg, text = item
+        if self.rpc:
+            assert text is not None
+            task = self.loop.create_task(_rpc_text(self.service, session, text))
+        elif text is None and self._step(session, msg):
+            return
+        else:
+            task = self.loop.create_task(answer(self.service, session, text, msg))
+        task.add_done_callback(self._answered)
+
+    def _step(self, session: Session, msg: Any) -> bool:
+        """Submit the step message ``msg`` to the slot engine's batcher (True); False for
+        any other message, which `answer` handles. The step itself is the general path's:
+        `Service.begin_step` before, `Service.finish_step` after (`stepped`)."""
         if not isinstance(msg, dict) or msg.get("type") != "step":
             return False
         data = msg.get("data")
@@ -331,28 +390,31 @@ class WsConnection(asyncio.Protocol):
         service = self.service
         try:
             actions = service.begin_step(session, data)
-            fut = service.submit(session, lambda: self.batcher.add(session.slot, actions))
+            call = StepCall(self)
+            service.submit(session, lambda: self.batcher.add(session.slot, actions, call))
         except ProtocolError as exc:
-            self._reply(dumps({"type": "error", "data": exc.data()}))
+            self._reply(_error(exc))
             return True
         self.began = time.perf_counter()
-        fut.add_done_callback(self._stepped)
         return True
 
-    def _stepped(self, fut: asyncio.Future[Any]) -> None:
+    def stepped(self, result: Any, exc: BaseException | None) -> None:
+        """The slot engine's answer to this connection's step (`StepCall`): the reply."""
         session = self.session
         assert session is not None
         try:
-            payload = self.service.finish_step(session, fut, self.began)
+            payload = self.service.finish_step(session, result, exc, self.began)
         except ProtocolError as err:
-            self._reply(dumps({"type": "error", "data": err.data()}))
+            self._reply(_error(err))
             return
-        if self.open:
-            self._write(codec.encode_frame(codec.OP_TEXT, dumps_bytes(
-                {"type": "observation", "data": payload})))
-        self._done()
+        except Exception:  # a bug must not stop the driver's other deliveries
+            log.exception("a WebSocket step failed")
+            self.running = False
+            self.end(1011)
+            return
+        self._reply(dumps_bytes({"type": "observation", "data": payload}))
 
-    def _answered(self, task: asyncio.Task[str | None]) -> None:
+    def _answered(self, task: asyncio.Task[bytes | None]) -> None:
         exc = None if task.cancelled() else task.exception()
         if task.cancelled() or exc is not None:
             if exc is not None:
@@ -367,16 +429,16 @@ class WsConnection(asyncio.Protocol):
             return
         self._reply(reply)
 
-    def _reply(self, text: str) -> None:
-        self.send(text)
+    def _reply(self, data: bytes) -> None:
+        self.send_bytes(data)
         self._done()
 
     def _done(self) -> None:
         """A message answered: end the connection if its session closed meanwhile (or the
         client left), else go on with the next message."""
-        self.running = False
         session = self.session
         if self.lost or not self.open or (session is not None and session.closed):
+            self.running = False
             self.end(1000)
             return
         self._next()
@@ -390,8 +452,12 @@ class WsConnection(asyncio.Protocol):
         self._transport().write(data)
 
     def send(self, text: str) -> None:  # `turnpool.serve.sessions.Peer`
+        self.send_bytes(text.encode())
+
+    def send_bytes(self, data: bytes) -> None:
+        """A text frame of ``data`` (UTF-8 already), if the connection is open."""
         if self.open:
-            self._write(codec.encode_frame(codec.OP_TEXT, text.encode()))
+            self._write(codec.encode_frame(codec.OP_TEXT, data))
 
     def end(self, code: int = 1000) -> None:  # `turnpool.serve.sessions.Peer`
         """Send a close frame (once) and end the connection."""
@@ -451,5 +517,5 @@ def adopt(ws_class: type[WsConnection], server_state: Any, data: bytes, hops: in
     return conn
 
 
-__all__ = ["Entry", "MAX_FRAME_BYTES", "Placement", "StepBatcher", "WsConnection", "adopt",
-           "answer", "bind"]
+__all__ = ["Entry", "MAX_FRAME_BYTES", "Placement", "StepBatcher", "StepCall", "WsConnection",
+           "adopt", "answer", "bind"]
