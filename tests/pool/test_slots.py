@@ -251,6 +251,9 @@ class FakePool:
             except queue.Empty:
                 return out
 
+    def wait_fds(self) -> list[int] | None:
+        return None  # no fds: the driver polls
+
     def finish(self, slot: int, result: Any) -> None:
         self._ready.put((slot, result))
 

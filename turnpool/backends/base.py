@@ -105,6 +105,13 @@ class Backend(ABC):
         """Block up to ``timeout`` s until some of ``workers`` have a reply ready or are dead;
         return those (possibly none). Never spins."""
 
+    def wait_fds(self, workers: Collection[int]) -> list[int] | None:
+        """File descriptors that become readable when one of ``workers`` has a reply ready or
+        dies, for a caller that waits on them with others of its own (then `wait` with
+        timeout 0 says which); None when this backend has none, or one of ``workers`` is
+        gone already (then `wait`)."""
+        return None
+
     @abstractmethod
     def recv(self, worker: int) -> Reply:
         """The worker's next reply, after `wait` reported it; raise `WorkerLost` if it died."""

@@ -464,6 +464,17 @@ class StreamBackend(RemoteBackend[S]):
             w.lost = True
             raise WorkerLost(f"{self.name} worker {worker}: {exc}") from exc
 
+    def wait_fds(self, workers: Collection[int]) -> list[int] | None:
+        fds = []
+        for k in workers:
+            w = self._workers[k]
+            if w is None or w.lost or w.conn is None:
+                return None
+            fds.append(w.conn.fileno())
+            if w.sentinel >= 0:
+                fds.append(w.sentinel)
+        return fds
+
     def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
         poller = select.poll()
         fds: dict[int, int] = {}

@@ -348,6 +348,15 @@ class EnvPool:
         self._raise_if_needed([i for i, _ in failed], [r.error for _, r in failed])
         return out
 
+    def wait_fds(self) -> list[int] | None:
+        """File descriptors that become readable when a result for `poll` may be ready (a
+        worker with something in flight answered or died), for a caller that waits on them
+        with its own (a `turnpool.pool.slots.SlotEngine` waits on its inbox too), then polls
+        with timeout 0; None when the backend has none to give (threads, Ray: poll with a
+        timeout instead)."""
+        self._check_open()
+        return self._dispatch.wait_fds()
+
     def forget(self, env_ids: Sequence[int]) -> None:
         """The caller is done with these envs' current episodes (a server session ended):
         they are no longer restored after a worker loss (a step without a reset first then

@@ -129,6 +129,13 @@ class Dispatcher:
         if len(queue) == 1:
             self._send(worker, pending)
 
+    def wait_fds(self) -> list[int] | None:
+        """What `pump` would wait on, as file descriptors (`Backend.wait_fds`: None when the
+        backend has none): the workers with requests or stragglers out."""
+        late = self.table.stragglers
+        return self.backend.wait_fds([w for w, queue in enumerate(self._queues)
+                                      if queue or late[w]])
+
     def pump(self, done: Callable[[], bool], timeout: float | None) -> None:
         """Process replies and faults until ``done()`` or ``timeout`` (None: until done or
         nothing is in flight)."""

@@ -16,7 +16,10 @@ as *slots*:
   `EnvPool.step_async` call (one message per worker, however many users it serves), starts
   the resets batched by seed base (one `EnvPool.reset_async` per distinct base), and collects
   finished turns and resets ready-first with `EnvPool.poll`, so one slow env (or a worker
-  busy restoring its envs) never holds back another slot's result.
+  busy restoring its envs) never holds back another slot's result. While calls are in
+  flight it sleeps until a worker answers or a request comes in (`EnvPool.wait_fds` and the
+  inbox's wake pipe, in one ``poll(2)``), not on a timer; on a backend without fds (threads,
+  Ray) it polls the pool every `POLL_INTERVAL`.
 * Typed requests in: `SlotEngine.submit` takes `StepSlotRequest` / `ResetSlotRequest` /
   branching records, each with the future to resolve, and checks their slots first;
   `SlotEngine.post` takes a batch already checked (the WebSocket fast path, whose futures
@@ -47,7 +50,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import queue
+import select
 import threading
 import time
 from collections import Counter, deque
@@ -78,8 +83,12 @@ from turnpool.worker.results import ResetResult, TurnResult
 
 log = logging.getLogger(__name__)
 
-#: Seconds the driver waits for a worker reply before it looks at its inbox again.
+#: Seconds the driver waits for a worker reply before it looks at its inbox again, on a
+#: backend whose workers give no fds to sleep on (`EnvPool.wait_fds`).
 POLL_INTERVAL = 0.001
+#: Seconds the driver sleeps at most on fds while calls are in flight: the pool's deadlines
+#: (``step_timeout``) are checked when it wakes.
+DEADLINE_CHECK = 0.05
 #: Seconds the driver sleeps on an empty inbox when nothing is in flight.
 IDLE_WAIT = 0.05
 #: Seconds between two recounts of each worker's load (the leased slots' measured cost).
@@ -126,7 +135,14 @@ class SlotEngine:
         self.lost_slots: set[int] = set()
         self._inbox: queue.SimpleQueue[SlotRequest | list[SlotRequest] | None] = \
             queue.SimpleQueue()
+        #: the driver's wake-up: a byte written when a request comes in while it sleeps on
+        #: the workers' fds (`_sleeping`)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._sleeping = False
         self._closed = False
+        self._driving = True  # False once the driver thread has ended
         # counters, written by the driver, read (racily, for display) by anyone
         self.steps_total = 0
         self.resets_total = 0
@@ -196,7 +212,7 @@ class SlotEngine:
                 if slot not in self.lost_slots:
                     self._free[w].appendleft(slot)
                 if not self._closed:  # its episode is over for the pool too
-                    self._inbox.put(ReleaseRequest(slot))
+                    self._put(ReleaseRequest(slot))
 
     def rebalance(self) -> None:
         """Recount each worker's load from the leased slots' measured costs (the driver does
@@ -229,7 +245,7 @@ class SlotEngine:
     def check(self, slot: int) -> None:
         """`RuntimeError` when the engine is closed, `ValueError` when ``slot`` is not
         leased: what `submit` refuses."""
-        if self._closed or not self._thread.is_alive():
+        if self._closed or not self._driving:
             raise RuntimeError("the slot engine is closed")
         if slot not in self._leased:
             raise ValueError(f"env slot {slot} is not leased")
@@ -242,10 +258,19 @@ class SlotEngine:
                 self.check(slot)
         self.post(list(requests))
 
-    def post(self, requests: list[StepSlotRequest | ResetSlotRequest | BranchRequest]) -> None:
+    def post(self, requests: Sequence[StepSlotRequest | ResetSlotRequest | BranchRequest]
+             ) -> None:
         """`submit` of requests already checked (a batch built over one event-loop pass, whose
         futures must hear back even when a slot was released meanwhile)."""
-        self._inbox.put(list(requests) if len(requests) != 1 else requests[0])
+        self._put(list(requests) if len(requests) != 1 else requests[0])
+
+    def _put(self, item: SlotRequest | list[SlotRequest] | None) -> None:
+        self._inbox.put(item)
+        if self._sleeping:  # set by the driver before it looks at the inbox a last time
+            try:
+                os.write(self._wake_w, b"\0")
+            except (BlockingIOError, OSError):  # full (it will wake) or closed (it stopped)
+                pass
 
     # ------------------------------------------------------------------ blocking face
     def submit_reset(self, slot: int, seed: int | None = None
@@ -312,10 +337,13 @@ class SlotEngine:
             if self._closed:
                 return
             self._closed = True
-        self._inbox.put(None)
+        self._put(None)
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("the slot driver did not stop within %.0f s", timeout)
+        else:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
         self._slots.close()
 
     def __enter__(self) -> SlotEngine:
@@ -326,13 +354,20 @@ class SlotEngine:
 
     # ------------------------------------------------------------------ the driver
     def _run(self) -> None:
+        try:
+            self._drive()
+        finally:
+            self._driving = False
+
+    def _drive(self) -> None:
         in_flight: dict[int, Waiter] = {}
         while True:
+            wait = self._sleep() if in_flight else 0.0
             items, stop = self._drain(block=not in_flight)
             if stop:
                 break
             try:
-                self._round(items, in_flight)
+                self._round(items, in_flight, wait)
             except Exception as exc:  # a bug here must not leave callers waiting forever
                 log.exception("the slot driver failed")
                 failed = [r.waiter for r in items if not isinstance(r, ReleaseRequest)]
@@ -350,6 +385,29 @@ class SlotEngine:
         waiters = list(in_flight.values())
         waiters += [r.waiter for r in late if not isinstance(r, ReleaseRequest)]
         deliver([(w, None, closing) for w in waiters])
+
+    def _sleep(self) -> float:
+        """Sleep until a worker with something in flight answers (or dies), a request comes
+        in, or `DEADLINE_CHECK` passes; the timeout of this round's pool poll (0: the fds
+        said when; `POLL_INTERVAL` on a backend without fds)."""
+        fds = self._slots.wait_fds()
+        if fds is None:
+            return POLL_INTERVAL
+        poller = select.poll()
+        for fd in (*fds, self._wake_r):
+            poller.register(fd, select.POLLIN)
+        self._sleeping = True  # before the last look: a request put after it writes a byte
+        try:
+            if self._inbox.empty():
+                poller.poll(DEADLINE_CHECK * 1000)
+        finally:
+            self._sleeping = False
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        return 0.0
 
     def _drain(self, block: bool) -> tuple[list[SlotRequest], bool]:
         """Every request waiting in the inbox, and whether `close` asked the driver to stop."""
@@ -370,9 +428,10 @@ class SlotEngine:
             except queue.Empty:
                 return items, False
 
-    def _round(self, items: list[SlotRequest], in_flight: dict[int, Waiter]) -> None:
+    def _round(self, items: list[SlotRequest], in_flight: dict[int, Waiter],
+               wait: float = POLL_INTERVAL) -> None:
         """Send the new steps as one pool call, start the resets, run the branching calls,
-        collect finished turns."""
+        collect finished turns (waiting up to ``wait`` s for one)."""
         out: Deliveries = []
         steps: list[StepSlotRequest] = []
         resets: list[ResetSlotRequest] = []
@@ -407,7 +466,7 @@ class SlotEngine:
             except Exception as exc:  # bad input or a closed pool: its caller hears it
                 out.append((b.waiter, None, exc))
         if in_flight:
-            out.extend(self._collect(in_flight))
+            out.extend(self._collect(in_flight, wait))
         if out:
             deliver(out)
         now = time.monotonic()
@@ -446,11 +505,11 @@ class SlotEngine:
             in_flight.update((r.slot, r.waiter) for r in members)
         return out
 
-    def _collect(self, in_flight: dict[int, Waiter]) -> Deliveries:
-        """The turns and resets finished now (ready-first); each step's time updates its
-        slot's cost."""
+    def _collect(self, in_flight: dict[int, Waiter], wait: float) -> Deliveries:
+        """The turns and resets finished within ``wait`` s (ready-first); each step's time
+        updates its slot's cost."""
         out: Deliveries = []
-        ready = self._slots.poll(POLL_INTERVAL, 1)
+        ready = self._slots.poll(wait, 1)
         now = time.monotonic()
         for slot, result in ready:
             waiter = in_flight.pop(slot, None)
