@@ -9,6 +9,8 @@ into pool calls). A client process drives each the same way over the same wire m
 (``/ws``, ``{"type": "step", "data": {"action": "Up"}}``): ``N`` concurrent sessions, each
 resets with its own seed, then steps as fast as replies come back (closed loop, no think
 time) and resets when its episode ends. Only the measurement window counts (after a warm-up).
+The client is aiohttp's WebSocket client by default (``--client``), so a client that is not
+turnpool's reads turnpool's frames; ``--client turnpool`` runs turnpool's own codec.
 
 The servers are measured interleaved: every server runs for the whole benchmark, and at each
 load level ``--pairs`` rounds each give every server one window, in alternating order (A B, B
@@ -58,16 +60,17 @@ from turnpool.bench.servers import (
     fronts_of,
     known_server,
 )
-from turnpool.bench.ws_client import SKETCH
+from turnpool.bench.ws_client import CLIENTS, DEFAULT_CLIENT, SKETCH
 
 log = logging.getLogger(__name__)
 
 
 
-def _client(args: list[str], timeout: float, on_mark: Any = None) -> dict[str, Any]:
+def _client(args: list[str], timeout: float, on_mark: Any = None,
+            client: str = DEFAULT_CLIENT) -> dict[str, Any]:
     """Run a load client; ``on_mark("started" | "stopped")`` is called when its sessions
     start and stop stepping."""
-    proc = _start_client(args)
+    proc = _start_client(args, client)
     try:
         line = _read_line(proc, timeout)
         while line.strip() in ("started", "stopped"):
@@ -82,9 +85,10 @@ def _client(args: list[str], timeout: float, on_mark: Any = None) -> dict[str, A
         _end_client(proc, "", 60)
 
 
-def _start_client(args: list[str]) -> subprocess.Popen[str]:
+def _start_client(args: list[str], client: str = DEFAULT_CLIENT) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "turnpool.bench.ws_client", *args],
-                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
+                            env={**os.environ, "TURNPOOL_BENCH_CLIENT": client})
 
 
 def _end_client(proc: subprocess.Popen[str], last_input: str, timeout: float) -> None:
@@ -101,8 +105,9 @@ def _end_client(proc: subprocess.Popen[str], last_input: str, timeout: float) ->
         proc.wait(timeout=30)
 
 
-def _hold_on(server: ServerProcess | RunningServer, sessions: int) -> dict[str, Any]:
-    proc = _start_client(["hold", server.url, str(sessions)])
+def _hold_on(server: ServerProcess | RunningServer, sessions: int,
+             client: str = DEFAULT_CLIENT) -> dict[str, Any]:
+    proc = _start_client(["hold", server.url, str(sessions)], client)
     try:
         line = _read_line(proc, 900)
         result: dict[str, Any] = json.loads(line) if line.strip() else \
@@ -122,12 +127,13 @@ def _machine_busy_s() -> float:
 
 
 def _clients(args: list[str], n: int, clients: int, timeout: float,
-             on_mark: Any) -> dict[str, Any]:
+             on_mark: Any, client: str = DEFAULT_CLIENT) -> dict[str, Any]:
     """``n`` sessions over ``clients`` load client processes that start together; their
     results summed, latency percentiles from their pooled quantile sketches."""
     shares = [n // clients + (1 if c < n % clients else 0) for c in range(clients)]
     firsts = [sum(shares[:c]) for c in range(clients)]
-    procs = [_start_client(["load", args[0], str(share), *args[2:], str(first), "sync"])
+    procs = [_start_client(["load", args[0], str(share), *args[2:], str(first), "sync"],
+                           client)
              for share, first in zip(shares, firsts, strict=True)]
     try:
         for proc in procs:
@@ -165,7 +171,8 @@ def _clients(args: list[str], n: int, clients: int, timeout: float,
 
 
 def _window(kind: str, server: ServerProcess | RunningServer, n: int, warmup: float,
-            seconds: float, think: float = 0.0, clients: int = 1) -> dict[str, Any]:
+            seconds: float, think: float = 0.0, clients: int = 1,
+            client: str = DEFAULT_CLIENT) -> dict[str, Any]:
     """One load window on one server, with the machine's state over it: ``other_busy`` is
     the share of all cores busy with neither the server nor the load clients."""
     import psutil
@@ -177,9 +184,10 @@ def _window(kind: str, server: ServerProcess | RunningServer, n: int, warmup: fl
 
     args = [server.url, str(n), str(warmup), str(seconds), str(think)]
     if clients > 1:
-        row = _clients(args, n, clients, warmup + seconds + 600, mark)
+        row = _clients(args, n, clients, warmup + seconds + 600, mark, client)
     else:
-        row = _client(["load", *args], timeout=warmup + seconds + 600, on_mark=mark)
+        row = _client(["load", *args], timeout=warmup + seconds + 600, on_mark=mark,
+                      client=client)
     row.pop("quantiles_ms", None)
     cpu = other = None
     if "started" in marks and "stopped" in marks:
@@ -238,7 +246,7 @@ def summarize(rows: list[dict[str, Any]], levels: list[int]) -> list[dict[str, A
 def run(levels: list[int], hold: int, warmup: float, seconds: float,
         servers: tuple[str, ...], progress: Any = None, pairs: int = 4,
         urls: dict[str, str] | None = None, think: float = 0.0,
-        clients: int = 1) -> dict[str, Any]:
+        clients: int = 1, client: str = DEFAULT_CLIENT) -> dict[str, Any]:
     urls = dict(urls or {})
     rows: list[dict[str, Any]] = []
     holds: dict[str, dict[str, Any]] = {}
@@ -258,7 +266,8 @@ def run(levels: list[int], hold: int, warmup: float, seconds: float,
                 for kind in order:
                     if progress:
                         progress(f"{n} sessions, pair {p + 1}/{pairs}: {kind}")
-                    row = _window(kind, running[kind], n, warmup, seconds, think, clients)
+                    row = _window(kind, running[kind], n, warmup, seconds, think, clients,
+                                  client)
                     row["pair"] = p
                     rows.append(row)
                     log.info("%s %d sessions: %.0f steps/s", kind, n, row["steps_per_s"])
@@ -272,14 +281,14 @@ def run(levels: list[int], hold: int, warmup: float, seconds: float,
             for kind, server in running.items():
                 if progress:
                     progress(f"{kind}: holding up to {hold} sessions")
-                holds[kind] = _hold_on(server, hold)
+                holds[kind] = _hold_on(server, hold, client)
     finally:
         for server in running.values():
             server.close()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {"benchmark": "serve", "env": ENV, "levels": levels, "hold": hold,
             "warmup_s": warmup, "seconds": seconds, "pairs": pairs, "think_s": think,
-            "clients": clients,
+            "clients": clients, "client": client,
             "rows": rows,
             "summary": summarize(rows, levels), "holds": holds,
             "external": sorted(urls), "machine": machine_info(loadavg_1m_at_end=load)}
@@ -292,7 +301,8 @@ def render(report: dict[str, Any]) -> list[Any]:
     pace = f"sessions pausing {think:g} s after each reply" if think else "closed-loop sessions"
     clients = report.get("clients") or 1
     table = Table(title=f"serve: {report['env']}, {pace}, {report['seconds']:g} s window, "
-                        f"{report['machine']['cpu_count']} cpus"
+                        f"{report['machine']['cpu_count']} cpus, "
+                        f"{report.get('client', DEFAULT_CLIENT)} client"
                         + (f", {clients} client processes" if clients > 1 else ""))
     for col in ("sessions", "pair", "server", "running", "steps/s", "x openenv", "p50 ms",
                 "p99 ms", "cpu us/step", "errors", "RSS MB", "load 1m", "other busy"):
@@ -408,10 +418,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
 @click.option("--clients", default=1, show_default=True, type=click.IntRange(min=1),
               help="Load client processes sharing the sessions (one Python client tops out "
                    "near 20k steps/s: use several where the server has many cores).")
+@click.option("--client", default=DEFAULT_CLIENT, show_default=True,
+              type=click.Choice(sorted(CLIENTS)),
+              help="The load client's WebSocket library: aiohttp's client (not turnpool's) or "
+                   "turnpool's own codec.")
 @json_option("Also write the report as JSON here.")
 @plot_option("Also save a PNG plot here.")
 def command(sessions: str, hold: int, seconds: float, warmup: float, servers: str,
-            pairs: int, urls: tuple[str, ...], think: float, clients: int,
+            pairs: int, urls: tuple[str, ...], think: float, clients: int, client: str,
             json_path: Path | None, plot_path: Path | None) -> None:
     """OpenEnv's reference server vs turnpool serve: steps/s, latency, sessions held, RSS."""
     try:
@@ -435,6 +449,6 @@ def command(sessions: str, hold: int, seconds: float, warmup: float, servers: st
     console = start(width=160)
     report = measure_and_print(
         console, lambda progress: run(levels, hold, warmup, seconds, chosen, progress, pairs,
-                                      given, think, clients), render)
+                                      given, think, clients, client), render)
     write_outputs(console, report, json_path, plot_path, plot)
 

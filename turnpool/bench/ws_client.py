@@ -1,7 +1,9 @@
 """The load client of ``turnpool bench serve`` (and the WebSocket client the other serve
 benches use), run in a process of its own by `turnpool.bench.serve`:
 ``python -m turnpool.bench.ws_client load URL SESSIONS WARMUP SECONDS [THINK FIRST [sync]]``
-or ``... hold URL SESSIONS``.
+or ``... hold URL SESSIONS``. ``TURNPOOL_BENCH_CLIENT`` picks the WebSocket client: ``aiohttp``
+(the default: aiohttp's client, whose frame reader is compiled, so a client that is not
+turnpool's measures turnpool's server) or ``turnpool`` (`WsClient`, on the server's own codec).
 """
 
 from __future__ import annotations
@@ -89,6 +91,54 @@ class WsClient:
             await asyncio.wait_for(self.writer.wait_closed(), 5)
 
 
+class AiohttpClient:
+    """The same three calls as `WsClient` over aiohttp's WebSocket client (one
+    ``ClientSession`` per load process, no connection limit, no compression)."""
+
+    _http: Any = None
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+
+    @classmethod
+    async def connect(cls, url: str) -> AiohttpClient:
+        import aiohttp
+
+        if cls._http is None:
+            cls._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        ws = await cls._http.ws_connect(url.rstrip("/") + "/ws", compress=0, autoping=True,
+                                        max_msg_size=2**24)
+        return cls(ws)
+
+    async def ask(self, text: str) -> str:
+        await self.ws.send_str(text)
+        reply: str = await self.ws.receive_str()
+        return reply
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(), 5)
+
+    @classmethod
+    async def shutdown(cls) -> None:
+        if cls._http is not None:
+            await cls._http.close()
+            cls._http = None
+
+
+#: The WebSocket clients the load can run on (``TURNPOOL_BENCH_CLIENT``).
+CLIENTS: dict[str, Any] = {"aiohttp": AiohttpClient, "turnpool": WsClient}
+#: The client of a bench run that names none.
+DEFAULT_CLIENT = "aiohttp"
+
+
+def client_class() -> Any:
+    name = os.environ.get("TURNPOOL_BENCH_CLIENT") or DEFAULT_CLIENT
+    if name not in CLIENTS:
+        raise SystemExit(f"unknown load client {name!r}; one of {', '.join(CLIENTS)}")
+    return CLIENTS[name]
+
+
 def _is_observation(reply: str) -> bool:
     return reply.startswith('{"type":"observation"')
 
@@ -112,7 +162,7 @@ class _Sessions:
         counts = self.counts
         try:
             async with self.gate:
-                ws = await WsClient.connect(self.url)
+                ws = await client_class().connect(self.url)
         except Exception:
             counts["refused"] += 1
             return
@@ -131,7 +181,7 @@ class _Sessions:
         finally:
             await ws.close()
 
-    async def _step_until_stopped(self, ws: WsClient, i: int, reset: str) -> None:
+    async def _step_until_stopped(self, ws: Any, i: int, reset: str) -> None:
         counts, window = self.counts, self.window
         k = i
         while not self.stop.is_set():
@@ -181,6 +231,7 @@ async def _load(url: str, sessions: int, warmup: float, seconds: float,
     client_cpu = time.process_time() - cpu0
     print("stopped", flush=True)  # ... and stops here (closing sessions is not counted)
     await asyncio.wait(tasks, timeout=60)
+    await AiohttpClient.shutdown()
     lat = sorted(run.lat)
 
     def pct(q: float) -> float | None:
@@ -197,7 +248,7 @@ async def _load(url: str, sessions: int, warmup: float, seconds: float,
 async def _hold(url: str, sessions: int, connect_parallel: int = 64) -> dict[str, Any]:
     """Open ``sessions`` sessions, reset and step each once, all held open; how many made it."""
     gate = asyncio.Semaphore(connect_parallel)
-    held: list[WsClient] = []
+    held: list[Any] = []
     answered = 0
     step = json.dumps({"type": "step", "data": {"action": "Up"}})
 
@@ -205,7 +256,7 @@ async def _hold(url: str, sessions: int, connect_parallel: int = 64) -> dict[str
         nonlocal answered
         try:
             async with gate:
-                ws = await WsClient.connect(url)
+                ws = await client_class().connect(url)
                 held.append(ws)
                 reset = json.dumps({"type": "reset", "data": {"seed": i}})
                 if not _is_observation(await asyncio.wait_for(ws.ask(reset), 120)):
@@ -222,6 +273,7 @@ async def _hold(url: str, sessions: int, connect_parallel: int = 64) -> dict[str
     print(json.dumps(result), flush=True)  # the parent samples RSS now, then tells us to close
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     await asyncio.gather(*(ws.close() for ws in held), return_exceptions=True)
+    await AiohttpClient.shutdown()
     return result
 
 
