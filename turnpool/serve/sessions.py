@@ -110,6 +110,7 @@ class SessionTable:
         #: where each session's changes are recorded (`turnpool.serve.journal`; a
         #: `FileJournal` with ``--state-dir``)
         self.journal: Journal = NullJournal()
+        self._call_timeout = settings.call_timeout_s()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -207,7 +208,7 @@ class SessionTable:
     def begin_call(self, session: Session, fut: asyncio.Future[Any] | LoopWaiter) -> None:
         """``fut`` is ``session``'s call in flight until it resolves (`end_call`)."""
         session.inflight = fut
-        session.deadline = time.monotonic() + self.settings.call_timeout_s()
+        session.deadline = time.monotonic() + self._call_timeout
 
     def end_call(self, session: Session) -> None:
         session.inflight = None

@@ -457,7 +457,7 @@ class WsConnection(asyncio.Protocol):
     def send_bytes(self, data: bytes) -> None:
         """A text frame of ``data`` (UTF-8 already), if the connection is open."""
         if self.open:
-            self._write(codec.encode_frame(codec.OP_TEXT, data))
+            self._transport().write(codec.encode_frame(codec.OP_TEXT, data))
 
     def end(self, code: int = 1000) -> None:  # `turnpool.serve.sessions.Peer`
         """Send a close frame (once) and end the connection."""
