@@ -251,7 +251,7 @@ class FakePool:
             except queue.Empty:
                 return out
 
-    def wait_fds(self) -> list[int] | None:
+    def wait_fds(self) -> tuple[list[int], bool] | None:
         return None  # no fds: the driver polls
 
     def finish(self, slot: int, result: Any) -> None:

@@ -348,11 +348,12 @@ class EnvPool:
         self._raise_if_needed([i for i, _ in failed], [r.error for _, r in failed])
         return out
 
-    def wait_fds(self) -> list[int] | None:
+    def wait_fds(self) -> tuple[list[int], bool] | None:
         """File descriptors that become readable when a result for `poll` may be ready (a
         worker with something in flight answered or died), for a caller that waits on them
         with its own (a `turnpool.pool.slots.SlotEngine` waits on its inbox too), then polls
-        with timeout 0; None when the backend has none to give (threads, Ray: poll with a
+        with timeout 0, and whether every worker has a request out (one sent now would wait
+        behind it); None when the backend has no fds to give (threads, Ray: poll with a
         timeout instead)."""
         self._check_open()
         return self._dispatch.wait_fds()

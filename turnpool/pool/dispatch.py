@@ -129,12 +129,13 @@ class Dispatcher:
         if len(queue) == 1:
             self._send(worker, pending)
 
-    def wait_fds(self) -> list[int] | None:
+    def wait_fds(self) -> tuple[list[int], bool] | None:
         """What `pump` would wait on, as file descriptors (`Backend.wait_fds`: None when the
-        backend has none): the workers with requests or stragglers out."""
-        late = self.table.stragglers
-        return self.backend.wait_fds([w for w, queue in enumerate(self._queues)
-                                      if queue or late[w]])
+        backend has none): the workers with requests or stragglers out; and whether every
+        worker has a request out (a new one would queue behind it)."""
+        queues, late = self._queues, self.table.stragglers
+        fds = self.backend.wait_fds([w for w, queue in enumerate(queues) if queue or late[w]])
+        return None if fds is None else (fds, all(queues))
 
     def pump(self, done: Callable[[], bool], timeout: float | None) -> None:
         """Process replies and faults until ``done()`` or ``timeout`` (None: until done or

@@ -181,7 +181,7 @@ class SlotPool(Protocol):
 
     def poll(self, timeout: float, min_ready: int) -> list[tuple[int, Any]]: ...
 
-    def wait_fds(self) -> list[int] | None: ...
+    def wait_fds(self) -> tuple[list[int], bool] | None: ...
 
     def forget(self, env_ids: list[int]) -> None: ...
 
@@ -230,7 +230,7 @@ class EnvPoolSlots:
     def poll(self, timeout: float, min_ready: int) -> list[tuple[int, Any]]:
         return self.pool.poll(timeout=timeout, min_ready=min_ready)
 
-    def wait_fds(self) -> list[int] | None:
+    def wait_fds(self) -> tuple[list[int], bool] | None:
         return self.pool.wait_fds()
 
     def forget(self, env_ids: list[int]) -> None:

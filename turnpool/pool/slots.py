@@ -18,8 +18,11 @@ as *slots*:
   finished turns and resets ready-first with `EnvPool.poll`, so one slow env (or a worker
   busy restoring its envs) never holds back another slot's result. While calls are in
   flight it sleeps until a worker answers or a request comes in (`EnvPool.wait_fds` and the
-  inbox's wake pipe, in one ``poll(2)``), not on a timer; on a backend without fds (threads,
-  Ray) it polls the pool every `POLL_INTERVAL`.
+  inbox's wake pipe, in one ``poll(2)``), not on a timer; while every worker has a request
+  out, a request coming in does not wake it (it would only queue behind that request): it is
+  sent with the others that came meanwhile when a worker answers, so a busy server sends
+  fewer, larger batches. On a backend without fds (threads, Ray) the driver polls the pool
+  every `POLL_INTERVAL`.
 * Typed requests in: `SlotEngine.submit` takes `StepSlotRequest` / `ResetSlotRequest` /
   branching records, each with the future to resolve, and checks their slots first;
   `SlotEngine.post` takes a batch already checked (the WebSocket fast path, whose futures
@@ -136,11 +139,12 @@ class SlotEngine:
         self._inbox: queue.SimpleQueue[SlotRequest | list[SlotRequest] | None] = \
             queue.SimpleQueue()
         #: the driver's wake-up: a byte written when a request comes in while it sleeps on
-        #: the workers' fds (`_sleeping`)
+        #: the workers' fds and some worker is free (`_sleeping`)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._sleeping = False
+        self._workers_busy = False  # while sleeping: every worker has a request out
         self._closed = False
         self._driving = True  # False once the driver thread has ended
         # counters, written by the driver, read (racily, for display) by anyone
@@ -264,9 +268,10 @@ class SlotEngine:
         futures must hear back even when a slot was released meanwhile)."""
         self._put(list(requests) if len(requests) != 1 else requests[0])
 
-    def _put(self, item: SlotRequest | list[SlotRequest] | None) -> None:
+    def _put(self, item: SlotRequest | list[SlotRequest] | None, wake: bool = False) -> None:
         self._inbox.put(item)
-        if self._sleeping:  # set by the driver before it looks at the inbox a last time
+        # `_sleeping` is set by the driver before it looks at the inbox a last time
+        if self._sleeping and (wake or not self._workers_busy):
             try:
                 os.write(self._wake_w, b"\0")
             except (BlockingIOError, OSError):  # full (it will wake) or closed (it stopped)
@@ -337,7 +342,7 @@ class SlotEngine:
             if self._closed:
                 return
             self._closed = True
-        self._put(None)
+        self._put(None, wake=True)
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("the slot driver did not stop within %.0f s", timeout)
@@ -390,15 +395,16 @@ class SlotEngine:
         """Sleep until a worker with something in flight answers (or dies), a request comes
         in, or `DEADLINE_CHECK` passes; the timeout of this round's pool poll (0: the fds
         said when; `POLL_INTERVAL` on a backend without fds)."""
-        fds = self._slots.wait_fds()
-        if fds is None:
+        waits = self._slots.wait_fds()
+        if waits is None:
             return POLL_INTERVAL
+        fds, self._workers_busy = waits
         poller = select.poll()
         for fd in (*fds, self._wake_r):
             poller.register(fd, select.POLLIN)
         self._sleeping = True  # before the last look: a request put after it writes a byte
         try:
-            if self._inbox.empty():
+            if self._workers_busy or self._inbox.empty():
                 poller.poll(DEADLINE_CHECK * 1000)
         finally:
             self._sleeping = False
