@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -130,6 +131,20 @@ class ServerProcess:
                                f"{line!r}")
         url = next(w for w in line.split() if w.startswith("http://"))
         self.url = url.rstrip(",")
+        self.settle()
+
+    def settle(self, timeout: float = 60.0, period: float = 0.5, busy: float = 0.05) -> None:
+        """Wait (up to ``timeout`` s) until the server's processes use under ``busy`` of a
+        core over ``period`` s: what a server does once after it starts (a pool's standby
+        worker starting at low priority) is not the CPU of the steps measured next."""
+        deadline = time.monotonic() + timeout
+        before = self.cpu_s()
+        while time.monotonic() < deadline:
+            time.sleep(period)
+            now = self.cpu_s()
+            if now - before < busy * period:
+                return
+            before = now
 
     def _procs(self) -> list[Any]:
         import psutil

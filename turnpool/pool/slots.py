@@ -266,7 +266,10 @@ class SlotEngine:
              ) -> None:
         """`submit` of requests already checked (a batch built over one event-loop pass, whose
         futures must hear back even when a slot was released meanwhile)."""
-        self._put(list(requests) if len(requests) != 1 else requests[0])
+        if len(requests) == 1:
+            self._put(requests[0])
+        else:  # a list handed over (the batcher's) is the driver's now: no copy
+            self._put(requests if isinstance(requests, list) else list(requests))
 
     def _put(self, item: SlotRequest | list[SlotRequest] | None, wake: bool = False) -> None:
         self._inbox.put(item)
