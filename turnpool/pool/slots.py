@@ -445,20 +445,22 @@ class SlotEngine:
         steps: list[StepSlotRequest] = []
         resets: list[ResetSlotRequest] = []
         branches: list[BranchRequest] = []
-        busy = set(in_flight)
         released = [r.slot for r in items if isinstance(r, ReleaseRequest)]
         if released:  # before this round's resets, which may start those slots again
             self._slots.forget(released)
+        taken: set[int] = set()  # this round's, beside those in flight
         for r in items:
             if isinstance(r, ReleaseRequest):
                 continue
-            slots = r.slots
-            taken = [s for s in slots if s in busy]
-            if taken:  # one call at a time per slot; the others are refused alone
+            # one slot, most often: no tuple made (the `slots` property's)
+            one = isinstance(r, (StepSlotRequest, ResetSlotRequest))
+            slots = (r.slot,) if one else r.slots
+            busy = [s for s in slots if s in in_flight or s in taken]
+            if busy:  # one call at a time per slot; the others are refused alone
                 out.append((r.waiter, None, RuntimeError(
-                    f"env slot {taken[0]} is still running a call; wait for it first")))
+                    f"env slot {busy[0]} is still running a call; wait for it first")))
                 continue
-            busy.update(slots)
+            taken.update(slots)
             if isinstance(r, StepSlotRequest):
                 steps.append(r)
             elif isinstance(r, ResetSlotRequest):
@@ -520,6 +522,7 @@ class SlotEngine:
         out: Deliveries = []
         ready = self._slots.poll(wait, 1)
         now = time.monotonic()
+        cost, sent, updated = self.cost, self._sent, cost_model.updated
         for slot, result in ready:
             waiter = in_flight.pop(slot, None)
             if waiter is None:
@@ -527,9 +530,12 @@ class SlotEngine:
             if isinstance(result, ResetResult):
                 out.append((waiter, self._reset_done(slot, result), None))
                 continue
-            self._count_step(result)
+            if result.error is None:
+                self.steps_total += result.n_executed
+            else:
+                self._count_failure_of(result)
             out.append((waiter, result, None))
-            self.cost[slot] = cost_model.updated(self.cost[slot], now - self._sent.pop(slot, now))
+            cost[slot] = updated(cost[slot], now - sent.pop(slot, now))
         return out
 
     def _reset_done(self, slot: int, result: ResetResult) -> SlotReset:
@@ -541,12 +547,9 @@ class SlotEngine:
             self.resets_total += 1
         return SlotReset(result.obs, info, self._slots.env_seeds[slot], error, failure)
 
-    def _count_step(self, result: TurnResult) -> None:
-        if result.error is None:
-            self.steps_total += result.n_executed
-        else:
-            self.steps_total += 1
-            self._count_failure(Failure.of(result.failure).value, result.error)
+    def _count_failure_of(self, result: TurnResult) -> None:
+        self.steps_total += 1
+        self._count_failure(Failure.of(result.failure).value, result.error or "")
 
     def _count_failure(self, failure: str, error: str) -> None:
         self.failures[failure] += 1
