@@ -145,6 +145,9 @@ class SlotEngine:
         os.set_blocking(self._wake_w, False)
         self._sleeping = False
         self._workers_busy = False  # while sleeping: every worker has a request out
+        #: the driver's poll object and the fds it has registered (kept while they stay)
+        self._poller = select.poll()
+        self._polled: tuple[int, ...] = ()
         self._closed = False
         self._driving = True  # False once the driver thread has ended
         # counters, written by the driver, read (racily, for display) by anyone
@@ -402,20 +405,25 @@ class SlotEngine:
         if waits is None:
             return POLL_INTERVAL
         fds, self._workers_busy = waits
-        poller = select.poll()
-        for fd in (*fds, self._wake_r):
-            poller.register(fd, select.POLLIN)
+        watched = (*fds, self._wake_r)
+        if watched != self._polled:  # a worker became busy or idle, or was replaced
+            self._poller = select.poll()
+            for fd in watched:
+                self._poller.register(fd, select.POLLIN)
+            self._polled = watched
         self._sleeping = True  # before the last look: a request put after it writes a byte
+        ready: list[tuple[int, int]] = []
         try:
             if self._workers_busy or self._inbox.empty():
-                poller.poll(DEADLINE_CHECK * 1000)
+                ready = self._poller.poll(DEADLINE_CHECK * 1000)
         finally:
             self._sleeping = False
-        try:
-            while os.read(self._wake_r, 4096):
+        if any(fd == self._wake_r for fd, _ in ready):  # read the bytes that woke it
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
                 pass
-        except BlockingIOError:
-            pass
         return 0.0
 
     def _drain(self, block: bool) -> tuple[list[SlotRequest], bool]:
