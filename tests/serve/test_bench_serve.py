@@ -83,3 +83,24 @@ def test_bench_serve_runs_a_server_of_several_fronts(tmp_path: Path) -> None:
     assert "turnpool-f2: 7 sessions x openenv" in res.output
     bad = CliRunner().invoke(main, ["bench", "serve", "--servers", "turnpool-fx"])
     assert bad.exit_code == 2 and "turnpool-f<N>" in bad.output
+
+
+def test_bench_serve_loads_with_either_websocket_client(tmp_path: Path) -> None:
+    """aiohttp's client by default (not turnpool's), turnpool's own codec on request."""
+    settings = ServeSettings(env="sokoban", max_sessions=4, backend="sequential")
+    with TurnpoolServer(settings) as srv:
+        for client in ("aiohttp", "turnpool"):
+            out = tmp_path / f"{client}.json"
+            args = ["bench", "serve", "--servers", "turnpool", "--url", f"turnpool={srv.url}",
+                    "--sessions", "2", "--hold", "2", "--seconds", "0.3", "--warmup", "0.1",
+                    "--pairs", "1", "--json", str(out)]
+            res = CliRunner().invoke(main, args + ([] if client == "aiohttp"
+                                                   else ["--client", client]))
+            assert res.exit_code == 0, res.output
+            report = json.loads(out.read_text(encoding="utf-8"))
+            (row,) = report["rows"]
+            assert report["client"] == client
+            assert row["running"] == 2 and row["errors"] == 0 and row["steps"] > 0
+            assert report["holds"]["turnpool"]["held"] == 2
+    bad = CliRunner().invoke(main, ["bench", "serve", "--client", "websocat"])
+    assert bad.exit_code == 2 and "websocat" in bad.output

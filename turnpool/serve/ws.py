@@ -11,15 +11,16 @@ uvicorn's ``ws`` class. The ASGI app has no ``/ws`` route.
 Why: under load, most of the server's CPU per step went to layers around the step, not to it:
 the WebSocket protocol object, the ASGI message dicts, the coroutine and timeout machinery of
 each receive/send, epoll registrations for flow control. Here a step frame costs one
-``data_received`` call: the frame is unmasked (`turnpool.serve.codec`), parsed (orjson),
-checked, and submitted to the slot engine; the engine's driver thread batches every
-session's steps that arrived meanwhile into one pool call, and its result resolves the
-session's future, whose callback writes the reply frame. No task or timer per step: the
-session table's sweep fails a step the pool has not answered within ``call_timeout``
-(`turnpool.serve.sessions`).
+``data_received`` call: the frame is unmasked (`turnpool.serve.codec`), its bytes parsed
+once (orjson), checked, and submitted to the slot engine; the engine's driver thread batches
+every session's steps that arrived meanwhile into one pool call, and its round hands the
+result to the step's `StepCall`, which writes the reply frame (JSON bytes, no str between).
+No task, future or timer per step: the session table's sweep fails a step the pool has not
+answered within ``call_timeout`` (`turnpool.serve.sessions`).
 
 Every other message (``reset``, ``state``, ``mcp``, ``close``, turnpool's ``fork``,
-``snapshot`` and ``restore``, invalid or oversize ones) goes through `answer`, which finds
+``snapshot`` and ``restore``, invalid or oversize ones) goes through `answer` (parsed
+already, unless orjson could not read it), which finds
 its verb in the served-verb table (`turnpool.serve.verbs`) as HTTP and MCP do. Both paths
 of a step share `Service.begin_step` / `Service.finish_step`. A WebSocket on ``/mcp`` (OpenEnv's
 JSON-RPC socket) is a `WsConnection` too, with its own session, whose every message is the
