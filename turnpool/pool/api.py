@@ -61,9 +61,11 @@ from turnpool.pool.table import EnvRecord
 from turnpool.worker.build import EnvBuild
 from turnpool.worker.defaults import DEFAULT_MP_CONTEXT, DEFAULT_STEP_TIMEOUT, START_TIMEOUT
 from turnpool.worker.errors import EnvBuildError
-from turnpool.worker.results import ResetResult, TurnResult
+from turnpool.worker.results import ResetResult, TurnResult, as_turn_results
 
 log = logging.getLogger(__name__)
+#: the index of ``error`` in a `TurnResult` (and its plain-tuple form)
+_ERROR = TurnResult._fields.index("error")
 
 
 class EnvError(RuntimeError):
@@ -311,8 +313,7 @@ class EnvPool:
                    env_ids: Sequence[int] | None = None) -> list[TurnResult]:
         """Multi-action turns: each env executes its actions in order inside its worker and
         stops at the first done. Results are aligned to ``env_ids``."""
-        res = self._run_turns([list(a) for a in action_lists], env_ids)
-        return res
+        return as_turn_results(self._run_turns([list(a) for a in action_lists], env_ids))
 
     def step_async(self, env_ids: Sequence[int] | None,
                    action_lists: Sequence[Sequence[Any]]) -> int:
@@ -465,14 +466,17 @@ class EnvPool:
         return ids
 
     def _run_turns(self, action_lists: list[Any], env_ids: Sequence[int] | None,
-                   single: bool = False) -> list[TurnResult]:
+                   single: bool = False) -> list[Any]:
+        """One turn per env, each result a `TurnResult` or its plain-tuple form (`WireTurn`,
+        same fields in the same order: `Dispatcher` files a synchronous call's rows as they
+        came off the wire)."""
         ids = self._ids(env_ids, len(action_lists))
         ticket = Ticket(ids, is_async=False)
         self._dispatch.turns(ticket, action_lists, whole=env_ids is None, single=single)
         self._dispatch.finish(ticket)
-        out: list[TurnResult] = ticket.out
+        out: list[Any] = ticket.out
         if self.on_error == "raise":
-            self._raise_if_needed(ids, [r.error for r in out])
+            self._raise_if_needed(ids, [r[_ERROR] for r in out])
         return out
 
     def _raise_if_needed(self, ids: Sequence[int], errors: Sequence[str | None]) -> None:

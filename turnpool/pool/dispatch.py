@@ -61,6 +61,7 @@ from turnpool.worker.protocol import (
 from turnpool.worker.results import (
     ResetResult,
     TurnResult,
+    as_turn_result,
     as_turn_results,
     error_reset,
     error_step,
@@ -297,16 +298,19 @@ class Dispatcher:
         assert ticket is not None
         table = self.table
         wire, failed = payload
-        results = as_turn_results(wire)
         for k in failed:
-            table.fail(ids[k], results[k].error or "", Failure.of(results[k].failure))
+            failed_turn = as_turn_result(wire[k])
+            table.fail(ids[k], failed_turn.error or "", Failure.of(failed_turn.failure))
         table.stepped(worker, ids, request.actions, request.single)
         positions = head.positions
         if not ticket.is_async and isinstance(positions, range) and positions.step == 1:
-            ticket.out[positions.start:positions.stop] = results
-            ticket.remaining -= len(results)
+            # a synchronous call's contiguous share: the rows stay plain tuples (no object
+            # per env, which the collector would have to visit) until the call returns
+            # (`EnvPool._run_turns`); `EnvPool.step` only transposes them
+            ticket.out[positions.start:positions.stop] = wire
+            ticket.remaining -= len(wire)
         else:
-            for i, pos, r in zip(ids, positions, results):
+            for i, pos, r in zip(ids, positions, as_turn_results(wire)):
                 self._deliver(ticket, pos, i, r)
 
     def _resets_done(self, worker: int, head: Pending, payload: ResetReply) -> None:

@@ -224,7 +224,8 @@ class HandoffServer:
     def __init__(self, recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], None],
                  host: EnvHost, handoff_after: float | None, step_timeout: float | None,
                  encode: Callable[[Any], bytes], loads: Callable[[bytes], Any],
-                 progress: Callable[[int], None]) -> None:
+                 progress: Callable[[int], None],
+                 stamp: Callable[[int, float], None] | None = None) -> None:
         self._recv = recv_bytes
         self._send_raw = send_bytes
         self._host = host
@@ -233,6 +234,8 @@ class HandoffServer:
         self._encode = encode
         self._loads = loads
         self._progress = progress
+        #: ``progress`` given the time already read (one clock read per env, no Python frame)
+        self._stamp = stamp
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._runners: list[_Runner] = []
@@ -340,15 +343,26 @@ class HandoffServer:
         return True
 
     def _at(self, me: _Runner) -> Callable[[int], None]:
+        """What runs before each env of a step: the runner's and the worker's progress
+        (called per env, so it reads the clock once and, given ``stamp``, calls no Python
+        code of the progress record's)."""
         progress = self._progress
+        stamp = self._stamp
         monotonic = time.monotonic
+        if stamp is None:
+            def at(env_id: int) -> None:
+                me.since = monotonic()
+                me.env = env_id
+                if self._reader is me:
+                    progress(env_id)
+            return at
 
-        def at(env_id: int) -> None:
-            me.since = monotonic()
+        def at_stamped(env_id: int) -> None:
+            me.since = now = monotonic()
             me.env = env_id
             if self._reader is me:
-                progress(env_id)
-        return at
+                stamp(env_id, now)
+        return at_stamped
 
     def _since(self) -> tuple[dict[int, float], float]:
         """When each runner inside an env entered it, and now (for a partial reply)."""

@@ -42,12 +42,14 @@ class TurnResult(NamedTuple):
 #: A `TurnResult` on the wire: the same fields, in the same order, as a plain tuple.
 WireTurn = tuple[str, float, bool, bool, dict[str, Any], int, str | None]
 
-_as_turn_result = partial(tuple.__new__, TurnResult)
+#: ``as_turn_result(wire)``: the `TurnResult` of one `WireTurn` (C speed)
+as_turn_result = partial(tuple.__new__, TurnResult)
 
 
 def as_turn_results(wire: Sequence[Any]) -> list[TurnResult]:
-    """The `TurnResult` records of a step reply (C-speed: no Python call per env)."""
-    return list(map(_as_turn_result, wire))
+    """The `TurnResult` records of a step reply's `WireTurn` tuples (or of records already:
+    each is copied as one). C-speed: no Python call per env."""
+    return list(map(as_turn_result, wire))
 
 
 class StateResult(NamedTuple):

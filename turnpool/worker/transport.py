@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import gc
 import logging
 import mmap
 import multiprocessing
@@ -62,9 +64,19 @@ def serve(recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], None],
           step_timeout: float | None = None) -> None:
     """Answer requests until ``close`` or until the pool hangs up; the envs are closed either
     way. `turnpool.worker.handoff.HandoffServer` is the one request loop of every worker
-    process; with ``handoff_after`` a stalled env holds back only itself."""
+    process; with ``handoff_after`` a stalled env holds back only itself.
+
+    In a worker process of its own (`watch_parent` ran), everything alive once the envs are
+    built (modules, envs) is moved out of the collector's sight (`gc.freeze`): each step
+    allocates hundreds of result tuples, and every collection they trigger would otherwise
+    walk that whole heap again. Garbage made later is collected as usual; the pool's own
+    process is never touched (a joblib ``threading`` worker serves there)."""
+    if _WATCHING:
+        gc.freeze()
+    progress = host.progress
+    stamp = progress.stamp if isinstance(progress, ProgressWriter) else None
     HandoffServer(recv_bytes, send_bytes, host, handoff_after or None, step_timeout, encode,
-                  pickle.loads, host.progress).run()
+                  pickle.loads, progress, stamp).run()
 
 
 def encode(reply: Reply) -> bytes:
@@ -198,6 +210,9 @@ class ProgressWriter:
 
     def __init__(self, path: str | None) -> None:
         self._map: mmap.mmap | None = None
+        #: ``stamp(env_id, since)``: the record written with a time the caller already read
+        #: (C speed: the request loop calls it before every env, `HandoffServer`)
+        self.stamp: Callable[[int, float], None] = _no_stamp
         if path:
             try:
                 fd = os.open(path, os.O_RDWR)
@@ -207,10 +222,15 @@ class ProgressWriter:
                 self._map = mmap.mmap(fd, _SLOT.size)
             finally:
                 os.close(fd)
+            self.stamp = functools.partial(_SLOT.pack_into, self._map, 0)
 
     def __call__(self, env_id: int) -> None:
         if self._map is not None:
             _SLOT.pack_into(self._map, 0, env_id, time.monotonic())
+
+
+def _no_stamp(env_id: int, since: float) -> None:
+    pass
 
 
 # ====================================================================== parent death
