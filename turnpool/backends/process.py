@@ -1,28 +1,18 @@
 """Process backend: long-lived worker processes, each owning a slice of envs for its life.
 
 Per step each worker gets one pickled request over its pipe and sends one pickled reply, so the
-fixed cost is one wake-up round trip per worker, not per env, which is what makes it cheaper
-than one-process-per-env or task-pool designs.
-
-The lifecycle (handshake, standby, restart, close), the ``poll(2)`` wait on pipes and
-sentinels and the progress slots that blame the right env are
-`turnpool.backends.remote.StreamBackend`'s; this file starts processes and their pipes, and
-kills a hung one with SIGKILL. Hand-off is on by default here (``handoff_after=0.05`` s; None
-turns it off), so one stalled env never holds back the envs that share its worker.
-
-Workers never outlive the pool's process: they ask the kernel to kill them when their parent
-dies (Linux ``PR_SET_PDEATHSIG``), and a watchdog thread exits when their parent pid changes or
-multiprocessing's parent sentinel closes (the only signal that works under forkserver).
+fixed cost is one wake-up round trip per worker, not per env. The lifecycle is
+`turnpool.backends.remote.StreamBackend`'s; this file starts processes and their two pipes,
+keeps the standby at nice 19 and kills a hung worker with SIGKILL. Hand-off is on by default
+(``handoff_after=0.05`` s; None turns it off). Workers die with the pool's process
+(`turnpool.worker.transport.watch_parent`).
 
 Start methods: ``spawn`` (default; safe when the caller has threads, e.g. CUDA or tokenizers),
 ``forkserver`` (env modules preloaded into the server) and ``fork`` (fastest start, unsafe with
 threads). With spawn/forkserver a replacement worker costs an interpreter start, so one idle
-standby process is kept ready by default (``standby=False`` turns that off). The standby
-starts after the live workers are ready and at the lowest CPU priority (nice 19), so its
-interpreter start never takes CPU from the first steps; it gets its priority back when it
-replaces a worker (where the OS refuses that, a fresh worker is started instead).
-
-Spawn and forkserver workers re-run the main script's top-level code, so a pool created by
+standby process is kept ready by default (``standby=False`` turns that off): it starts after
+the live workers are ready, waits at nice 19 and gets our priority back when it replaces a
+worker (where the OS refuses that, a fresh worker is started instead). A pool created by
 unguarded top-level code is refused where the backend is chosen
 (`turnpool.backends.choice.unguarded_main_call`).
 """

@@ -1,34 +1,27 @@
 """ray backend: one Ray actor per worker, each owning a slice of envs for its whole life.
 
-Each actor runs the request loop every worker runs (`turnpool.worker.handoff.HandoffServer`,
-with ``handoff_after``; off by default here) on a thread, fed by ``put`` calls and answered
-through ``take`` calls, or by one ``call`` per request without hand-off (`SliceActor`): a
-step is one call per actor carrying every env's actions, never one per env, since a remote
-call costs far more than a microsecond env step.
+Each actor runs every worker's request loop (`turnpool.backends.remote.serve_worker`) on a
+thread, fed by ``put`` calls and answered through ``take`` calls, or by one ``call`` per request
+without hand-off (`SliceActor`): a step is one call per actor carrying every env's actions.
 
-Ray runtime: with ``ray_address`` the pool joins that cluster (``ray.init(address=...)``);
-otherwise, if Ray is not initialised yet, it starts a local one bound to 127.0.0.1 with the
-dashboard off and a small object store (``ray_init_kwargs`` overrides any of that). A runtime
-the pool started stays up for later pools in the process (starting one takes seconds); call
-``ray.shutdown()`` to stop it.
+Ray runtime: with ``ray_address`` the pool joins that cluster; otherwise, if Ray is not
+initialised yet, it starts a local one bound to 127.0.0.1 with the dashboard off and a small
+object store (``ray_init_kwargs`` overrides any of that), which stays up for later pools in the
+process (``ray.shutdown()`` stops it).
 
-Actors default to ``num_cpus=0`` so that any number of them fits any cluster (parallelism is
-set by ``num_workers``). On a cluster of several nodes the workers, and the envs (and served
-sessions) they hold, are spread evenly over the nodes that have CPUs instead of packed on the
-driver's: worker ``k`` is placed on node ``k mod n`` of the live nodes at the time (Ray's
-node affinity; its ``soft`` form and ``SPREAD`` were both seen to pack every actor on one
-node of a local two-node cluster; the standby actor, which may take over any slice, gets
-Ray's default placement). `RayBackend.worker_nodes` says where each runs.
-``ray_actor_options`` passes Ray's own options (``num_cpus``, ``scheduling_strategy``,
-``runtime_env`` ...); a ``scheduling_strategy`` given there replaces this placement.
+Actors default to ``num_cpus=0`` so that any number of them fits any cluster. On a cluster of
+several nodes worker ``k`` is placed on node ``k mod n`` of the live nodes with CPUs (Ray's
+hard node affinity: its ``soft`` form and ``SPREAD`` were both seen to pack every actor on one
+node of a local two-node cluster; the standby actor gets Ray's default placement);
+`RayBackend.worker_nodes` says where each runs. ``ray_actor_options`` passes Ray's own options
+(``num_cpus``, ``scheduling_strategy``, ``runtime_env`` ...); a ``scheduling_strategy`` there
+replaces this placement.
 
-Faults: every ``ray.get`` has a timeout. An actor that dies (an env calling ``os._exit``) makes
-its pending call fail with ``ActorDiedError``; one stuck past ``step_timeout`` is killed with
-``ray.kill``. Either way a fresh actor with freshly built envs replaces it and the pool restores
-the innocent envs. Actors on this host publish which env they are running in a small shared
-file, so the pool blames the right env; on other hosts that marker is unavailable and the whole
-request of the lost actor is flagged. ``close`` kills every actor and, for actors on this host,
-waits until their processes are gone.
+Faults: every ``ray.get`` has a timeout. An actor that dies makes its pending call fail; one
+stuck past ``step_timeout`` is killed with ``ray.kill``; a fresh actor replaces it and the pool
+restores the innocent envs. Actors on this host write progress to a shared file (the right env
+is blamed); elsewhere the whole request of a lost actor is flagged. ``close`` kills every actor
+and waits until those on this host are gone.
 """
 
 from __future__ import annotations
@@ -44,17 +37,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from turnpool.backends.base import BackendUnavailable, WorkerHandle, WorkerLost, one_per_core
-from turnpool.backends.remote import Hello, RemoteBackend, WorkerInit, build_host
+from turnpool.backends.remote import Hello, RemoteBackend, WorkerInit, serve_worker
 from turnpool.extras import MissingExtra, require
 from turnpool.worker.build import EnvBuild
 from turnpool.worker.errors import short_error
-from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import Op, Reply, Request
-from turnpool.worker.transport import CLOSE_GRACE_S, PROTOCOL, ProgressSlot, serve
+from turnpool.worker.transport import CLOSE_GRACE_S, PROTOCOL, ProgressSlot
 
 log = logging.getLogger(__name__)
 
@@ -115,15 +107,14 @@ class SliceActor:
     def load(self, init: WorkerInit) -> Hello:
         import ray
 
-        host, hello = build_host(init, ray.get_runtime_context().get_node_id())
-        threading.Thread(target=self._serve, args=(host, init), daemon=True,
+        threading.Thread(target=self._serve, args=(init,), daemon=True,
                          name="turnpool-ray-worker").start()
-        return hello
+        hello = pickle.loads(self._outbox.get())  # an empty reply: it ended before its hello
+        return replace(hello, node=ray.get_runtime_context().get_node_id())
 
-    def _serve(self, host: EnvHost, init: WorkerInit) -> None:
+    def _serve(self, init: WorkerInit) -> None:
         try:
-            serve(self._inbox.get, self._outbox.put, host, init.handoff_after,
-                  init.step_timeout)
+            serve_worker(self._inbox.get, self._outbox.put, init)
         finally:
             self._outbox.put(b"")
 
@@ -206,7 +197,6 @@ class RayBackend(RemoteBackend[_Actor]):
         self.actor_options: dict[str, Any] = {"num_cpus": 0, **(ray_actor_options or {})}
         #: the nodes worker k is placed on in turn (empty: Ray's own placement)
         self._nodes: list[str] = []
-        self._started = False
         self._hostname = socket.gethostname()
         self._killed: list[int] = []
 
@@ -223,10 +213,6 @@ class RayBackend(RemoteBackend[_Actor]):
             raise BackendUnavailable(f"ray could not start: {short_error(exc)}") from exc
         if "scheduling_strategy" not in self.actor_options:
             self._nodes = _nodes_with_cpus()
-
-    def start(self, timeout: float) -> None:
-        super().start(timeout)
-        self._started = True
 
     # ------------------------------------------------------------------ a worker's start
     def _launch(self, slot: int | None) -> _Actor:
@@ -252,17 +238,14 @@ class RayBackend(RemoteBackend[_Actor]):
         worker.hello = worker.runner.load.remote(self._init(slot, worker.progress))
         worker.pending = deque([_take(worker)] if self.handoff_after else [])
 
-    def _await_hello(self, worker: _Actor, slot: int, deadline: float) -> Hello:
+    def _await_hello(self, worker: _Actor, slot: int | None, deadline: float) -> Hello | None:
         import ray
 
-        hello: Hello = ray.get(worker.hello, timeout=max(0.0, deadline - time.monotonic()))
+        hello = ray.get(worker.hello, timeout=max(0.0, deadline - time.monotonic()))
+        if slot is None:  # the standby's ping
+            return None
         worker.local, worker.node = hello.hostname == self._hostname, hello.node
-        return hello
-
-    def _await_standby(self, standby: _Actor, deadline: float) -> None:
-        import ray
-
-        ray.get(standby.hello, timeout=max(0.0, deadline - time.monotonic()))
+        return hello  # type: ignore[no-any-return]
 
     def worker_nodes(self) -> list[str | None]:
         """Per worker, the id of the Ray node its actor runs on (None: none now)."""

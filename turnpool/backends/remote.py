@@ -5,29 +5,27 @@ The process, process_pool, joblib and Ray backends differ only in how a worker i
 how bytes reach it. Here, once: the typed handshake (`WorkerInit` out, `Hello` back); the
 worker's side (`serve_worker`: build an `EnvHost`, say hello, then run
 `turnpool.worker.handoff.HandoffServer`, every worker's one loop); the pool's side
-(`RemoteBackend`: start, greet, standby, restart, progress, close in order); connections
+(`RemoteBackend`: start, greet, standby, restart, progress, close in order); and connections
 (`StreamBackend`: send / ``poll(2)`` wait / recv, a death seen through the worker's sentinel
-or the connection's end); and workers that someone else's machinery starts and that dial back
-(`DialBackBackend`, `Rendezvous`: the first bytes must be a random token before anything is
-unpickled). A backend supplies "start a worker and give me its pipes". Which backends a caller
-may use at all is decided once, at the choice (`turnpool.backends.choice.refuse_unsupported`).
+or the connection's end). Workers that someone else's machinery starts dial back
+(`turnpool.backends.dialback`). A backend supplies "start a worker and give me its pipes";
+which backends a caller may use at all is decided once, at the choice
+(`turnpool.backends.choice.refuse_unsupported`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
 import pickle
-import secrets
 import select
 import socket
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -53,7 +51,6 @@ from turnpool.worker.transport import (
 
 log = logging.getLogger(__name__)
 
-_TOKEN_BYTES = 32
 #: How long a restart may take before the worker's envs are failed instead.
 RESTART_TIMEOUT_S = 120.0
 
@@ -85,98 +82,14 @@ class Hello:
     node: str = ""
 
 
-def build_host(init: WorkerInit, node: str = "", progress: ProgressWriter | None = None
-               ) -> tuple[EnvHost, Hello]:
-    """The worker's `EnvHost` for ``init`` (writing ``progress``, else a writer of its own)
-    and the `Hello` that reports it."""
-    host = EnvHost(init.builds, progress or ProgressWriter(init.progress_path))
-    return host, Hello(init.slot, init.incarnation, os.getpid(), dict(host.build_errors),
-                       socket.gethostname(), node)
-
-
 def serve_worker(recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], None],
                  init: WorkerInit, progress: ProgressWriter | None = None) -> None:
-    """A worker's life once it has its `WorkerInit`: build, say hello, serve until closed."""
-    host, hello = build_host(init, progress=progress)
-    send_bytes(pickle.dumps(hello, PROTOCOL))
+    """A worker's life once it has its `WorkerInit`: build (writing ``progress``, else a
+    writer of its own), say hello, serve until closed."""
+    host = EnvHost(init.builds, progress or ProgressWriter(init.progress_path))
+    send_bytes(pickle.dumps(Hello(init.slot, init.incarnation, os.getpid(),
+                                  dict(host.build_errors), socket.gethostname()), PROTOCOL))
     serve(recv_bytes, send_bytes, host, init.handoff_after, init.step_timeout)
-
-
-def dial_and_serve(address: str, token: bytes, init: WorkerInit,
-                   progress: ProgressWriter | None = None) -> None:
-    """A worker started by other machinery: connect back to the pool's `Rendezvous`, prove it
-    is ours with the token, then serve (`serve_worker`)."""
-    conn = Client(address, family="AF_UNIX")
-    try:
-        conn.send_bytes(token)
-        serve_worker(conn.recv_bytes, conn.send_bytes, init, progress)
-    finally:
-        conn.close()
-
-
-class Rendezvous:
-    """A private listening socket (Linux abstract namespace: no file) for workers that dial
-    back; hellos that arrive for another worker than the one awaited are kept for it."""
-
-    def __init__(self, prefix: str) -> None:
-        self.token = secrets.token_bytes(_TOKEN_BYTES)
-        self.address = f"\0turnpool-{prefix}-" + secrets.token_hex(12)
-        self._sock: socket.socket | None = None
-        self._early: dict[tuple[int, int], tuple[Connection, Hello]] = {}
-
-    def open(self, backlog: int) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(self.address)
-        sock.listen(max(8, backlog))
-        self._sock = sock
-
-    def accept(self, slot: int, incarnation: int, deadline: float,
-               alive: Callable[[], bool]) -> tuple[Connection, Hello]:
-        """Accept connections until worker ``slot`` (this incarnation) has said hello, while
-        ``alive()`` (whatever runs it has not given up) and before ``deadline``."""
-        while (slot, incarnation) not in self._early:
-            left = deadline - time.monotonic()
-            if left <= 0 or not alive():
-                why = "in time" if left <= 0 else "(whatever ran it ended first)"
-                raise TimeoutError(f"worker {slot} did not connect {why}")
-            assert self._sock is not None
-            # Short slices: a launcher that fails is noticed within a fraction of a second.
-            self._sock.settimeout(min(left, 0.2))
-            try:
-                client, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            client.settimeout(None)
-            conn = Connection(client.detach())
-            try:
-                hello = self._handshake(conn, deadline)
-            except (OSError, EOFError, TimeoutError, ValueError) as exc:
-                log.warning("rejected a connection on the worker socket: %s", exc)
-                conn.close()
-                continue
-            self._early[(hello.slot, hello.incarnation)] = (conn, hello)
-        return self._early.pop((slot, incarnation))
-
-    def _handshake(self, conn: Connection, deadline: float) -> Hello:
-        if not conn.poll(max(0.0, deadline - time.monotonic())):
-            raise TimeoutError("no token")
-        if not hmac.compare_digest(conn.recv_bytes(maxlength=_TOKEN_BYTES), self.token):
-            raise ValueError("bad token")
-        # Envs are built between token and hello; the worker is ours, so its pickles are trusted.
-        if not conn.poll(max(0.0, deadline - time.monotonic())):
-            raise TimeoutError("no hello")
-        hello = pickle.loads(conn.recv_bytes())
-        if not isinstance(hello, Hello):
-            raise ValueError("bad hello")
-        return hello
-
-    def close(self) -> None:
-        for conn, _ in self._early.values():
-            conn.close()
-        self._early.clear()
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
 
 
 # ====================================================================== the pool's side
@@ -197,7 +110,8 @@ class RemoteBackend(Backend, Generic[H]):
         OSError, WorkerLost, TimeoutError, ValueError, EOFError, pickle.PicklingError)
     #: how many times a restart is tried before the worker's envs are failed
     restart_attempts: ClassVar[int] = 1
-    #: start the standby with the workers and wait for it at start (else after they are ready)
+    #: start the standby with the workers and await it (its ``_await_hello`` with no slot) at
+    #: start; else it starts once they are ready
     standby_with_workers: ClassVar[bool] = False
 
     def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
@@ -213,7 +127,7 @@ class RemoteBackend(Backend, Generic[H]):
         self._standby: H | None = None
         self._owner_pid = os.getpid()
         self._timeout = 60.0
-        self._closed = False
+        self._started = self._closed = False
 
     # ------------------------------------------------------------------ what a backend adds
     @abstractmethod
@@ -230,23 +144,17 @@ class RemoteBackend(Backend, Generic[H]):
         return True
 
     @abstractmethod
-    def _await_hello(self, worker: H, slot: int, deadline: float) -> Hello:
-        """Wait until the worker of ``slot`` has said hello."""
+    def _await_hello(self, worker: H, slot: int | None, deadline: float) -> Hello | None:
+        """Wait until the worker of ``slot`` has said hello (None: until the standby is up)."""
 
     def _launch_all(self, slots: list[int]) -> list[H]:
         """Start the workers of ``slots`` (at start: every slot)."""
         return [self._launch(k) for k in slots]
 
-    def _retire(self, worker: H, slot: int) -> None:
-        """Stop the lost or stuck worker of ``slot`` before its replacement starts."""
-        self._stop(worker)
-
-    def _await_standby(self, standby: H, deadline: float) -> None:
-        """Wait until the standby is up (``standby_with_workers`` backends)."""
-
     @abstractmethod
     def _stop(self, worker: H) -> None:
-        """Stop a worker now (kill what can be killed) and release what it holds."""
+        """Stop a worker now (kill what can be killed) and release what it holds; a lost or
+        stuck worker is stopped before its replacement starts."""
 
     def _prepare(self) -> None:
         """Before the first worker starts (a runtime, a socket, a preload)."""
@@ -257,10 +165,7 @@ class RemoteBackend(Backend, Generic[H]):
             self._stop(w)
 
     def _release(self) -> None:
-        """After every worker is stopped (and after a failed start)."""
-
-    def _abandon_forked(self, workers: list[H]) -> None:
-        """``close`` in a forked copy of the owner: drop our ends, stop nothing."""
+        """After every worker is stopped (and after a failed start, and in a forked copy)."""
 
     def _start_failed(self, exc: BaseException) -> str:
         return f"{self.name} workers did not start: {short_error(exc)}"
@@ -270,7 +175,8 @@ class RemoteBackend(Backend, Generic[H]):
         return WorkerInit(slot, self._incarnations[slot], self.builds_of(slot), progress.path,
                           self.handoff_after, self.step_timeout)
 
-    def _greet(self, worker: H, hello: Hello) -> None:
+    def _greet(self, worker: H, hello: Hello | None) -> None:
+        assert hello is not None  # a worker with a slot always says hello
         worker.pid = hello.pid
         worker.progress.unlink()  # mapped by the worker (or not visible to it): the name can go
         raise_build_errors(hello.build_errors)
@@ -288,9 +194,10 @@ class RemoteBackend(Backend, Generic[H]):
                 assert w is not None
                 self._greet(w, self._await_hello(w, k, deadline))
             if self._standby is not None:
-                self._await_standby(self._standby, deadline)
+                self._await_hello(self._standby, None, deadline)
             elif self._use_standby:  # now, so that it never takes CPU from the first steps
                 self._standby = self._launch(None)
+            self._started = True
         except (EnvBuildError, BackendUnavailable):  # the envs are broken, or it says why
             self.close()
             raise
@@ -302,7 +209,7 @@ class RemoteBackend(Backend, Generic[H]):
         old = self._workers[worker]
         self._workers[worker] = None
         if old is not None:
-            self._retire(old, worker)
+            self._stop(old)
         error: BaseException | None = None
         deadline = time.monotonic() + max(self._timeout, RESTART_TIMEOUT_S)
         failures: tuple[type[BaseException], ...] = (*self.start_errors, EnvBuildError)
@@ -348,8 +255,10 @@ class RemoteBackend(Backend, Generic[H]):
         workers = [w for w in self._workers if w is not None]
         standby, self._standby = self._standby, None
         self._workers = [None] * len(self._workers)
-        if os.getpid() != self._owner_pid:  # a forked copy of the owner: not ours to stop
-            self._abandon_forked(workers + ([standby] if standby else []))
+        if os.getpid() != self._owner_pid:  # a forked copy of the owner: drop our ends only
+            for w in workers + ([standby] if standby else []):
+                w.close_pipes()
+            self._release()
             return
         if standby is not None:  # holds no envs; may still be starting
             self._stop(standby)
@@ -416,10 +325,6 @@ class StreamBackend(RemoteBackend[S]):
                 with contextlib.suppress(OSError):
                     w.out.send_bytes(bye)
 
-    def _abandon_forked(self, workers: list[S]) -> None:
-        for w in workers:
-            w.close_pipes()
-
     def _shutdown(self, workers: list[S]) -> None:
         self._say_close(workers)
         deadline = time.monotonic() + CLOSE_GRACE_S
@@ -431,10 +336,10 @@ class StreamBackend(RemoteBackend[S]):
     def _join(self, worker: S, timeout: float) -> None:
         """Wait (at most ``timeout``) for a worker told to close to end."""
 
-    def _await_hello(self, worker: S, slot: int, deadline: float) -> Hello:
+    def _await_hello(self, worker: S, slot: int | None, deadline: float) -> Hello | None:
         """The hello on the worker's own connection; its sentinel firing first is a death."""
         conn = worker.conn
-        assert conn is not None
+        assert conn is not None and slot is not None  # a standby here is never awaited
         watched: list[Any] = [conn] + ([worker.sentinel] if worker.sentinel >= 0 else [])
         while True:
             left = deadline - time.monotonic()
@@ -508,37 +413,5 @@ class StreamBackend(RemoteBackend[S]):
         raise WorkerLost(why)
 
 
-class DialBackBackend(StreamBackend[S]):
-    """`StreamBackend` whose workers are started by someone else's machinery (an executor,
-    joblib) as one task that lives as long as the pool: the task builds its slice, dials
-    back to the pool's `Rendezvous` (`dial_and_serve`) and serves there, one message per
-    worker per step, so nothing but actions and results crosses and no call to that
-    machinery happens per step. Subclasses say whether a worker's task still runs."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._rendezvous = Rendezvous(self.name)
-
-    @abstractmethod
-    def _running(self, worker: S) -> bool:
-        """Does whatever runs the worker's task still run it (else no hello will come)?"""
-
-    def _prepare(self) -> None:
-        self._rendezvous.open(self.num_workers)
-
-    def _await_hello(self, worker: S, slot: int, deadline: float) -> Hello:
-        conn, hello = self._rendezvous.accept(slot, self._incarnations[slot], deadline,
-                                              lambda: self._running(worker))
-        worker.conn = worker.out = conn
-        return hello
-
-    def _release(self) -> None:
-        self._rendezvous.close()
-
-    def _abandon_forked(self, workers: list[S]) -> None:
-        super()._abandon_forked(workers)
-        self._rendezvous.close()
-
-
-__all__ = ["RESTART_TIMEOUT_S", "DialBackBackend", "Hello", "RemoteBackend", "Rendezvous", "Stream",
-           "StreamBackend", "WorkerInit", "build_host", "dial_and_serve", "serve_worker"]
+__all__ = ["RESTART_TIMEOUT_S", "Hello", "RemoteBackend", "Stream", "StreamBackend", "WorkerInit",
+           "serve_worker"]
