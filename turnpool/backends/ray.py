@@ -1,6 +1,6 @@
 """ray backend: one Ray actor per worker, each owning a slice of envs for its whole life.
 
-Each actor runs every worker's request loop (`turnpool.backends.remote.serve_worker`) on a
+Each actor runs every worker's request loop (`turnpool.worker.handoff.HandoffServer`) on a
 thread, fed by ``put`` calls and answered through ``take`` calls, or by one ``call`` per request
 without hand-off (`SliceActor`): a step is one call per actor carrying every env's actions.
 
@@ -37,16 +37,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from turnpool.backends.base import BackendUnavailable, WorkerHandle, WorkerLost, one_per_core
-from turnpool.backends.remote import Hello, RemoteBackend, WorkerInit, serve_worker
+from turnpool.backends.remote import Hello, RemoteBackend, WorkerInit, build_host
 from turnpool.extras import MissingExtra, require
 from turnpool.worker.build import EnvBuild
 from turnpool.worker.errors import short_error
+from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import Op, Reply, Request
-from turnpool.worker.transport import CLOSE_GRACE_S, PROTOCOL, ProgressSlot
+from turnpool.worker.transport import CLOSE_GRACE_S, PROTOCOL, ProgressSlot, serve
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +108,16 @@ class SliceActor:
     def load(self, init: WorkerInit) -> Hello:
         import ray
 
-        threading.Thread(target=self._serve, args=(init,), daemon=True,
+        # the hello is this call's answer: a standing `take` must not consume it
+        host, hello = build_host(init, ray.get_runtime_context().get_node_id())
+        threading.Thread(target=self._serve, args=(host, init), daemon=True,
                          name="turnpool-ray-worker").start()
-        hello = pickle.loads(self._outbox.get())  # an empty reply: it ended before its hello
-        return replace(hello, node=ray.get_runtime_context().get_node_id())
+        return hello
 
-    def _serve(self, init: WorkerInit) -> None:
+    def _serve(self, host: EnvHost, init: WorkerInit) -> None:
         try:
-            serve_worker(self._inbox.get, self._outbox.put, init)
+            serve(self._inbox.get, self._outbox.put, host, init.handoff_after,
+                  init.step_timeout)
         finally:
             self._outbox.put(b"")
 

@@ -82,13 +82,20 @@ class Hello:
     node: str = ""
 
 
+def build_host(init: WorkerInit, node: str = "", progress: ProgressWriter | None = None
+               ) -> tuple[EnvHost, Hello]:
+    """The worker's `EnvHost` for ``init`` (writing ``progress``, else a writer of its own)
+    and the `Hello` that reports it."""
+    host = EnvHost(init.builds, progress or ProgressWriter(init.progress_path))
+    return host, Hello(init.slot, init.incarnation, os.getpid(), dict(host.build_errors),
+                       socket.gethostname(), node)
+
+
 def serve_worker(recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], None],
                  init: WorkerInit, progress: ProgressWriter | None = None) -> None:
-    """A worker's life once it has its `WorkerInit`: build (writing ``progress``, else a
-    writer of its own), say hello, serve until closed."""
-    host = EnvHost(init.builds, progress or ProgressWriter(init.progress_path))
-    send_bytes(pickle.dumps(Hello(init.slot, init.incarnation, os.getpid(),
-                                  dict(host.build_errors), socket.gethostname()), PROTOCOL))
+    """A worker's life once it has its `WorkerInit`: build, say hello, serve until closed."""
+    host, hello = build_host(init, progress=progress)
+    send_bytes(pickle.dumps(hello, PROTOCOL))
     serve(recv_bytes, send_bytes, host, init.handoff_after, init.step_timeout)
 
 
@@ -414,4 +421,4 @@ class StreamBackend(RemoteBackend[S]):
 
 
 __all__ = ["RESTART_TIMEOUT_S", "Hello", "RemoteBackend", "Stream", "StreamBackend", "WorkerInit",
-           "serve_worker"]
+           "build_host", "serve_worker"]
