@@ -219,7 +219,7 @@ class JoblibBackend(DialBackBackend[_Task]):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(w.pid, signal.SIGKILL)
 
-    def _death(self, worker: int, w: _Task) -> str:
+    def _death(self, worker: int | None, w: _Task) -> str:
         return f"joblib worker {worker} ({self.flavour}) died"
 
     def _await_broken_executor(self, epoch: int) -> None:

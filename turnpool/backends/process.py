@@ -10,9 +10,11 @@ keeps the standby at nice 19 and kills a hung worker with SIGKILL. Hand-off is o
 Start methods: ``spawn`` (default; safe when the caller has threads, e.g. CUDA or tokenizers),
 ``forkserver`` (env modules preloaded into the server) and ``fork`` (fastest start, unsafe with
 threads). With spawn/forkserver a replacement worker costs an interpreter start, so one idle
-standby process is kept ready by default (``standby=False`` turns that off): it starts after
-the live workers are ready, waits at nice 19 and gets our priority back when it replaces a
-worker (where the OS refuses that, a fresh worker is started instead). A pool created by
+standby process is kept ready by default (``standby=False`` turns that off). The first one
+starts with the workers and `start` returns once it is up, so no interpreter start competes
+with the first steps; it then waits at nice 19 (a later one, after a restart, starts there)
+and gets our priority back when it replaces a worker (where the OS refuses that, a fresh
+worker is started instead). A pool created by
 unguarded top-level code is refused where the backend is chosen
 (`turnpool.backends.choice.unguarded_main_call`).
 """
@@ -34,7 +36,7 @@ import cloudpickle
 
 from turnpool.backends.base import one_per_core
 from turnpool.backends.choice import unguarded_main_call
-from turnpool.backends.remote import Stream, StreamBackend, WorkerInit, serve_worker
+from turnpool.backends.remote import Hello, Stream, StreamBackend, WorkerInit, serve_worker
 from turnpool.worker.build import EnvBuild
 from turnpool.worker.handoff import DEFAULT_HANDOFF_AFTER
 from turnpool.worker.transport import ProgressSlot, watch_parent
@@ -56,11 +58,12 @@ def _set_nice(pid: int, nice: int) -> bool:
 def _worker_main(inbox: multiprocessing.connection.Connection,
                  outbox: multiprocessing.connection.Connection, pool_pid: int,
                  die_with_parent: bool) -> None:
-    """Entry point of a worker process: wait for its `WorkerInit` (a standby waits long),
-    then serve."""
+    """Entry point of a worker process: say it is up (a standby's readiness), wait for its
+    `WorkerInit` (a standby waits long), then serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the pool's to handle
     watch_parent(pool_pid, die_with_parent)
     try:
+        outbox.send_bytes(pickle.dumps(None))
         init = pickle.loads(inbox.recv_bytes())
     except (EOFError, OSError):
         return  # closed while on standby
@@ -123,11 +126,17 @@ class ProcessBackend(StreamBackend[_Proc]):
         # its progress file comes with its slice (`_load`): an idle standby holds none
         worker = _Proc(runner=proc, progress=ProgressSlot(file=False), conn=rep_r, out=req_w,
                        pid=proc.pid, sentinel=proc.sentinel)
-        if slot is None:  # the standby: its interpreter start only uses idle CPU
+        if slot is None and self._started:  # a replacement's standby: it only uses idle CPU
             _set_nice(worker.pid, STANDBY_NICE)
-        else:
+        elif slot is not None:
             self._load(worker, slot)
         return worker
+
+    def _await_hello(self, worker: _Proc, slot: int | None, deadline: float) -> Hello | None:
+        hello = super()._await_hello(worker, slot, deadline)
+        if slot is None:  # the first standby, up: it waits at the lowest priority
+            _set_nice(worker.pid, STANDBY_NICE)
+        return hello
 
     def _promote(self, standby: _Proc) -> bool:
         return _set_nice(standby.pid, os.getpriority(os.PRIO_PROCESS, 0))
@@ -154,7 +163,7 @@ class ProcessBackend(StreamBackend[_Proc]):
         except ValueError:
             pass
 
-    def _death(self, worker: int, w: _Proc) -> str:
+    def _death(self, worker: int | None, w: _Proc) -> str:
         if w.lost:
             return "worker died (exit code None)"
         w.runner.join(1.0)

@@ -180,9 +180,6 @@ class RayBackend(RemoteBackend[_Actor]):
 
     name: ClassVar[str] = "ray"
     start_errors: ClassVar[tuple[type[BaseException], ...]] = (Exception,)
-    # The standby starts alongside the workers and start() waits for it too: a Python
-    # process starting up later would steal CPU from the first steps.
-    standby_with_workers: ClassVar[bool] = True
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:

@@ -117,9 +117,6 @@ class RemoteBackend(Backend, Generic[H]):
         OSError, WorkerLost, TimeoutError, ValueError, EOFError, pickle.PicklingError)
     #: how many times a restart is tried before the worker's envs are failed
     restart_attempts: ClassVar[int] = 1
-    #: start the standby with the workers and await it (its ``_await_hello`` with no slot) at
-    #: start; else it starts once they are ready
-    standby_with_workers: ClassVar[bool] = False
 
     def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
                  mp_context: str | None = None, handoff_after: float | None = None,
@@ -193,17 +190,15 @@ class RemoteBackend(Backend, Generic[H]):
         deadline = time.monotonic() + timeout
         try:
             self._prepare()
-            # every worker starts before any is waited for
+            # every worker starts before any is waited for, the standby with them: a process
+            # still starting up once start() has returned would take CPU from the first steps
             self._workers = list(self._launch_all(list(range(self.num_workers))))
-            if self._use_standby and self.standby_with_workers:
-                self._standby = self._launch(None)
+            self._standby = self._launch(None) if self._use_standby else None
             for k, w in enumerate(self._workers):
                 assert w is not None
                 self._greet(w, self._await_hello(w, k, deadline))
             if self._standby is not None:
                 self._await_hello(self._standby, None, deadline)
-            elif self._use_standby:  # now, so that it never takes CPU from the first steps
-                self._standby = self._launch(None)
             self._started = True
         except (EnvBuildError, BackendUnavailable):  # the envs are broken, or it says why
             self.close()
@@ -320,7 +315,7 @@ class StreamBackend(RemoteBackend[S]):
         super().__init__(*args, **kwargs)
         self._exited: set[int] = set()  # workers whose sentinel fired in the last wait
 
-    def _death(self, worker: int, w: S) -> str:
+    def _death(self, worker: int | None, w: S) -> str:
         """Why the worker's replies stopped (its exit, where the backend knows it)."""
         return f"{self.name} worker {worker} died"
 
@@ -344,9 +339,10 @@ class StreamBackend(RemoteBackend[S]):
         """Wait (at most ``timeout``) for a worker told to close to end."""
 
     def _await_hello(self, worker: S, slot: int | None, deadline: float) -> Hello | None:
-        """The hello on the worker's own connection; its sentinel firing first is a death."""
+        """The hello on the worker's own connection (a standby's: any first message); its
+        sentinel firing first is a death."""
         conn = worker.conn
-        assert conn is not None and slot is not None  # a standby here is never awaited
+        assert conn is not None
         watched: list[Any] = [conn] + ([worker.sentinel] if worker.sentinel >= 0 else [])
         while True:
             left = deadline - time.monotonic()
@@ -358,8 +354,8 @@ class StreamBackend(RemoteBackend[S]):
                     hello = pickle.loads(conn.recv_bytes())
                 except (EOFError, OSError) as exc:
                     raise WorkerLost(f"{self._death(slot, worker)} while starting") from exc
-                if isinstance(hello, Hello):
-                    return hello
+                if slot is None or isinstance(hello, Hello):
+                    return None if slot is None else hello
             elif ready:
                 raise WorkerLost(f"{self._death(slot, worker)} while starting")
 
