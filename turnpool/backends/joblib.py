@@ -108,7 +108,7 @@ class JoblibBackend(DialBackBackend[_Task]):
 
     Options: ``n_jobs`` (joblib's worker count, used when ``num_workers`` is None;
     default -1 = one per core), ``joblib_backend`` (``loky``, ``multiprocessing``,
-    ``threading``) and ``handoff_after``.
+    ``threading``) and ``handoff_after`` (hand-off, on by default).
     """
 
     name: ClassVar[str] = "joblib"

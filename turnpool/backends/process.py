@@ -3,8 +3,8 @@
 Per step each worker gets one pickled request over its pipe and sends one pickled reply, so the
 fixed cost is one wake-up round trip per worker, not per env. The lifecycle is
 `turnpool.backends.remote.StreamBackend`'s; this file starts processes and their two pipes,
-keeps the standby at nice 19 and kills a hung worker with SIGKILL. Hand-off is on by default
-(``handoff_after=0.05`` s; None turns it off). Workers die with the pool's process
+keeps the standby at nice 19 and kills a hung worker with SIGKILL. Hand-off is on, as on every
+remote backend (``handoff_after=0.05`` s; None turns it off). Workers die with the pool's process
 (`turnpool.worker.transport.watch_parent`).
 
 Start methods: ``spawn`` (default; safe when the caller has threads, e.g. CUDA or tokenizers),
@@ -38,7 +38,6 @@ from turnpool.backends.base import one_per_core
 from turnpool.backends.choice import unguarded_main_call
 from turnpool.backends.remote import Hello, Stream, StreamBackend, WorkerInit, serve_worker
 from turnpool.worker.build import EnvBuild
-from turnpool.worker.handoff import DEFAULT_HANDOFF_AFTER
 from turnpool.worker.transport import ProgressSlot, watch_parent
 
 #: The standby's nice value while it waits (lowest priority: it must not slow live steps).
@@ -91,10 +90,8 @@ class ProcessBackend(StreamBackend[_Proc]):
 
     def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
                  mp_context: str | None = None, standby: bool | None = None,
-                 handoff_after: float | None = DEFAULT_HANDOFF_AFTER,
                  **options: Any) -> None:
-        super().__init__(builds, num_workers, mp_context=mp_context,
-                         handoff_after=handoff_after, **options)
+        super().__init__(builds, num_workers, mp_context=mp_context, **options)
         method = self.mp_context
         if method not in multiprocessing.get_all_start_methods():
             raise ValueError(f"mp_context must be one of {multiprocessing.get_all_start_methods()}"

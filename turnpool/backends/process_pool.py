@@ -59,7 +59,7 @@ class ProcessPoolBackend(DialBackBackend[_Executor]):
     """One ``ProcessPoolExecutor(max_workers=1)`` per worker; envs live in the executor's process.
 
     Options: ``max_workers`` (used when ``num_workers`` is None), ``sequential_env_types``,
-    ``handoff_after``.
+    ``handoff_after`` (hand-off, on by default).
     """
 
     name: ClassVar[str] = "process_pool"

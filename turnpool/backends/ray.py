@@ -1,8 +1,9 @@
 """ray backend: one Ray actor per worker, each owning a slice of envs for its whole life.
 
-Each actor runs every worker's request loop (`turnpool.worker.handoff.HandoffServer`) on a
-thread, fed by ``put`` calls and answered through ``take`` calls, or by one ``call`` per request
-without hand-off (`SliceActor`): a step is one call per actor carrying every env's actions.
+Each actor runs every worker's request loop (`turnpool.worker.handoff.HandoffServer`, hand-off
+on by default) on a thread, fed by ``put`` calls and answered through ``take`` calls, or by one
+``call`` per request with ``handoff_after=None`` (`SliceActor`): a step is one call per actor
+carrying every env's actions.
 
 Ray runtime: with ``ray_address`` the pool joins that cluster; otherwise, if Ray is not
 initialised yet, it starts a local one bound to 127.0.0.1 with the dashboard off and a small

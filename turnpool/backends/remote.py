@@ -39,6 +39,7 @@ from turnpool.backends.base import (
 )
 from turnpool.worker.build import EnvBuild
 from turnpool.worker.errors import short_error
+from turnpool.worker.handoff import DEFAULT_HANDOFF_AFTER
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import Op, Reply, Request
 from turnpool.worker.transport import (
@@ -108,8 +109,9 @@ class RemoteBackend(Backend, Generic[H]):
 
     Subclasses implement `_launch`, `_await_hello`, `_stop` and the transport (`send`,
     `wait`, `recv`; `StreamBackend` has them for connections), and may offer a standby
-    (`_load`, `_promote`). ``handoff_after`` is the request loop's hand-off threshold (None:
-    off; `DEFAULT_HANDOFF_AFTER` is the process backend's default).
+    (`_load`, `_promote`). ``handoff_after`` is the request loop's hand-off threshold
+    (`DEFAULT_HANDOFF_AFTER` by default, so one stalled env never holds back its worker-mates;
+    None: off).
     """
 
     #: the exceptions of `start` that mean "this backend cannot run here"
@@ -119,7 +121,8 @@ class RemoteBackend(Backend, Generic[H]):
     restart_attempts: ClassVar[int] = 1
 
     def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
-                 mp_context: str | None = None, handoff_after: float | None = None,
+                 mp_context: str | None = None,
+                 handoff_after: float | None = DEFAULT_HANDOFF_AFTER,
                  **options: Any) -> None:
         super().__init__(builds, num_workers, mp_context=mp_context, **options)
         if handoff_after is not None and not handoff_after > 0:
