@@ -141,6 +141,27 @@ def check_fault_isolated(pool: EnvPool, fault: str, expected_error: str | None =
     return before, after
 
 
+def check_mates_not_held(backend: str, **options: Any) -> None:
+    """One worker, four envs, one of them hangs: its mates are answered (as a clean run answers
+    them) by an earlier poll than the one that brings the hung env's deadline, which fails it
+    alone. Every remote backend hands a stalled env off by default."""
+    kwargs: dict[str, Any] = {"env_num": 4, "seed": 3, "env_kwargs": {"episode_len": 100}}
+    with EnvPool("faulty", backend=backend, num_workers=1, step_timeout=4.0, **kwargs,
+                 **options) as pool, EnvPool("faulty", backend="sequential", **kwargs) as ref:
+        assert pool.reset() == ref.reset()
+        pool.step_async([0, 1, 2, 3], [["go"], ["hang"], ["go"], ["go"]])
+        got: dict[int, tuple[int, Any]] = {}  # env -> (which poll answered it, result)
+        for n in range(8):
+            got.update((i, (n, r)) for i, r in pool.poll(timeout=20.0))
+            if len(got) == 4:
+                break
+        want = ref.step_turns([["go"]] * 4)
+    assert sorted(got) == [0, 1, 2, 3]
+    for i in (0, 2, 3):
+        assert got[i][0] < got[1][0] and got[i][1] == want[i]
+    assert got[1][1].failure == "timeout"
+
+
 _PARENT = textwrap.dedent("""
     import json, sys
     from turnpool.pool import EnvPool

@@ -10,7 +10,13 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.faults import check_fault_isolated, faulty_pool, kill_parent_and_check, wait_gone
+from tests.faults import (
+    check_fault_isolated,
+    check_mates_not_held,
+    faulty_pool,
+    kill_parent_and_check,
+    wait_gone,
+)
 from tests.traces import short_trace
 from turnpool.backends.joblib import JoblibBackend
 from turnpool.envs.synthetic import TrivialEnv
@@ -69,7 +75,8 @@ def test_joblib_flavours_match_sequential(flavour: str) -> None:
                                                 ("threading", "hang")])
 def test_joblib_fault_is_isolated(flavour: str, fault: str) -> None:
     before = {c.pid for c in psutil.Process().children(recursive=True)}
-    with faulty_pool("joblib", joblib_backend=flavour) as pool:
+    # without hand-off, so that a hang takes the interrupt (or abandon) path
+    with faulty_pool("joblib", joblib_backend=flavour, handoff_after=None) as pool:
         assert pool.backend_name == "joblib"
         pids, _ = check_fault_isolated(pool, fault)
         if flavour != "threading":
@@ -82,6 +89,11 @@ def test_joblib_fault_is_isolated(flavour: str, fault: str) -> None:
         helpers = {c.pid for c in psutil.Process().children(recursive=True)
                    if "resource_tracker" in " ".join(c.cmdline())}
         assert after - before - helpers == set()  # loky's idle workers were shut down too
+
+
+@pytest.mark.parametrize("flavour", ["loky", "threading"])
+def test_joblib_a_hung_env_holds_back_only_itself(flavour: str) -> None:
+    check_mates_not_held("joblib", joblib_backend=flavour)
 
 
 def test_joblib_workers_die_with_a_killed_parent(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from tests.faults import (
     GONE_S,
     UNPICKLABLE_ENV,
     check_fault_isolated,
+    check_mates_not_held,
     faulty_pool,
     kill_parent_and_check,
     wait_gone,
@@ -70,7 +71,8 @@ def test_process_pool_sequential_env_types_stay_in_the_caller() -> None:
 
 @pytest.fixture(scope="module")
 def process_pool_faulty() -> Any:
-    pool = faulty_pool("process_pool", mp_context="forkserver")
+    # without hand-off, so that a hang takes the kill-and-replay path
+    pool = faulty_pool("process_pool", mp_context="forkserver", handoff_after=None)
     assert pool.backend_name == "process_pool"
     yield pool
     pids = pool.worker_pids()
@@ -84,6 +86,10 @@ def test_process_pool_fault_is_isolated(process_pool_faulty: EnvPool, fault: str
     assert now[1] == pids[1]  # the other worker was untouched
     if fault != "raise":
         assert now[0] != pids[0] and wait_gone([pids[0]], GONE_S) == []
+
+
+def test_process_pool_a_hung_env_holds_back_only_itself() -> None:
+    check_mates_not_held("process_pool")
 
 
 def test_process_pool_workers_die_with_a_killed_parent(tmp_path: Path) -> None:

@@ -40,3 +40,13 @@ def test_bench_hol_shows_the_handoff() -> None:
     assert kinds == [("pool", "hang"), ("pool", "hang, no hand-off"), ("pool", "1% slow")]
     assert all(s["p99_ratio_median"] > 0 for s in report["summary"])
     assert len(render(report)) == 2
+
+
+def test_bench_hol_runs_on_the_backend_named() -> None:
+    report = run(["pool"], sessions=4, pairs=1, warmup=0.2, seconds=2.0,
+                 step_timeout=STEP_TIMEOUT, compare_no_handoff=False,
+                 progress=lambda *_: None, backend="process_pool")
+    assert report["backend"] == "process_pool"
+    hang = next(w for w in report["windows"] if w["kind"] == "hang")
+    # hand-off is on by default there too: the hung env's worker-mates never wait its deadline
+    assert hang["innocent_errors"] == 0 and hang["near_max_ms"] < STEP_TIMEOUT * 1000

@@ -159,6 +159,9 @@ class WorkerHandle:
     def read_progress(self) -> tuple[int, float] | None:
         return self.progress.read() if self.local else None
 
+    def close_pipes(self) -> None:
+        """Drop this process's ends of the worker's connections (a transport that has some)."""
+
 
 def raise_build_errors(errors: dict[int, str]) -> None:
     """Raise `EnvBuildError` if a worker reported envs it could not build (every backend

@@ -1,33 +1,24 @@
 """joblib backend: ``Parallel(n_jobs=...)`` workers, env state kept in the workers.
 
-joblib runs stateless tasks and cannot send a task to the worker that holds env *i*; calling
-``Parallel`` per step would ship envs and pay joblib's result-polling floor every step. Here
-each turnpool worker is one joblib task that lives as long as the pool and dials back
-(`turnpool.backends.remote.DialBackBackend`: lifecycle, rendezvous and request loop are
-shared; ``handoff_after`` turns hand-off on, off by default here). joblib chooses and manages
-the processes or threads (``joblib_backend``: ``"loky"`` (default), ``"multiprocessing"`` or
-``"threading"``; ``n_jobs=-1`` means one worker per core, joblib's rule).
+Calling ``Parallel`` per step would ship envs and pay joblib's result-polling floor every
+step; here each turnpool worker is one joblib task that lives as long as the pool and dials
+back (`turnpool.backends.dialback`). joblib manages the processes or threads
+(``joblib_backend``: ``"loky"`` (default), ``"multiprocessing"`` or ``"threading"``;
+``n_jobs=-1`` means one worker per core, joblib's rule). All slices are launched by one
+``Parallel`` call at start, a restarted slice by a new one-task call; each call runs in a
+daemon thread until its tasks return. A stuck task is interrupted by a signal, not killed.
 
-All slices are launched by one ``Parallel`` call at start; a slice restarted after a fault is
-launched by a new one-task call. Each call runs in a daemon thread until its tasks return.
+Faults, per flavour: ``loky`` declares its executor broken when one worker dies (an env calling
+``os._exit``, or a hung worker killed) and terminates *all* its workers, so every slice
+reports lost and the pool rebuilds the innocent envs by reset + replay (exact, just a costlier
+step). ``multiprocessing`` never returns from a call whose worker died; the slice is relaunched
+and the stuck call stopped at close. ``threading``: like the thread backend, a hung thread is
+abandoned and an env that ends the process ends the caller; envs that draw from the global RNG
+are refused on more than one thread (`turnpool.backends.choice.refuse_unsupported`).
 
-Faults, per joblib flavour:
-
-* ``loky``: when one worker dies (an env calling ``os._exit``, or a hung worker that turnpool
-  kills), loky declares its executor broken and terminates *all* its workers. Every slice then
-  reports lost, and the pool rebuilds the innocent envs by reset + replay, so results stay
-  exact; that step just costs more.
-* ``multiprocessing``: joblib never returns from a call whose worker died (it waits for the
-  lost result); turnpool relaunches the slice and, at close, stops that stuck call.
-* ``threading``: like the thread backend, a hung thread cannot be stopped (it is abandoned) and
-  an env that ends the process ends the caller; envs that draw from the process-global RNG are
-  refused on more than one thread (`turnpool.backends.choice.refuse_unsupported`).
-
-Limits: loky's executor is shared by the whole process and resized only when idle, so two
-joblib/loky pools alive at once need the same ``num_workers`` (a second pool that cannot get
-workers fails to start with `BackendUnavailable`, or runs sequentially with
-``fallback=True``). ``mp_context`` is ignored: joblib picks the start method of its own
-backends.
+Limits: loky's executor is process-wide and resized only when idle, so two joblib/loky pools
+alive at once need the same ``num_workers`` (else the second fails to start with
+`BackendUnavailable`, or runs sequentially with ``fallback=True``). ``mp_context`` is ignored.
 """
 
 from __future__ import annotations
@@ -42,16 +33,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from turnpool.backends.remote import (
-    DialBackBackend,
-    Stream,
-    WorkerInit,
-    dial_and_serve,
-)
+from turnpool.backends.dialback import FINISHED, INTERRUPT, DialBackBackend, dial_and_serve
+from turnpool.backends.remote import Stream
 from turnpool.extras import MissingExtra, require
 from turnpool.worker.build import EnvBuild
 from turnpool.worker.errors import BackendUnavailable, short_error
-from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot, ProgressWriter, watch_parent
+from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot
 
 log = logging.getLogger(__name__)
 
@@ -70,46 +57,6 @@ def resolve_n_jobs(n_jobs: int, num_envs: int) -> int:
 
         n_jobs = max(1, joblib.cpu_count() + 1 + n_jobs)
     return max(1, min(n_jobs, num_envs))
-
-
-# ------------------------------------------------------------------- worker (joblib task)
-#: progress value a task writes when it has returned (its process is free again)
-_FINISHED = -2
-_INTERRUPT = signal.SIGUSR1
-
-
-class _Interrupted(BaseException):
-    """Raised in a task by the pool's interrupt signal; not an ``Exception``, so env-level
-    handlers do not swallow it and the task unwinds and returns."""
-
-
-def _on_interrupt(signum: int, frame: Any) -> None:
-    signal.signal(_INTERRUPT, signal.SIG_IGN)  # once; a late second signal is harmless
-    raise _Interrupted()
-
-
-def serve_slice(address: str, token: bytes, init: WorkerInit, owner_pid: int) -> int:
-    """One joblib task = one turnpool worker: dial back, build the envs, then answer requests
-    until the pool closes the connection. Returns the worker index (joblib's result, unused).
-
-    A stuck task is stopped with a signal rather than by killing its process: killing a loky
-    worker makes loky terminate every other worker (every other slice) too.
-    """
-    in_process = os.getpid() != owner_pid
-    if in_process:
-        watch_parent(owner_pid)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(_INTERRUPT, _on_interrupt)
-    progress = ProgressWriter(init.progress_path)  # opened now: the pool unlinks it soon
-    try:
-        dial_and_serve(address, token, init, progress)
-    except (EOFError, OSError, _Interrupted):
-        pass
-    finally:
-        if in_process and threading.current_thread() is threading.main_thread():
-            signal.signal(_INTERRUPT, signal.SIG_IGN)  # the process goes on serving joblib
-        progress(_FINISHED)
-    return init.slot
 
 
 # ------------------------------------------------------------------------- caller side
@@ -161,7 +108,7 @@ class JoblibBackend(DialBackBackend[_Task]):
 
     Options: ``n_jobs`` (joblib's worker count, used when ``num_workers`` is None;
     default -1 = one per core), ``joblib_backend`` (``loky``, ``multiprocessing``,
-    ``threading``) and ``handoff_after``.
+    ``threading``) and ``handoff_after`` (hand-off, on by default).
     """
 
     name: ClassVar[str] = "joblib"
@@ -184,9 +131,7 @@ class JoblibBackend(DialBackBackend[_Task]):
         self.flavour = joblib_backend
         self._launches: list[_Launch] = []
         self._stuck_call = False
-        #: loky: the executor generation, and the one each worker's task was launched on
-        self._epoch = 0
-        self._epoch_of: dict[int, int] = {}
+        self._epoch = 0  # loky: the executor generation
 
     def _start_failed(self, exc: BaseException) -> str:
         return f"joblib ({self.flavour}) workers did not start: {short_error(exc)}"
@@ -208,8 +153,7 @@ class JoblibBackend(DialBackBackend[_Task]):
         from joblib import delayed
 
         progress = [ProgressSlot() for _ in slots]
-        tasks = [delayed(serve_slice)(self._rendezvous.address, self._rendezvous.token,
-                                      self._init(k, p), self._owner_pid)
+        tasks = [delayed(dial_and_serve)(*self._task(self._init(k, p)))
                  for k, p in zip(slots, progress)]
         if self.flavour == "loky":
             # loky's executor is process-wide and only resized when idle: every call asks for
@@ -220,8 +164,6 @@ class JoblibBackend(DialBackBackend[_Task]):
         else:
             n_jobs = max(1, len(tasks))
         launch = _Launch(self.flavour, n_jobs, tasks, self._epoch)
-        for k in slots:
-            self._epoch_of[k] = self._epoch
         self._launches.append(launch)
         return [_Task(progress=p, launch=launch) for p in progress]
 
@@ -237,13 +179,9 @@ class JoblibBackend(DialBackBackend[_Task]):
         self._stuck_call |= (worker.pid == self._owner_pid
                              or (worker.lost and self.flavour == "multiprocessing"))
         worker.progress.close()
+        if worker.lost and self.flavour == "loky":
+            self._await_broken_executor(worker.launch.epoch)
         worker.lost = True
-
-    def _retire(self, worker: _Task, slot: int) -> None:
-        lost = worker.lost
-        self._stop(worker)
-        if lost and self.flavour == "loky":
-            self._await_broken_executor(slot)
 
     def _shutdown(self, workers: list[_Task]) -> None:
         self._say_close(workers)
@@ -255,7 +193,7 @@ class JoblibBackend(DialBackBackend[_Task]):
         for w in workers:
             w.close_pipes()
             mark = w.progress.read()
-            if not w.lost and mark is not None and mark[0] != _FINISHED:
+            if not w.lost and mark is not None and mark[0] != FINISHED:
                 self._stop_task(w)  # still in env code after the grace period
             w.progress.close()
         for launch in self._launches:
@@ -270,28 +208,28 @@ class JoblibBackend(DialBackBackend[_Task]):
         if w.pid <= 0 or w.pid == self._owner_pid:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(w.pid, _INTERRUPT)
+            os.kill(w.pid, INTERRUPT)
         deadline = time.monotonic() + _INTERRUPT_GRACE_S
         while time.monotonic() < deadline:
             mark = w.progress.read()
-            if mark is None or mark[0] == _FINISHED:
+            if mark is None or mark[0] == FINISHED:
                 return
             time.sleep(0.005)  # bounded, only while a stuck worker is being replaced
         log.warning("joblib worker pid %d ignored the interrupt; killing it", w.pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(w.pid, signal.SIGKILL)
 
-    def _death(self, worker: int, w: _Task) -> str:
+    def _death(self, worker: int | None, w: _Task) -> str:
         return f"joblib worker {worker} ({self.flavour}) died"
 
-    def _await_broken_executor(self, worker: int) -> None:
+    def _await_broken_executor(self, epoch: int) -> None:
         """A loky worker died, so loky is terminating its whole executor (every other slice
         on it dies too; the pool restores their envs as it finds them lost). Each call that
         ran on it aborts and, on the way out, terminates whatever executor is current: a slice
         launched before those calls have ended would be killed with them. So the first
         restart after a break waits for them; restarts of slices that died with it launch at
         once on the new executor."""
-        if self._epoch_of.get(worker, self._epoch) != self._epoch:
+        if epoch != self._epoch:
             return  # died with an executor that is already replaced
         ending = [launch for launch in self._launches
                   if launch.epoch == self._epoch and launch.thread.is_alive()]
@@ -321,4 +259,4 @@ def _shutdown_loky(timeout: float) -> None:
         log.warning("loky's executor is busy with other work; its workers stay for it")
 
 
-__all__ = ["JOBLIB_BACKENDS", "JoblibBackend", "resolve_n_jobs", "serve_slice"]
+__all__ = ["JOBLIB_BACKENDS", "JoblibBackend", "resolve_n_jobs"]

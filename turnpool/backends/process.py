@@ -1,28 +1,20 @@
 """Process backend: long-lived worker processes, each owning a slice of envs for its life.
 
 Per step each worker gets one pickled request over its pipe and sends one pickled reply, so the
-fixed cost is one wake-up round trip per worker, not per env, which is what makes it cheaper
-than one-process-per-env or task-pool designs.
-
-The lifecycle (handshake, standby, restart, close), the ``poll(2)`` wait on pipes and
-sentinels and the progress slots that blame the right env are
-`turnpool.backends.remote.StreamBackend`'s; this file starts processes and their pipes, and
-kills a hung one with SIGKILL. Hand-off is on by default here (``handoff_after=0.05`` s; None
-turns it off), so one stalled env never holds back the envs that share its worker.
-
-Workers never outlive the pool's process: they ask the kernel to kill them when their parent
-dies (Linux ``PR_SET_PDEATHSIG``), and a watchdog thread exits when their parent pid changes or
-multiprocessing's parent sentinel closes (the only signal that works under forkserver).
+fixed cost is one wake-up round trip per worker, not per env. The lifecycle is
+`turnpool.backends.remote.StreamBackend`'s; this file starts processes and their two pipes,
+keeps the standby at nice 19 and kills a hung worker with SIGKILL. Hand-off is on, as on every
+remote backend (``handoff_after=0.05`` s; None turns it off). Workers die with the pool's process
+(`turnpool.worker.transport.watch_parent`).
 
 Start methods: ``spawn`` (default; safe when the caller has threads, e.g. CUDA or tokenizers),
 ``forkserver`` (env modules preloaded into the server) and ``fork`` (fastest start, unsafe with
 threads). With spawn/forkserver a replacement worker costs an interpreter start, so one idle
-standby process is kept ready by default (``standby=False`` turns that off). The standby
-starts after the live workers are ready and at the lowest CPU priority (nice 19), so its
-interpreter start never takes CPU from the first steps; it gets its priority back when it
-replaces a worker (where the OS refuses that, a fresh worker is started instead).
-
-Spawn and forkserver workers re-run the main script's top-level code, so a pool created by
+standby process is kept ready by default (``standby=False`` turns that off). The first one
+starts with the workers and `start` returns once it is up, so no interpreter start competes
+with the first steps; it then waits at nice 19 (a later one, after a restart, starts there)
+and gets our priority back when it replaces a worker (where the OS refuses that, a fresh
+worker is started instead). A pool created by
 unguarded top-level code is refused where the backend is chosen
 (`turnpool.backends.choice.unguarded_main_call`).
 """
@@ -44,9 +36,8 @@ import cloudpickle
 
 from turnpool.backends.base import one_per_core
 from turnpool.backends.choice import unguarded_main_call
-from turnpool.backends.remote import Stream, StreamBackend, WorkerInit, serve_worker
+from turnpool.backends.remote import Hello, Stream, StreamBackend, WorkerInit, serve_worker
 from turnpool.worker.build import EnvBuild
-from turnpool.worker.handoff import DEFAULT_HANDOFF_AFTER
 from turnpool.worker.transport import ProgressSlot, watch_parent
 
 #: The standby's nice value while it waits (lowest priority: it must not slow live steps).
@@ -66,11 +57,12 @@ def _set_nice(pid: int, nice: int) -> bool:
 def _worker_main(inbox: multiprocessing.connection.Connection,
                  outbox: multiprocessing.connection.Connection, pool_pid: int,
                  die_with_parent: bool) -> None:
-    """Entry point of a worker process: wait for its `WorkerInit` (a standby waits long),
-    then serve."""
+    """Entry point of a worker process: say it is up (a standby's readiness), wait for its
+    `WorkerInit` (a standby waits long), then serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the pool's to handle
     watch_parent(pool_pid, die_with_parent)
     try:
+        outbox.send_bytes(pickle.dumps(None))
         init = pickle.loads(inbox.recv_bytes())
     except (EOFError, OSError):
         return  # closed while on standby
@@ -98,10 +90,8 @@ class ProcessBackend(StreamBackend[_Proc]):
 
     def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
                  mp_context: str | None = None, standby: bool | None = None,
-                 handoff_after: float | None = DEFAULT_HANDOFF_AFTER,
                  **options: Any) -> None:
-        super().__init__(builds, num_workers, mp_context=mp_context,
-                         handoff_after=handoff_after, **options)
+        super().__init__(builds, num_workers, mp_context=mp_context, **options)
         method = self.mp_context
         if method not in multiprocessing.get_all_start_methods():
             raise ValueError(f"mp_context must be one of {multiprocessing.get_all_start_methods()}"
@@ -133,11 +123,17 @@ class ProcessBackend(StreamBackend[_Proc]):
         # its progress file comes with its slice (`_load`): an idle standby holds none
         worker = _Proc(runner=proc, progress=ProgressSlot(file=False), conn=rep_r, out=req_w,
                        pid=proc.pid, sentinel=proc.sentinel)
-        if slot is None:  # the standby: its interpreter start only uses idle CPU
+        if slot is None and self._started:  # a replacement's standby: it only uses idle CPU
             _set_nice(worker.pid, STANDBY_NICE)
-        else:
+        elif slot is not None:
             self._load(worker, slot)
         return worker
+
+    def _await_hello(self, worker: _Proc, slot: int | None, deadline: float) -> Hello | None:
+        hello = super()._await_hello(worker, slot, deadline)
+        if slot is None:  # the first standby, up: it waits at the lowest priority
+            _set_nice(worker.pid, STANDBY_NICE)
+        return hello
 
     def _promote(self, standby: _Proc) -> bool:
         return _set_nice(standby.pid, os.getpriority(os.PRIO_PROCESS, 0))
@@ -164,7 +160,7 @@ class ProcessBackend(StreamBackend[_Proc]):
         except ValueError:
             pass
 
-    def _death(self, worker: int, w: _Proc) -> str:
+    def _death(self, worker: int | None, w: _Proc) -> str:
         if w.lost:
             return "worker died (exit code None)"
         w.runner.join(1.0)

@@ -1,52 +1,32 @@
 """process_pool backend: a ``ProcessPoolExecutor`` per worker, with env state resident in it.
 
-A task pool cannot route a task to the process that holds env *i*, so a design that submits one
-task per env to a shared ``ProcessPoolExecutor`` ships the env with every task. Here each worker
-is its own single-process executor (``max_workers=1``) running one task that lives as long as
-the pool and dials back (`turnpool.backends.remote.DialBackBackend`: lifecycle, rendezvous and
-request loop are shared; ``handoff_after`` turns hand-off on, off by default here).
-
-The executor-style knobs:
-
-* ``max_workers`` (default ``min(8, cpu_count)``, never more than envs) is the worker count when
-  ``num_workers`` is not given;
-* ``sequential_env_types`` (names such as ``["webshop"]`` or entry points): those envs stay in
-  the caller, in one more worker that is a thread of the caller's process serving them in
-  order over a local socket pair;
-* "fallback to sequential on failure" is the pool's: `start` raises `BackendUnavailable`, and
-  `turnpool.backends.start_backend` runs sequentially instead when asked (``fallback=True``);
-* "timeout protection": the pool waits with its ``step_timeout``; a worker past it (or one that
-  died, which ends its connection) is killed and its executor rebuilt.
+A shared task pool cannot route a task to the process that holds env *i*, so each worker is its
+own single-process executor running one task that lives as long as the pool and dials back
+(`turnpool.backends.dialback`). The executor-style knobs: ``max_workers`` (default
+``min(8, cpu_count)``, never more than envs) when ``num_workers`` is not given;
+``sequential_env_types`` (names such as ``["webshop"]`` or entry points): those envs stay in
+the caller, in one more worker that is a thread of the caller's process (it dials back too);
+"fallback to sequential on failure" is the pool's (``fallback=True``); a worker past the
+pool's ``step_timeout``, or one that died, is killed and its executor rebuilt.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import logging
 import multiprocessing
 import os
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any, ClassVar
 
-from turnpool.backends.remote import (
-    DialBackBackend,
-    Hello,
-    Stream,
-    StreamBackend,
-    WorkerInit,
-    dial_and_serve,
-    serve_worker,
-)
+from turnpool.backends.dialback import DialBackBackend, dial_and_serve
+from turnpool.backends.remote import Hello, Stream
 from turnpool.envs.registry import registered
 from turnpool.worker.build import EnvBuild, split_evenly
-from turnpool.worker.transport import ProgressSlot, watch_parent
-
-log = logging.getLogger(__name__)
+from turnpool.worker.transport import ProgressSlot
 
 
 def default_max_workers(num_envs: int) -> int:
@@ -65,23 +45,6 @@ def env_type_matches(build: EnvBuild, names: Iterable[str]) -> bool:
     return False
 
 
-def _serve_slice(address: str, token: bytes, init: WorkerInit, parent_pid: int,
-                 die_with_parent: bool) -> None:
-    """The executor's one long task: a worker for the pool's life."""
-    watch_parent(parent_pid, die_with_parent)
-    dial_and_serve(address, token, init)
-
-
-def _serve_here(conn: Connection, init: WorkerInit) -> None:
-    """The ``sequential_env_types`` worker: a thread of the caller."""
-    try:
-        serve_worker(conn.recv_bytes, conn.send_bytes, init)
-    except (EOFError, OSError):
-        pass  # stopped before its hello
-    finally:
-        conn.close()
-
-
 # ------------------------------------------------------------------------- caller side
 @dataclass(eq=False, kw_only=True)
 class _Executor(Stream):
@@ -96,7 +59,7 @@ class ProcessPoolBackend(DialBackBackend[_Executor]):
     """One ``ProcessPoolExecutor(max_workers=1)`` per worker; envs live in the executor's process.
 
     Options: ``max_workers`` (used when ``num_workers`` is None), ``sequential_env_types``,
-    ``handoff_after``.
+    ``handoff_after`` (hand-off, on by default).
     """
 
     name: ClassVar[str] = "process_pool"
@@ -137,29 +100,24 @@ class ProcessPoolBackend(DialBackBackend[_Executor]):
         progress = ProgressSlot()
         init = self._init(slot, progress)
         if slot == self._local_slot:
-            mine, theirs = multiprocessing.Pipe()
-            thread = threading.Thread(target=_serve_here, args=(theirs, init), daemon=True,
+            thread = threading.Thread(target=dial_and_serve, args=self._task(init), daemon=True,
                                       name="turnpool-sequential-worker")
             thread.start()
-            return _Executor(runner=thread, progress=progress, conn=mine, out=mine)
+            return _Executor(runner=thread, progress=progress)
         executor = cf.ProcessPoolExecutor(max_workers=1, mp_context=self._ctx)
-        worker = _Executor(runner=executor, progress=progress)
-        worker.task = executor.submit(_serve_slice, self._rendezvous.address,
-                                      self._rendezvous.token, init, os.getpid(),
-                                      threading.current_thread() is threading.main_thread())
-        return worker
+        main = threading.current_thread() is threading.main_thread()
+        return _Executor(runner=executor, progress=progress,
+                         task=executor.submit(dial_and_serve, *self._task(init, main)))
 
     def _running(self, worker: _Executor) -> bool:
-        return not worker.task.done()
+        return worker.runner.is_alive() if worker.task is None else not worker.task.done()
 
-    def _await_hello(self, worker: _Executor, slot: int, deadline: float) -> Hello:
-        if isinstance(worker.runner, threading.Thread):
-            return StreamBackend._await_hello(self, worker, slot, deadline)
+    def _await_hello(self, worker: _Executor, slot: int | None, deadline: float) -> Hello:
         try:
             return super()._await_hello(worker, slot, deadline)
         except TimeoutError:
-            if worker.task.done():  # say why the task ended (a broken executor, ...)
-                worker.task.result(timeout=0)
+            if worker.task is not None and worker.task.done():
+                worker.task.result(timeout=0)  # raises why it ended (a broken executor...)
             raise
 
     # ------------------------------------------------------------------ a worker's end

@@ -1,34 +1,28 @@
 """ray backend: one Ray actor per worker, each owning a slice of envs for its whole life.
 
-Each actor runs the request loop every worker runs (`turnpool.worker.handoff.HandoffServer`,
-with ``handoff_after``; off by default here) on a thread, fed by ``put`` calls and answered
-through ``take`` calls, or by one ``call`` per request without hand-off (`SliceActor`): a
-step is one call per actor carrying every env's actions, never one per env, since a remote
-call costs far more than a microsecond env step.
+Each actor runs every worker's request loop (`turnpool.worker.handoff.HandoffServer`, hand-off
+on by default) on a thread, fed by ``put`` calls and answered through ``take`` calls, or by one
+``call`` per request with ``handoff_after=None`` (`SliceActor`): a step is one call per actor
+carrying every env's actions.
 
-Ray runtime: with ``ray_address`` the pool joins that cluster (``ray.init(address=...)``);
-otherwise, if Ray is not initialised yet, it starts a local one bound to 127.0.0.1 with the
-dashboard off and a small object store (``ray_init_kwargs`` overrides any of that). A runtime
-the pool started stays up for later pools in the process (starting one takes seconds); call
-``ray.shutdown()`` to stop it.
+Ray runtime: with ``ray_address`` the pool joins that cluster; otherwise, if Ray is not
+initialised yet, it starts a local one bound to 127.0.0.1 with the dashboard off and a small
+object store (``ray_init_kwargs`` overrides any of that), which stays up for later pools in the
+process (``ray.shutdown()`` stops it).
 
-Actors default to ``num_cpus=0`` so that any number of them fits any cluster (parallelism is
-set by ``num_workers``). On a cluster of several nodes the workers, and the envs (and served
-sessions) they hold, are spread evenly over the nodes that have CPUs instead of packed on the
-driver's: worker ``k`` is placed on node ``k mod n`` of the live nodes at the time (Ray's
-node affinity; its ``soft`` form and ``SPREAD`` were both seen to pack every actor on one
-node of a local two-node cluster; the standby actor, which may take over any slice, gets
-Ray's default placement). `RayBackend.worker_nodes` says where each runs.
-``ray_actor_options`` passes Ray's own options (``num_cpus``, ``scheduling_strategy``,
-``runtime_env`` ...); a ``scheduling_strategy`` given there replaces this placement.
+Actors default to ``num_cpus=0`` so that any number of them fits any cluster. On a cluster of
+several nodes worker ``k`` is placed on node ``k mod n`` of the live nodes with CPUs (Ray's
+hard node affinity: its ``soft`` form and ``SPREAD`` were both seen to pack every actor on one
+node of a local two-node cluster; the standby actor gets Ray's default placement);
+`RayBackend.worker_nodes` says where each runs. ``ray_actor_options`` passes Ray's own options
+(``num_cpus``, ``scheduling_strategy``, ``runtime_env`` ...); a ``scheduling_strategy`` there
+replaces this placement.
 
-Faults: every ``ray.get`` has a timeout. An actor that dies (an env calling ``os._exit``) makes
-its pending call fail with ``ActorDiedError``; one stuck past ``step_timeout`` is killed with
-``ray.kill``. Either way a fresh actor with freshly built envs replaces it and the pool restores
-the innocent envs. Actors on this host publish which env they are running in a small shared
-file, so the pool blames the right env; on other hosts that marker is unavailable and the whole
-request of the lost actor is flagged. ``close`` kills every actor and, for actors on this host,
-waits until their processes are gone.
+Faults: every ``ray.get`` has a timeout. An actor that dies makes its pending call fail; one
+stuck past ``step_timeout`` is killed with ``ray.kill``; a fresh actor replaces it and the pool
+restores the innocent envs. Actors on this host write progress to a shared file (the right env
+is blamed); elsewhere the whole request of a lost actor is flagged. ``close`` kills every actor
+and waits until those on this host are gone.
 """
 
 from __future__ import annotations
@@ -115,6 +109,7 @@ class SliceActor:
     def load(self, init: WorkerInit) -> Hello:
         import ray
 
+        # the hello is this call's answer: a standing `take` must not consume it
         host, hello = build_host(init, ray.get_runtime_context().get_node_id())
         threading.Thread(target=self._serve, args=(host, init), daemon=True,
                          name="turnpool-ray-worker").start()
@@ -186,9 +181,6 @@ class RayBackend(RemoteBackend[_Actor]):
 
     name: ClassVar[str] = "ray"
     start_errors: ClassVar[tuple[type[BaseException], ...]] = (Exception,)
-    # The standby starts alongside the workers and start() waits for it too: a Python
-    # process starting up later would steal CPU from the first steps.
-    standby_with_workers: ClassVar[bool] = True
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:
@@ -206,7 +198,6 @@ class RayBackend(RemoteBackend[_Actor]):
         self.actor_options: dict[str, Any] = {"num_cpus": 0, **(ray_actor_options or {})}
         #: the nodes worker k is placed on in turn (empty: Ray's own placement)
         self._nodes: list[str] = []
-        self._started = False
         self._hostname = socket.gethostname()
         self._killed: list[int] = []
 
@@ -223,10 +214,6 @@ class RayBackend(RemoteBackend[_Actor]):
             raise BackendUnavailable(f"ray could not start: {short_error(exc)}") from exc
         if "scheduling_strategy" not in self.actor_options:
             self._nodes = _nodes_with_cpus()
-
-    def start(self, timeout: float) -> None:
-        super().start(timeout)
-        self._started = True
 
     # ------------------------------------------------------------------ a worker's start
     def _launch(self, slot: int | None) -> _Actor:
@@ -252,17 +239,14 @@ class RayBackend(RemoteBackend[_Actor]):
         worker.hello = worker.runner.load.remote(self._init(slot, worker.progress))
         worker.pending = deque([_take(worker)] if self.handoff_after else [])
 
-    def _await_hello(self, worker: _Actor, slot: int, deadline: float) -> Hello:
+    def _await_hello(self, worker: _Actor, slot: int | None, deadline: float) -> Hello | None:
         import ray
 
-        hello: Hello = ray.get(worker.hello, timeout=max(0.0, deadline - time.monotonic()))
+        hello = ray.get(worker.hello, timeout=max(0.0, deadline - time.monotonic()))
+        if slot is None:  # the standby's ping
+            return None
         worker.local, worker.node = hello.hostname == self._hostname, hello.node
-        return hello
-
-    def _await_standby(self, standby: _Actor, deadline: float) -> None:
-        import ray
-
-        ray.get(standby.hello, timeout=max(0.0, deadline - time.monotonic()))
+        return hello  # type: ignore[no-any-return]
 
     def worker_nodes(self) -> list[str | None]:
         """Per worker, the id of the Ray node its actor runs on (None: none now)."""

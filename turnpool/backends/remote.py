@@ -5,29 +5,27 @@ The process, process_pool, joblib and Ray backends differ only in how a worker i
 how bytes reach it. Here, once: the typed handshake (`WorkerInit` out, `Hello` back); the
 worker's side (`serve_worker`: build an `EnvHost`, say hello, then run
 `turnpool.worker.handoff.HandoffServer`, every worker's one loop); the pool's side
-(`RemoteBackend`: start, greet, standby, restart, progress, close in order); connections
+(`RemoteBackend`: start, greet, standby, restart, progress, close in order); and connections
 (`StreamBackend`: send / ``poll(2)`` wait / recv, a death seen through the worker's sentinel
-or the connection's end); and workers that someone else's machinery starts and that dial back
-(`DialBackBackend`, `Rendezvous`: the first bytes must be a random token before anything is
-unpickled). A backend supplies "start a worker and give me its pipes". Which backends a caller
-may use at all is decided once, at the choice (`turnpool.backends.choice.refuse_unsupported`).
+or the connection's end). Workers that someone else's machinery starts dial back
+(`turnpool.backends.dialback`). A backend supplies "start a worker and give me its pipes";
+which backends a caller may use at all is decided once, at the choice
+(`turnpool.backends.choice.refuse_unsupported`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
 import pickle
-import secrets
 import select
 import socket
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -41,6 +39,7 @@ from turnpool.backends.base import (
 )
 from turnpool.worker.build import EnvBuild
 from turnpool.worker.errors import short_error
+from turnpool.worker.handoff import DEFAULT_HANDOFF_AFTER
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import Op, Reply, Request
 from turnpool.worker.transport import (
@@ -53,7 +52,6 @@ from turnpool.worker.transport import (
 
 log = logging.getLogger(__name__)
 
-_TOKEN_BYTES = 32
 #: How long a restart may take before the worker's envs are failed instead.
 RESTART_TIMEOUT_S = 120.0
 
@@ -102,83 +100,6 @@ def serve_worker(recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], 
     serve(recv_bytes, send_bytes, host, init.handoff_after, init.step_timeout)
 
 
-def dial_and_serve(address: str, token: bytes, init: WorkerInit,
-                   progress: ProgressWriter | None = None) -> None:
-    """A worker started by other machinery: connect back to the pool's `Rendezvous`, prove it
-    is ours with the token, then serve (`serve_worker`)."""
-    conn = Client(address, family="AF_UNIX")
-    try:
-        conn.send_bytes(token)
-        serve_worker(conn.recv_bytes, conn.send_bytes, init, progress)
-    finally:
-        conn.close()
-
-
-class Rendezvous:
-    """A private listening socket (Linux abstract namespace: no file) for workers that dial
-    back; hellos that arrive for another worker than the one awaited are kept for it."""
-
-    def __init__(self, prefix: str) -> None:
-        self.token = secrets.token_bytes(_TOKEN_BYTES)
-        self.address = f"\0turnpool-{prefix}-" + secrets.token_hex(12)
-        self._sock: socket.socket | None = None
-        self._early: dict[tuple[int, int], tuple[Connection, Hello]] = {}
-
-    def open(self, backlog: int) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(self.address)
-        sock.listen(max(8, backlog))
-        self._sock = sock
-
-    def accept(self, slot: int, incarnation: int, deadline: float,
-               alive: Callable[[], bool]) -> tuple[Connection, Hello]:
-        """Accept connections until worker ``slot`` (this incarnation) has said hello, while
-        ``alive()`` (whatever runs it has not given up) and before ``deadline``."""
-        while (slot, incarnation) not in self._early:
-            left = deadline - time.monotonic()
-            if left <= 0 or not alive():
-                why = "in time" if left <= 0 else "(whatever ran it ended first)"
-                raise TimeoutError(f"worker {slot} did not connect {why}")
-            assert self._sock is not None
-            # Short slices: a launcher that fails is noticed within a fraction of a second.
-            self._sock.settimeout(min(left, 0.2))
-            try:
-                client, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            client.settimeout(None)
-            conn = Connection(client.detach())
-            try:
-                hello = self._handshake(conn, deadline)
-            except (OSError, EOFError, TimeoutError, ValueError) as exc:
-                log.warning("rejected a connection on the worker socket: %s", exc)
-                conn.close()
-                continue
-            self._early[(hello.slot, hello.incarnation)] = (conn, hello)
-        return self._early.pop((slot, incarnation))
-
-    def _handshake(self, conn: Connection, deadline: float) -> Hello:
-        if not conn.poll(max(0.0, deadline - time.monotonic())):
-            raise TimeoutError("no token")
-        if not hmac.compare_digest(conn.recv_bytes(maxlength=_TOKEN_BYTES), self.token):
-            raise ValueError("bad token")
-        # Envs are built between token and hello; the worker is ours, so its pickles are trusted.
-        if not conn.poll(max(0.0, deadline - time.monotonic())):
-            raise TimeoutError("no hello")
-        hello = pickle.loads(conn.recv_bytes())
-        if not isinstance(hello, Hello):
-            raise ValueError("bad hello")
-        return hello
-
-    def close(self) -> None:
-        for conn, _ in self._early.values():
-            conn.close()
-        self._early.clear()
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-
 # ====================================================================== the pool's side
 H = TypeVar("H", bound=WorkerHandle)
 
@@ -188,8 +109,9 @@ class RemoteBackend(Backend, Generic[H]):
 
     Subclasses implement `_launch`, `_await_hello`, `_stop` and the transport (`send`,
     `wait`, `recv`; `StreamBackend` has them for connections), and may offer a standby
-    (`_load`, `_promote`). ``handoff_after`` is the request loop's hand-off threshold (None:
-    off; `DEFAULT_HANDOFF_AFTER` is the process backend's default).
+    (`_load`, `_promote`). ``handoff_after`` is the request loop's hand-off threshold
+    (`DEFAULT_HANDOFF_AFTER` by default, so one stalled env never holds back its worker-mates;
+    None: off).
     """
 
     #: the exceptions of `start` that mean "this backend cannot run here"
@@ -197,11 +119,10 @@ class RemoteBackend(Backend, Generic[H]):
         OSError, WorkerLost, TimeoutError, ValueError, EOFError, pickle.PicklingError)
     #: how many times a restart is tried before the worker's envs are failed
     restart_attempts: ClassVar[int] = 1
-    #: start the standby with the workers and wait for it at start (else after they are ready)
-    standby_with_workers: ClassVar[bool] = False
 
     def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
-                 mp_context: str | None = None, handoff_after: float | None = None,
+                 mp_context: str | None = None,
+                 handoff_after: float | None = DEFAULT_HANDOFF_AFTER,
                  **options: Any) -> None:
         super().__init__(builds, num_workers, mp_context=mp_context, **options)
         if handoff_after is not None and not handoff_after > 0:
@@ -213,7 +134,7 @@ class RemoteBackend(Backend, Generic[H]):
         self._standby: H | None = None
         self._owner_pid = os.getpid()
         self._timeout = 60.0
-        self._closed = False
+        self._started = self._closed = False
 
     # ------------------------------------------------------------------ what a backend adds
     @abstractmethod
@@ -230,23 +151,17 @@ class RemoteBackend(Backend, Generic[H]):
         return True
 
     @abstractmethod
-    def _await_hello(self, worker: H, slot: int, deadline: float) -> Hello:
-        """Wait until the worker of ``slot`` has said hello."""
+    def _await_hello(self, worker: H, slot: int | None, deadline: float) -> Hello | None:
+        """Wait until the worker of ``slot`` has said hello (None: until the standby is up)."""
 
     def _launch_all(self, slots: list[int]) -> list[H]:
         """Start the workers of ``slots`` (at start: every slot)."""
         return [self._launch(k) for k in slots]
 
-    def _retire(self, worker: H, slot: int) -> None:
-        """Stop the lost or stuck worker of ``slot`` before its replacement starts."""
-        self._stop(worker)
-
-    def _await_standby(self, standby: H, deadline: float) -> None:
-        """Wait until the standby is up (``standby_with_workers`` backends)."""
-
     @abstractmethod
     def _stop(self, worker: H) -> None:
-        """Stop a worker now (kill what can be killed) and release what it holds."""
+        """Stop a worker now (kill what can be killed) and release what it holds; a lost or
+        stuck worker is stopped before its replacement starts."""
 
     def _prepare(self) -> None:
         """Before the first worker starts (a runtime, a socket, a preload)."""
@@ -257,10 +172,7 @@ class RemoteBackend(Backend, Generic[H]):
             self._stop(w)
 
     def _release(self) -> None:
-        """After every worker is stopped (and after a failed start)."""
-
-    def _abandon_forked(self, workers: list[H]) -> None:
-        """``close`` in a forked copy of the owner: drop our ends, stop nothing."""
+        """After every worker is stopped (and after a failed start, and in a forked copy)."""
 
     def _start_failed(self, exc: BaseException) -> str:
         return f"{self.name} workers did not start: {short_error(exc)}"
@@ -270,7 +182,8 @@ class RemoteBackend(Backend, Generic[H]):
         return WorkerInit(slot, self._incarnations[slot], self.builds_of(slot), progress.path,
                           self.handoff_after, self.step_timeout)
 
-    def _greet(self, worker: H, hello: Hello) -> None:
+    def _greet(self, worker: H, hello: Hello | None) -> None:
+        assert hello is not None  # a worker with a slot always says hello
         worker.pid = hello.pid
         worker.progress.unlink()  # mapped by the worker (or not visible to it): the name can go
         raise_build_errors(hello.build_errors)
@@ -280,17 +193,16 @@ class RemoteBackend(Backend, Generic[H]):
         deadline = time.monotonic() + timeout
         try:
             self._prepare()
-            # every worker starts before any is waited for
+            # every worker starts before any is waited for, the standby with them: a process
+            # still starting up once start() has returned would take CPU from the first steps
             self._workers = list(self._launch_all(list(range(self.num_workers))))
-            if self._use_standby and self.standby_with_workers:
-                self._standby = self._launch(None)
+            self._standby = self._launch(None) if self._use_standby else None
             for k, w in enumerate(self._workers):
                 assert w is not None
                 self._greet(w, self._await_hello(w, k, deadline))
             if self._standby is not None:
-                self._await_standby(self._standby, deadline)
-            elif self._use_standby:  # now, so that it never takes CPU from the first steps
-                self._standby = self._launch(None)
+                self._await_hello(self._standby, None, deadline)
+            self._started = True
         except (EnvBuildError, BackendUnavailable):  # the envs are broken, or it says why
             self.close()
             raise
@@ -302,7 +214,7 @@ class RemoteBackend(Backend, Generic[H]):
         old = self._workers[worker]
         self._workers[worker] = None
         if old is not None:
-            self._retire(old, worker)
+            self._stop(old)
         error: BaseException | None = None
         deadline = time.monotonic() + max(self._timeout, RESTART_TIMEOUT_S)
         failures: tuple[type[BaseException], ...] = (*self.start_errors, EnvBuildError)
@@ -348,8 +260,10 @@ class RemoteBackend(Backend, Generic[H]):
         workers = [w for w in self._workers if w is not None]
         standby, self._standby = self._standby, None
         self._workers = [None] * len(self._workers)
-        if os.getpid() != self._owner_pid:  # a forked copy of the owner: not ours to stop
-            self._abandon_forked(workers + ([standby] if standby else []))
+        if os.getpid() != self._owner_pid:  # a forked copy of the owner: drop our ends only
+            for w in workers + ([standby] if standby else []):
+                w.close_pipes()
+            self._release()
             return
         if standby is not None:  # holds no envs; may still be starting
             self._stop(standby)
@@ -404,7 +318,7 @@ class StreamBackend(RemoteBackend[S]):
         super().__init__(*args, **kwargs)
         self._exited: set[int] = set()  # workers whose sentinel fired in the last wait
 
-    def _death(self, worker: int, w: S) -> str:
+    def _death(self, worker: int | None, w: S) -> str:
         """Why the worker's replies stopped (its exit, where the backend knows it)."""
         return f"{self.name} worker {worker} died"
 
@@ -415,10 +329,6 @@ class StreamBackend(RemoteBackend[S]):
             if not w.lost and w.out is not None:
                 with contextlib.suppress(OSError):
                     w.out.send_bytes(bye)
-
-    def _abandon_forked(self, workers: list[S]) -> None:
-        for w in workers:
-            w.close_pipes()
 
     def _shutdown(self, workers: list[S]) -> None:
         self._say_close(workers)
@@ -431,8 +341,9 @@ class StreamBackend(RemoteBackend[S]):
     def _join(self, worker: S, timeout: float) -> None:
         """Wait (at most ``timeout``) for a worker told to close to end."""
 
-    def _await_hello(self, worker: S, slot: int, deadline: float) -> Hello:
-        """The hello on the worker's own connection; its sentinel firing first is a death."""
+    def _await_hello(self, worker: S, slot: int | None, deadline: float) -> Hello | None:
+        """The hello on the worker's own connection (a standby's: any first message); its
+        sentinel firing first is a death."""
         conn = worker.conn
         assert conn is not None
         watched: list[Any] = [conn] + ([worker.sentinel] if worker.sentinel >= 0 else [])
@@ -446,8 +357,8 @@ class StreamBackend(RemoteBackend[S]):
                     hello = pickle.loads(conn.recv_bytes())
                 except (EOFError, OSError) as exc:
                     raise WorkerLost(f"{self._death(slot, worker)} while starting") from exc
-                if isinstance(hello, Hello):
-                    return hello
+                if slot is None or isinstance(hello, Hello):
+                    return None if slot is None else hello
             elif ready:
                 raise WorkerLost(f"{self._death(slot, worker)} while starting")
 
@@ -519,37 +430,5 @@ class StreamBackend(RemoteBackend[S]):
         raise WorkerLost(why)
 
 
-class DialBackBackend(StreamBackend[S]):
-    """`StreamBackend` whose workers are started by someone else's machinery (an executor,
-    joblib) as one task that lives as long as the pool: the task builds its slice, dials
-    back to the pool's `Rendezvous` (`dial_and_serve`) and serves there, one message per
-    worker per step, so nothing but actions and results crosses and no call to that
-    machinery happens per step. Subclasses say whether a worker's task still runs."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._rendezvous = Rendezvous(self.name)
-
-    @abstractmethod
-    def _running(self, worker: S) -> bool:
-        """Does whatever runs the worker's task still run it (else no hello will come)?"""
-
-    def _prepare(self) -> None:
-        self._rendezvous.open(self.num_workers)
-
-    def _await_hello(self, worker: S, slot: int, deadline: float) -> Hello:
-        conn, hello = self._rendezvous.accept(slot, self._incarnations[slot], deadline,
-                                              lambda: self._running(worker))
-        worker.conn = worker.out = conn
-        return hello
-
-    def _release(self) -> None:
-        self._rendezvous.close()
-
-    def _abandon_forked(self, workers: list[S]) -> None:
-        super()._abandon_forked(workers)
-        self._rendezvous.close()
-
-
-__all__ = ["RESTART_TIMEOUT_S", "DialBackBackend", "Hello", "RemoteBackend", "Rendezvous", "Stream",
-           "StreamBackend", "WorkerInit", "build_host", "dial_and_serve", "serve_worker"]
+__all__ = ["RESTART_TIMEOUT_S", "Hello", "RemoteBackend", "Stream", "StreamBackend", "WorkerInit",
+           "build_host", "serve_worker"]

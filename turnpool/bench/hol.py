@@ -1,7 +1,8 @@
 """``turnpool bench hol``: what one hanging env costs the sessions that share its worker.
 
-``--sessions`` sessions (default 256) each drive one env of the ``faulty`` test env on the
-``process`` backend with 2 workers, stepping as fast as their replies come. In a ``hang``
+``--sessions`` sessions (default 256) each drive one env of the ``faulty`` test env on
+``--backend`` (``process`` by default; ``process_pool``, ``joblib`` and ``ray`` too) with 2
+workers, stepping as fast as their replies come. In a ``hang``
 window one session's env blocks on every step (``time.sleep``: a stuck web call) until
 ``--step-timeout`` fails it, then it resets and hangs again; the others are the innocents.
 A step counts in the window it ends in, and one still waiting when the window closes
@@ -141,11 +142,11 @@ async def _drive_engine(engine: Any, sessions: int, special: dict[int, str], war
 
 
 def _pool_window(sessions: int, special: dict[int, str], handoff: bool, warmup: float,
-                 seconds: float, step_timeout: float) -> dict[str, Any]:
+                 seconds: float, step_timeout: float, backend: str) -> dict[str, Any]:
     from turnpool.pool.slots import SlotEngine
 
     options: dict[str, Any] = {} if handoff else {"handoff_after": None}
-    engine = SlotEngine(ENV, capacity=sessions, backend="process", num_workers=2,
+    engine = SlotEngine(ENV, capacity=sessions, backend=backend, num_workers=2,
                         step_timeout=step_timeout, env_kwargs={"episode_len": 10**9},
                         **options)
     try:
@@ -214,12 +215,12 @@ async def _drive_server(url: str, sessions: int, special: dict[int, str], warmup
 
 
 def _server_window(sessions: int, special: dict[int, str], warmup: float, seconds: float,
-                   step_timeout: float) -> dict[str, Any]:
+                   step_timeout: float, backend: str) -> dict[str, Any]:
     from turnpool.bench.servers import ServerProcess
 
     server = ServerProcess("turnpool", sessions, cmd=[
         sys.executable, "-m", "turnpool.cli", "serve", "--env", ENV, "--port", "0",
-        "--backend", "process", "--workers", "2", "--max-sessions", str(sessions),
+        "--backend", backend, "--workers", "2", "--max-sessions", str(sessions),
         "--step-timeout", str(step_timeout)])
     try:
         client = subprocess.run(
@@ -237,9 +238,9 @@ def _server_window(sessions: int, special: dict[int, str], warmup: float, second
 # ---------------------------------------------------------------------- the benchmark
 def run(through: list[str], sessions: int, pairs: int, warmup: float, seconds: float,
         step_timeout: float, compare_no_handoff: bool, progress: ProgressFn,
-        slow_factor: float = 0.0) -> dict[str, Any]:
-    """Alternate the windows; ``slow_factor``: also windows where 1% of the envs step that
-    many times slower (busy computing)."""
+        slow_factor: float = 0.0, backend: str = "process") -> dict[str, Any]:
+    """Alternate the windows on ``backend``; ``slow_factor``: also windows where 1% of the
+    envs step that many times slower (busy computing)."""
     slow_ms = step_cost_ms() * slow_factor if slow_factor else 0.0
     windows: list[dict[str, Any]] = []
     plan: list[tuple[str, str]] = []
@@ -255,9 +256,9 @@ def run(through: list[str], sessions: int, pairs: int, warmup: float, seconds: f
         special = special_actions(kind, sessions, slow_ms)
         if way == "pool":
             row = _pool_window(sessions, special, kind != "hang, no hand-off", warmup, seconds,
-                               step_timeout)
+                               step_timeout, backend)
         else:
-            row = _server_window(sessions, special, warmup, seconds, step_timeout)
+            row = _server_window(sessions, special, warmup, seconds, step_timeout, backend)
         row.update(through=way, kind=kind, load_1m=os.getloadavg()[0])
         windows.append(row)
     summary = []
@@ -276,7 +277,8 @@ def run(through: list[str], sessions: int, pairs: int, warmup: float, seconds: f
                             "near_max_ms": max((r["near_max_ms"] for r in rows
                                                 if r["near_max_ms"] is not None),
                                                default=None)})
-    return {"benchmark": "hol", "machine": machine_info(), "sessions": sessions,
+    return {"benchmark": "hol", "machine": machine_info(), "backend": backend,
+            "sessions": sessions,
             "step_timeout": step_timeout, "seconds": seconds, "slow_factor": slow_factor,
             "slow_ms": slow_ms, "windows": windows, "summary": summary}
 
@@ -284,7 +286,8 @@ def run(through: list[str], sessions: int, pairs: int, warmup: float, seconds: f
 def render(report: dict[str, Any]) -> list[Any]:
     from rich.table import Table
 
-    table = Table(title=f"one hanging env among {report['sessions']} sessions "
+    table = Table(title=f"one hanging env among {report['sessions']} sessions on "
+                        f"{report.get('backend', 'process')} "
                         f"(step_timeout {report['step_timeout']:g} s): the innocents")
     for col in ("through", "window", "steps/s", "p50 ms", "p99 ms", "max ms",
                 "same worker p99", "same worker max", "errors", "load"):
@@ -319,6 +322,9 @@ def _client_main(argv: list[str]) -> None:
 @click.command()
 @click.option("--through", default="pool,serve", show_default=True,
               help="Comma-separated: pool (the slot engine) and/or serve (turnpool serve).")
+@click.option("--backend", default="process", show_default=True,
+              type=click.Choice(["process", "process_pool", "joblib", "ray"]),
+              help="The backend whose workers hold the sessions' envs.")
 @click.option("--sessions", default=256, show_default=True, type=int,
               help="Sessions stepping at once.")
 @click.option("--pairs", default=2, show_default=True, type=int,
@@ -334,8 +340,8 @@ def _client_main(argv: list[str]) -> None:
 @click.option("--slow-factor", default=0.0, show_default=True, type=float,
               help="Also run windows where 1% of the envs step this many times slower.")
 @json_option("Write the report as JSON here.")
-def command(through: str, sessions: int, pairs: int, seconds: float, warmup: float,
-            step_timeout: float, compare_no_handoff: bool, slow_factor: float,
+def command(through: str, backend: str, sessions: int, pairs: int, seconds: float,
+            warmup: float, step_timeout: float, compare_no_handoff: bool, slow_factor: float,
             json_path: Path | None) -> None:
     """One hanging env: the step latency of the sessions that share its worker."""
     ways = [w.strip() for w in through.split(",") if w.strip()]
@@ -347,7 +353,7 @@ def command(through: str, sessions: int, pairs: int, seconds: float, warmup: flo
     console = start()
     report = measure_and_print(
         console, lambda p: run(ways, sessions, max(1, pairs), warmup, seconds, step_timeout,
-                               compare_no_handoff, p, slow_factor), render)
+                               compare_no_handoff, p, slow_factor, backend), render)
     write_outputs(console, report, json_path)
 
 

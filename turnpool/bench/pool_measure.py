@@ -48,6 +48,8 @@ class Settings:
     min_time_s: float = 0.3
     repeats: int = 3
     warmup: int = 3
+    #: the steps right after the pool's start (and first reset) timed on their own (`first_s`)
+    first_steps: int = 10
     cpu_target_ms: float = 1.0
     sokoban_turn: bool = True
     quick: bool = False
@@ -86,6 +88,8 @@ class Row:
     active_backend: str = ""
     other_load: float | None = None
     error: str | None = None
+    #: mean wall time of one pool step over the first ``first_steps`` steps after start
+    first_s: float | None = None
 
     @property
     def us_per_env_step(self) -> float:
@@ -158,11 +162,15 @@ def _time_loop(
     case: EnvCase,
     n: int,
     settings: Settings,
-) -> tuple[float, float, int, float | None]:
-    """Median and best seconds per batch step, over ``repeats`` blocks of >= min_time_s."""
+) -> tuple[float, float, int, float | None, float]:
+    """Median and best seconds per batch step, over ``repeats`` blocks of >= min_time_s,
+    and the mean of the first ``first_steps`` steps after the first reset (timed first)."""
     reset()
-    turn = 0
-    since_reset = 0
+    t0 = time.perf_counter()
+    for turn in range(settings.first_steps):
+        step(_actions(case, n, turn))
+    first_s = (time.perf_counter() - t0) / max(1, settings.first_steps)
+    turn = since_reset = settings.first_steps
     for _ in range(settings.warmup):
         step(_actions(case, n, turn))
         turn += 1
@@ -193,7 +201,7 @@ def _time_loop(
         per_block.append(elapsed / count)
         total += count
     return (statistics.median(per_block), min(per_block), total,
-            max(loads) if loads else None)
+            max(loads) if loads else None, first_s)
 
 
 def calibrate_cpu_iters(target_s: float, budget_s: float = 0.3) -> int:
@@ -265,11 +273,12 @@ def measure_pool(
                    backend=backend, num_workers=workers, step_timeout=120.0, **kwargs)
     try:
         active, actual_workers = str(pool.backend_name), pool.num_workers
-        median, best, steps, other = _time_loop(
+        median, best, steps, other, first = _time_loop(
             pool.reset, pool.step, case, n, settings)
     finally:
         pool.close()
-    return Row(case.name, backend, n, median, best, steps, actual_workers, active, other)
+    return Row(case.name, backend, n, median, best, steps, actual_workers, active, other,
+               first_s=first)
 
 
 # ---------------------------------------------------------------- gymnasium reference
@@ -315,13 +324,14 @@ def measure_gym(case: EnvCase, n: int, settings: Settings) -> Row:
     fns = [functools.partial(_make_gym_env, case.env_type, case.kwargs) for _ in range(n)]
     venv = gymnasium.vector.AsyncVectorEnv(fns, shared_memory=False, context="fork")
     try:
-        median, best, steps, other = _time_loop(
+        median, best, steps, other, first = _time_loop(
             lambda: venv.reset(seed=0),
             lambda actions: venv.step(np.asarray(actions, dtype=np.int64)),
             case, n, settings)
     finally:
         venv.close(terminate=True)
-    return Row(case.name, GYM, n, median, best, steps, n, "AsyncVectorEnv", other)
+    return Row(case.name, GYM, n, median, best, steps, n, "AsyncVectorEnv", other,
+               first_s=first)
 
 
 # ------------------------------------------------------------------ sokoban in-process

@@ -241,6 +241,7 @@ class HandoffServer:
         self._runners: list[_Runner] = []
         self._spares: list[_Runner] = []
         self._reader: _Runner | None = None
+        self._first: _Runner | None = None  # the thread that called `run`
         self._closing = threading.Event()
 
     # ------------------------------------------------------------------ entry
@@ -248,7 +249,7 @@ class HandoffServer:
         """Serve until ``close`` or until the pool hangs up (on the calling thread, which
         becomes the first reader)."""
         me = self._new_runner()
-        self._reader = me
+        self._reader = self._first = me
         if self._after is not None:
             threading.Thread(target=self._watch, name="turnpool-handoff-watch",
                              daemon=True).start()
@@ -379,15 +380,20 @@ class HandoffServer:
         me.wake.clear()
 
     def _end(self) -> None:
-        """The pool hung up or asked to close: close the envs. With hand-off, a reader that is
-        not the main thread ends the process (the main thread may be stuck in an env); without
-        it the reader is whatever thread called `run` (a joblib ``threading`` worker runs in
-        the pool's own process), which simply returns."""
+        """The pool hung up or asked to close: close the envs; the thread that called `run`
+        returns from it once it is parked. Only where that thread is a worker process's main
+        thread and is still busy in an env (a hang handed off) does the reader end the process.
+        A worker that is a thread of some other program (the pool's own process: joblib
+        ``threading``, ``sequential_env_types``; a Ray actor) never does: its stuck thread is
+        abandoned, as a thread backend abandons one."""
         self._closing.set()
-        for r in list(self._spares):
-            r.wake.set()
+        with self._lock:
+            for r in list(self._spares):
+                r.wake.set()
+            first = self._first
+            busy = first is not None and first not in self._spares and first is not self._reader
         self._host.close()
-        if self._after is not None and threading.current_thread() is not threading.main_thread():
+        if busy and threading.main_thread().ident == (first.thread_id if first else None):
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
