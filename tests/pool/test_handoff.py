@@ -156,8 +156,10 @@ def test_without_handoff_the_mates_wait_for_the_deadline() -> None:
         while len(got) < N:
             for i, _r in p.poll(timeout=10):
                 got[i] = time.monotonic() - t0
-        assert min(got[i] for i in (0, 2, 3)) >= 1.4  # the behaviour hand-off removes
-        assert max(got[i] for i in (4, 5, 6, 7)) < 1.0  # the other worker never waited
+        held = min(got[i] for i in (0, 2, 3))
+        assert held >= 1.4  # the behaviour hand-off removes: the mates waited for the deadline
+        # the other worker never waited: all its envs were answered before any mate was
+        assert max(got[i] for i in (4, 5, 6, 7)) < held
 
 
 def test_a_worker_full_of_stuck_threads_is_replaced() -> None:
