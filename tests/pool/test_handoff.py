@@ -167,8 +167,12 @@ def test_a_worker_full_of_stuck_threads_is_replaced() -> None:
     hang gets it killed (which frees the threads). Every env of worker 0 hangs at once, so
     each round leaves one stuck thread per env."""
     n = 32  # 16 envs per worker
+    # The 16 envs of a request hang one after another, each handed off ``handoff_after``
+    # (0.05 s) after it starts; the pool sees the request stuck when no env started within
+    # ``step_timeout``. 1.5 s leaves a loaded single core room for each hand-off (at 0.3 s
+    # one came late under `taskset -c 0`, and the pool killed the worker).
     with EnvPool("faulty", env_num=n, seed=3, backend="process", num_workers=2,
-                 step_timeout=0.3, env_kwargs={"episode_len": 1000}) as p:
+                 step_timeout=1.5, env_kwargs={"episode_len": 1000}) as p:
         mine = p.backend.slices[0]
         p.reset(seed=1)
         pid = p.worker_pids()[0]
