@@ -327,7 +327,8 @@ def test_bench_rollout_quick_writes_json_and_png(tmp_path: Path) -> None:
     (row,) = report["rows"]
     assert row["case"] == "scripted" and row["ratio_target"] == 1.0
     assert row["identical"] is True  # both modes produced the same trajectories
-    assert row["lock_wall_s"] > 0 and row["async_wall_s"] > 0 and row["async_calls"] > 0
+    assert row["lockstep"]["wall_s"] > 0 and row["asynchronous"]["wall_s"] > 0
+    assert row["asynchronous"]["calls"] > 0
     assert row["extra"]["backend"] == "process"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "async/max" in result.output

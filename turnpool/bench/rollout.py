@@ -133,6 +133,24 @@ class Settings:
 
 
 @dataclass
+class ModeRun:
+    """One collector mode's fastest run: its wall time, the policy's and the envs' busy time
+    in it, how much of the shorter of those two hid behind the other, and its turns."""
+
+    wall_s: float = 0.0
+    policy_s: float = 0.0
+    env_s: float = 0.0
+    overlap_ratio: float = 0.0
+    calls: int = 0
+
+    @classmethod
+    def of(cls, m: dict[str, float]) -> ModeRun:
+        """From a batch's ``timing/...`` metrics."""
+        return cls(m["timing/wall_s"], m["timing/policy_s"], m["timing/env_s"],
+                   m["timing/overlap_ratio"], int(m["timing/turns"]))
+
+
+@dataclass
 class Row:
     """One (case, ratio): lock-step and async measured on the same pool and seeds."""
 
@@ -141,14 +159,8 @@ class Row:
     envs: int
     turns: int
     ratio_measured: float = 0.0
-    lock_wall_s: float = 0.0
-    lock_policy_s: float = 0.0
-    lock_env_s: float = 0.0
-    async_wall_s: float = 0.0
-    async_policy_s: float = 0.0
-    async_env_s: float = 0.0
-    async_overlap_ratio: float = 0.0
-    async_calls: int = 0
+    lockstep: ModeRun = field(default_factory=ModeRun)
+    asynchronous: ModeRun = field(default_factory=ModeRun)
     speedup: float = 0.0
     async_over_max: float = 0.0
     lock_over_sum: float = 0.0
@@ -180,18 +192,14 @@ def _compare(pool: Any, policy: Policy, tags: list[TagSpec], base: CollectorSett
     m_async, text_async = min(runs["async"], key=lambda r: r[0]["timing/wall_s"])
     row.extra["walls"] = {mode: [m["timing/wall_s"] for m, _ in out]
                           for mode, out in runs.items()}
-    row.lock_wall_s, row.lock_policy_s = m_lock["timing/wall_s"], m_lock["timing/policy_s"]
-    row.lock_env_s = m_lock["timing/env_s"]
-    row.ratio_measured = row.lock_policy_s / row.lock_env_s if row.lock_env_s else 0.0
-    row.async_wall_s, row.async_policy_s = m_async["timing/wall_s"], m_async["timing/policy_s"]
-    row.async_env_s = m_async["timing/env_s"]
-    row.async_overlap_ratio = m_async["timing/overlap_ratio"]
-    row.async_calls = int(m_async["timing/turns"])
-    row.speedup = row.lock_wall_s / row.async_wall_s if row.async_wall_s else 0.0
-    bound = max(row.lock_policy_s, row.lock_env_s)
-    row.async_over_max = row.async_wall_s / bound if bound else 0.0
-    total = row.lock_policy_s + row.lock_env_s
-    row.lock_over_sum = row.lock_wall_s / total if total else 0.0
+    lock = row.lockstep = ModeRun.of(m_lock)
+    row.asynchronous = ModeRun.of(m_async)
+    row.ratio_measured = lock.policy_s / lock.env_s if lock.env_s else 0.0
+    row.speedup = lock.wall_s / row.asynchronous.wall_s if row.asynchronous.wall_s else 0.0
+    bound = max(lock.policy_s, lock.env_s)
+    row.async_over_max = row.asynchronous.wall_s / bound if bound else 0.0
+    total = lock.policy_s + lock.env_s
+    row.lock_over_sum = lock.wall_s / total if total else 0.0
     row.met = row.async_over_max <= GOAL
     row.identical = all(text == text_lock for out in runs.values() for _, text in out)
     ratios = [v for k, v in m_lock.items() if k.endswith("/valid_action_ratio")]
@@ -346,11 +354,12 @@ def render(report: dict[str, Any]) -> list[Any]:
                 "<=1.1", "overlap", "same"):
         table.add_column(col, justify="left" if col == "case" else "right")
     for r in report["rows"]:
+        lock, asy = r["lockstep"], r["asynchronous"]
         table.add_row(
             r["case"], f"{r['ratio_measured']:.2f}", f"{r['ratio_target']:g}",
-            f"{r['lock_wall_s']:.2f}", f"{r['lock_policy_s']:.2f}", f"{r['lock_env_s']:.2f}",
-            f"{r['async_wall_s']:.2f}", f"{r['speedup']:.2f}x", f"{r['async_over_max']:.2f}",
-            "yes" if r["met"] else "no", f"{r['async_overlap_ratio']:.0%}",
+            f"{lock['wall_s']:.2f}", f"{lock['policy_s']:.2f}", f"{lock['env_s']:.2f}",
+            f"{asy['wall_s']:.2f}", f"{r['speedup']:.2f}x", f"{r['async_over_max']:.2f}",
+            "yes" if r["met"] else "no", f"{asy['overlap_ratio']:.0%}",
             "yes" if r["identical"] else "no")
     return [table, "L, E: lock-step totals (timing/policy_s, timing/env_s); async/max: async "
                    "wall / max(L, E); overlap: share of the shorter side hidden behind the "
@@ -372,15 +381,16 @@ def plot(report: dict[str, Any], path: Path) -> None:
     for ax, case in zip(axes[0], cases):
         rows = [r for r in report["rows"] if r["case"] == case]
         xs = list(range(len(rows)))
-        ax.bar([x - 0.2 for x in xs], [r["lock_wall_s"] for r in rows], width=0.4,
+        locks = [r["lockstep"] for r in rows]
+        ax.bar([x - 0.2 for x in xs], [lock["wall_s"] for lock in locks], width=0.4,
                label="lock-step wall")
-        ax.bar([x + 0.2 for x in xs], [r["async_wall_s"] for r in rows], width=0.4,
+        ax.bar([x + 0.2 for x in xs], [r["asynchronous"]["wall_s"] for r in rows], width=0.4,
                label="async wall")
-        bound = [max(r["lock_policy_s"], r["lock_env_s"]) for r in rows]
+        bound = [max(lock["policy_s"], lock["env_s"]) for lock in locks]
         ax.plot(xs, bound, "k_", markersize=30, mew=2, label="max(L, E)")
         ax.plot(xs, [GOAL * b for b in bound], "r_", markersize=30, mew=1,
                 label=f"{GOAL} x max(L, E)")
-        ax.plot(xs, [r["lock_policy_s"] + r["lock_env_s"] for r in rows], "k.",
+        ax.plot(xs, [lock["policy_s"] + lock["env_s"] for lock in locks], "k.",
                 label="L + E")
         ax.set_xticks(xs, [f"L/E={r['ratio_measured']:.2f}\n(set {r['ratio_target']:g})"
                            for r in rows])

@@ -59,6 +59,7 @@ from turnpool.bench.harness import (
     write_outputs,
 )
 from turnpool.bench.servers import ServerProcess, _read_line
+from turnpool.bench.soak import SoakSettings
 from turnpool.cli.options import FirstName
 
 #: fault action -> the failure class its error reply names when nothing else happens to it
@@ -77,18 +78,14 @@ WINDOW = 5
 
 
 @dataclass
-class Settings:
+class Settings(SoakSettings):
     sessions: int = 4096
     think: float = 5.0
-    fault_rate: float = 0.01
     reconnect_every: float = 60.0
     seconds: float = 1800.0
     sample_every: float = 30.0
     warmup: float = 300.0
     step_timeout: float = 5.0
-    num_workers: int = 2
-    episode_len: int = 50
-    seed: int = 0
     connect_parallel: int = 64
     faults: tuple[str, ...] = tuple(sorted(FAULTS))
 
@@ -111,7 +108,7 @@ class SoakServer(ServerProcess):
         self.log: IO[str] = tempfile.TemporaryFile("w+", encoding="utf-8")
         self.log_kinds: Counter[str] = Counter()
         cmd = [sys.executable, "-m", "turnpool.cli", "serve", "--env", "faulty",
-               "--backend", "process", "--workers", str(s.num_workers),
+               "--backend", "process", "--workers", str(s.workers),
                "--max-sessions", str(s.max_sessions), "--step-timeout", str(s.step_timeout),
                "--host", "127.0.0.1", "--port", "0"]
         try:
@@ -341,8 +338,8 @@ def render(report: Report) -> list[Any]:
               help="RSS growth is measured from the first sample at or after this.")
 @click.option("--step-timeout", default=Settings.step_timeout, show_default=True,
               type=click.FloatRange(min=0.1), help="The server's step_timeout.")
-@click.option("--workers", "--num-workers", "num_workers", cls=FirstName,
-              default=Settings.num_workers, show_default=True,
+@click.option("--workers", "--num-workers", "workers", cls=FirstName,
+              default=Settings.workers, show_default=True,
               type=click.IntRange(min=1), help="The server's pool workers.")
 @click.option("--faults", default=",".join(sorted(FAULTS)), show_default=True,
               help="Comma list of the fault actions injected, chosen evenly.")
@@ -351,7 +348,7 @@ def render(report: Report) -> list[Any]:
 @json_option("Also write the report (samples, totals, checks) as JSON here.")
 def command(sessions: int, think: float, fault_rate: float, reconnect_every: float,
             minutes: float, sample_every: float, warmup: float, step_timeout: float,
-            num_workers: int, faults: str, seed: int, json_path: Path | None) -> None:
+            workers: int, faults: str, seed: int, json_path: Path | None) -> None:
     """turnpool serve for a long time with faults: RSS growth, lost sessions, latency."""
     kinds = tuple(sorted({k.strip() for k in faults.split(",") if k.strip()}))
     if not kinds or set(kinds) - set(FAULTS):
@@ -359,7 +356,7 @@ def command(sessions: int, think: float, fault_rate: float, reconnect_every: flo
     s = Settings(sessions=sessions, think=think, fault_rate=fault_rate,
                  reconnect_every=reconnect_every, seconds=minutes * 60,
                  sample_every=sample_every, warmup=warmup, step_timeout=step_timeout,
-                 num_workers=num_workers, seed=seed, faults=kinds)
+                 workers=workers, seed=seed, faults=kinds)
     console = start(width=160)
     report = measure_and_print(console, lambda p: run(s, p), render)
     write_outputs(console, report, json_path)

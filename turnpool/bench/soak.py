@@ -66,15 +66,22 @@ class SoakEnv(TrivialEnv):
 
 
 @dataclass
-class Settings:
-    steps: int = 100_000
+class SoakSettings:
+    """What both soaks (this pool soak and ``bench serve-soak``) set alike: the share of steps
+    that misbehave, the pool's worker processes and the seed of the faults' schedule."""
+
     fault_rate: float = 0.01
+    workers: int = 2
+    seed: int = 0
+
+
+@dataclass
+class Settings(SoakSettings):
+    steps: int = 100_000
     envs: int = 16
     group_n: int = 2
-    workers: int = 2
     episode_len: int = 25
     step_timeout: float = 0.5
-    seed: int = 0
 
 
 @dataclass

@@ -11,7 +11,8 @@ straggler (an env that started later, as reported by the worker's progress recor
 own full budget). Results land in a `Ticket`, one per pool call, in the caller's order.
 
 The dispatcher owns the `EnvTable` (``table``): every env's owner, episode, flight and
-failure state, changed only through the table's methods; everything else asks it. How a
+failure state, changed only through the table's methods (the pool's API and branching call a
+few of them too: `turnpool.pool.table`). How a
 reply is filed depends on its kind in the op table (`_FILE`). A dead or stuck worker is
 replaced in two steps: the deadline checks (`_head_check`, `_late_check`) only look and
 return a `Fault`; `_recover` gets a `Plan` from the pure `turnpool.pool.recovery.decide`

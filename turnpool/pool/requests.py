@@ -4,7 +4,8 @@ A pool call (a reset, a turn of some envs) is a `Ticket` that collects its resul
 caller's order. `split` and `step_requests` / `reset_requests` are the one place where a
 call's env ids are cut into one `Pending` per worker (the worker that owns each env, from the
 `turnpool.pool.table.EnvTable`); `without` and `alone` are the re-sends recovery makes of
-them. Nothing here talks to a backend or changes the env table.
+them, `keeping` the part of a turn left when some of its actions cannot be pickled.
+Nothing here talks to a backend or changes the env table.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ One record per env (`EnvRecord`): the worker that owns it, its episode seed and 
 episode starts in the replay log (the `ReplayLog` is the table's episode part), and its
 status: idle, in flight (sent by `step_async` / `reset_async`, result not polled yet),
 straggling (its worker answered its request without it, `Op.PARTIAL`) or failed, with the
-reason and class, until its next reset. The dispatcher changes the table as replies and
-faults arrive, through one method per change (its columns are private); the pool's API,
-branching and the slot engine (through the pool) only ask it (`owner_of`, `record`, `seeds`,
-`busy`). A synchronous call hands its results back before it returns, so
-its envs are never seen in flight.
+reason and class, until its next reset. The table changes only through its methods, one per
+change (its columns are private): the dispatcher's as replies and faults arrive, the pool's
+API as it hands ready results out (`take_ready`) or forgets envs (`forget`), branching as it
+restores an env (`restored`, or `fail`); the slot engine asks the pool (`EnvPool.owner_of`),
+which asks the table (`owner_of`, `record`, `seeds`, `busy`). A synchronous call hands its
+results back before it returns, so its envs are never seen in flight.
 
 Storage is by column (an owner list, a failed dict, an in-flight set, per-worker straggler
 maps), so the hot path of a whole-pool step does no per-env work; `record` assembles a row.

@@ -2,8 +2,11 @@
 
 settings (every settings type, no other turnpool import) · prompts (observation -> chat) ·
 projection (text -> actions) · episode (episode state, plan/apply of a turn, the seed
-schedule) · collector (lock-step and dynamic sampling) · async_driver (generation overlapping
-env steps) · scoring (RAGEN's reward normalization) · trajectory (records and JSONL).
+schedule) · collector (the loop, its driver chosen once: lock-step, async or tree) ·
+async_driver (generation overlapping env steps) · tree (groups played as trees) · seats
+(multi-player games) · sampling (dynamic sampling) · scoring (RAGEN's reward normalization) ·
+metrics (a batch's metrics) · trajectory (records and JSONL) · record / replay (every env
+transition, kept and re-run).
 Config files are read one layer up (`turnpool.ragen.config`); this package never imports a
 backend.
 """

@@ -6,7 +6,9 @@ executed by ``pool.step_turns`` (one message per worker), and the results record
 (``apply_turn``). Finished envs are neither generated for nor stepped. The loop ends after
 ``max_turn`` turns or when every env is done. With ``collector_mode="async"`` (config
 ``turnpool.collector.mode``) the same turn logic runs per env, overlapping generation with env
-steps (`turnpool.rollout.async_driver`).
+steps (`turnpool.rollout.async_driver`); with a tree mode (``turnpool.collector.tree``) each
+group is played as a tree (`turnpool.rollout.tree`). The driver is chosen once, at
+construction (`turnpool.rollout.settings.CollectorSettings.driver`).
 
 Sampling:
 

@@ -142,7 +142,8 @@ ForkPayload = tuple[int, Sequence[tuple[int, int, Sequence[Sequence[Any]]]]]
 
 
 # ---------------------------------------------------------------------- typed records
-# One record per op the pool sends (immutable tuples, with ``op``, ``env_ids``, ``payload``).
+# One record per op the pool sends (immutable: named tuples or frozen dataclasses, each with
+# ``op``, ``env_ids`` and ``payload``).
 class ResetRequest(NamedTuple):
     """`Op.RESET`: ``groups`` is ``[(seed, [env_id, ...]), ...]``, one entry per group slice."""
 
@@ -284,9 +285,10 @@ LateReply = list[tuple[int, WireTurn]]
 ResetReply = list[ResetResult]
 #: The payload of an `Op.RESTORE` reply: each env's error, ``None`` on success
 RestoreReply = list["str | None"]
-#: The payload of an `Op.SNAPSHOT` reply, and of an `Op.FORK` one: the source's
-#: `StateResult`, then a `ResetResult` per destination (``None`` each if it failed)
+#: The payload of an `Op.SNAPSHOT` reply: one `StateResult` per env
 SnapshotReply = list[StateResult]
+#: The payload of an `Op.FORK` reply: the source's `StateResult`, then a `ResetResult` per
+#: destination (``None`` each if it failed)
 ForkReply = list["StateResult | ResetResult | None"]
 
 

@@ -4,8 +4,9 @@ The process, process_pool, joblib and Ray backends differ only in how a worker i
 how bytes reach it; what a worker does once it holds its slice of envs is the same everywhere,
 so it is written here once:
 
-* `serve`: the one request -> reply loop (`turnpool.worker.handoff.HandoffServer`, for
-  backends that hand the worker a connection);
+* `serve`: the one request -> reply loop (`turnpool.worker.handoff.HandoffServer`), given
+  the functions that receive and send a worker's bytes (a pipe's, a socket's, a Ray actor's
+  inbox and outbox);
 * `encode`: a reply pickled once, in which results that cannot be pickled become per-env
   errors (the env is to blame, not the worker);
 * `ProgressSlot` / `ProgressWriter`: a 16-byte shared record ``(env_id, since)`` the worker

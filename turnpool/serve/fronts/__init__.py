@@ -22,8 +22,9 @@ reference to the server):
   a Unix datagram socket (``SCM_RIGHTS``); the receiver serves it as if it had accepted it.
 * **Sessions by id** (``routing``). A session id names its front (``f<k>-<hex>``). A
   WebSocket attaching to a session that another front holds is passed to that front the
-  same way; an HTTP or MCP request for it (``/step``, ``/state``, ``/close``, ``/reset``,
-  ``/mcp``) is proxied to the owner's private HTTP socket.
+  same way; an HTTP or MCP request for it (the path of every routed served verb,
+  ``routing.ROUTED_PATHS``: ``/step``, ``/fork``, ``/mcp``, ...) is proxied to the owner's
+  private HTTP socket.
 * **One server to look at** (``merge``). ``/api/status`` and ``/metrics`` answer for the
   whole server: the front that gets the request asks the others (``?local=1``) and merges
   their answers (sums, workers and metrics labelled by ``front``).
