@@ -19,9 +19,10 @@ Data: ``data_path`` (or RAGEN's ``train_path``) names a local JSONL / JSON / Par
 columns ``target`` and ``nums``; without it, RAGEN's default ``data/countdown/train.parquet``
 (relative to the working directory, as RAGEN reads it) when that file exists, else a bundled set
 of generated puzzles is used (``scripts/gen_countdown.py``). As in RAGEN, the first
-``max_instances`` rows are read and the unsolvable ones dropped (``require_solution``; the bundled set is solvable by construction and
-not re-checked). ``reset(seed)`` shows puzzle ``seed % len(data)``, as RAGEN does, so a seed
-names a puzzle and consecutive seeds walk through the set.
+``max_instances`` rows are read and the unsolvable ones dropped (``require_solution``; the
+bundled set is solvable by construction and not re-checked). ``reset(seed)`` shows puzzle
+``seed % len(data)``, as RAGEN does, so a seed names a puzzle and consecutive seeds walk
+through the set.
 
 Example:
     >>> env = CountdownEnv()
