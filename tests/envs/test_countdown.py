@@ -224,3 +224,18 @@ def test_episodes_are_identical_across_processes_and_hash_seeds() -> None:
                              capture_output=True, text=True, timeout=60)
         digests.add(out.stdout.strip())
     assert len(digests) == 1
+
+
+def test_ragens_default_train_path_is_read_from_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RAGEN reads ``data/countdown/train.parquet`` when no path is set; so does turnpool
+    (the bundled set only where that file is absent)."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    monkeypatch.chdir(tmp_path)
+    assert "Target: 31, nums: [5, 2, 24]" in turnpool.make("countdown").reset(seed=0)[0]
+    (tmp_path / "data" / "countdown").mkdir(parents=True)
+    pq.write_table(pa.table({"target": [7, 9], "nums": [[3, 4], [4, 5]]}),
+                   tmp_path / "data" / "countdown" / "train.parquet")
+    assert "Target: 9, nums: [4, 5]" in turnpool.make("countdown").reset(seed=1)[0]

@@ -388,3 +388,20 @@ def test_shipped_user_configs_load() -> None:
             assert rollout_plan(cfg, mode).tags
     multi = rollout_plan(load_config(root / "multi.yaml"))
     assert len({t.env_type for t in multi.tags}) >= 3
+
+
+def test_a_config_composed_over_newer_verls_ppo_trainer_loads_without_a_warning() -> None:
+    """RAGEN's base.yaml lists verl's ``ppo_trainer`` in its defaults, so RAGEN's own loop
+    hands the manager whatever sections the installed verl defines (verl 0.9: these)."""
+    import warnings
+
+    composed = OmegaConf.create({
+        "model_engine": "dp", "distillation": {"enabled": False}, "sandbox_fusion": None,
+        "skip": {"enable": False}, "algorithm": {"filter_groups": {
+            "_target_": "verl.trainer.config.FilterGroupsConfig", "enable": False,
+            "metric": "reward", "max_num_gen_batches": 0, "max_inflight_gen_batches": 1}},
+        "actor_rollout_ref": {}, "ctx_manager": {}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        cfg = load_config(composed, ["turnpool.ragen_version=v1"])
+    assert cfg.model_engine == "dp"

@@ -165,3 +165,21 @@ def test_parallel_rollout_manager_matches_sequential_rollouts() -> None:
         texts[parallel] = buf.getvalue()
         assert len(batch.trajectories) == 9
     assert texts[True] == texts[False]
+
+
+def test_an_env_info_key_the_pool_also_uses_reaches_history_and_metrics() -> None:
+    """Sudoku reports ``error`` (a string) for a bad move; RAGEN v2's manager keeps the key
+    (its metric is 0.0, no numeric value), so turnpool's must not drop it as a pool key."""
+    cfg = {"es_manager": {"train": {"env_groups": 1, "group_size": 1,
+                                    "env_configs": {"tags": ["SimpleSudoku"], "n_groups": [1]}}},
+           "custom_envs": {"SimpleSudoku": {"env_type": "sudoku", "max_actions_per_traj": 5,
+                                            "env_instruction": "", "max_tokens": 10,
+                                            "env_config": None}},
+           "turnpool": {"backend": "sequential"}}
+    with EnvStateManager(cfg, mode="train") as es:
+        es.reset(seed=3)
+        es.step([{"env_id": 0, "actions": ["9,9,9"], "llm_response": "",
+                  "llm_raw_response": ""}])
+        state = es.get_rollout_states()[0]
+    assert isinstance(state["history"][0]["info"]["error"], str)
+    assert state["metrics"]["SimpleSudoku/error"] == 0.0

@@ -16,11 +16,13 @@ when some ``±a ±b ±c ±d`` hits the target (``require_solution="ragen"``, RAG
 * the data file is read once per process, not once per env instance.
 
 Data: ``data_path`` (or RAGEN's ``train_path``) names a local JSONL / JSON / Parquet file with
-columns ``target`` and ``nums``; without it, a bundled set of generated puzzles is used
-(``scripts/gen_countdown.py``). As in RAGEN, the first ``max_instances`` rows are read and the
-unsolvable ones dropped (``require_solution``; the bundled set is solvable by construction and
-not re-checked). ``reset(seed)`` shows puzzle ``seed % len(data)``, as RAGEN does, so a seed
-names a puzzle and consecutive seeds walk through the set.
+columns ``target`` and ``nums``; without it, RAGEN's default ``data/countdown/train.parquet``
+(relative to the working directory, as RAGEN reads it) when that file exists, else a bundled set
+of generated puzzles is used (``scripts/gen_countdown.py``). As in RAGEN, the first
+``max_instances`` rows are read and the unsolvable ones dropped (``require_solution``; the
+bundled set is solvable by construction and not re-checked). ``reset(seed)`` shows puzzle
+``seed % len(data)``, as RAGEN does, so a seed names a puzzle and consecutive seeds walk
+through the set.
 
 Example:
     >>> env = CountdownEnv()
@@ -48,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 BUNDLED = "countdown.jsonl"
 PATH_KEYS = ("data_path", "train_path")
+#: where RAGEN (v1 and v2) reads its puzzles when no path is set, from the working directory
+RAGEN_TRAIN_PATH = "data/countdown/train.parquet"
 MAX_NUMS = 6
 
 Puzzle = tuple[int, tuple[int, ...]]
@@ -204,7 +208,7 @@ def _build_table(rows: list[dict[str, Any]], options: dict[str, Any]) -> tuple[P
 
 def data_key(config: dict[str, Any]) -> datasets.TableKey:
     """Which table an env with this config uses (file version and build options)."""
-    path = datasets.resolve_path(config, PATH_KEYS, BUNDLED)
+    path = datasets.resolve_path(config, PATH_KEYS, BUNDLED, RAGEN_TRAIN_PATH)
     bundled = path == datasets.bundled_path(BUNDLED)
     return datasets.table_key(
         "countdown", path, max_instances=int(config.get("max_instances") or 20000),

@@ -58,6 +58,9 @@ FOREIGN_SECTIONS = frozenset({
     # verl's log-prob micro batch, the template/entropy-collapse diagnostics (they score
     # model log-probs), where its eval script writes results, and its critic switch.
     "log_prob_micro_batch_size_per_gpu", "collapse_detection", "output", "use_critic",
+    # newer verl's ppo_trainer.yaml (0.9), which RAGEN's base.yaml lists in its defaults:
+    # a RAGEN loop composed over it hands them to the manager.
+    "model_engine", "distillation", "sandbox_fusion", "skip",
 })
 #: Sections whose unknown keys are someone else's business (RAGEN ignores them).
 _LENIENT = ("seed", "agent_proxy", "es_manager", "custom_envs", "algorithm", "use_parallel_envs")
@@ -167,7 +170,9 @@ SCHEMA: dict[str, Any] = {
         "max_workers": OPT_INT,
     }),
     "algorithm": {
-        "filter_groups": {"enable": BOOL, "max_num_gen_batches": INT, "metric": OPT_STR},
+        # verl's own keys too (its dataclass target, newer verl's in-flight batches)
+        "filter_groups": {"enable": BOOL, "max_num_gen_batches": INT, "metric": OPT_STR,
+                          "_target_": OPT_STR, "max_inflight_gen_batches": INT},
     },
     "turnpool": {
         "backend": STR,

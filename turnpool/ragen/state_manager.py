@@ -395,8 +395,9 @@ class EnvStateManager:
     @staticmethod
     def _info(tag: _TagInfo, info: Mapping[str, Any]) -> dict[str, Any]:
         keys = tag.info_keys
-        return {k: v for k, v in info.items()
-                if k not in POOL_INFO_KEYS and (keys is None or k in keys)}
+        if keys is not None:  # the env's own keys, even one the pool also uses (Sudoku's error)
+            return {k: v for k, v in info.items() if k in keys}
+        return {k: v for k, v in info.items() if k not in POOL_INFO_KEYS}
 
     def _state_entry(self, env_id: int, actions_left: int) -> dict[str, Any]:
         state = self._render_one(env_id)
