@@ -7,7 +7,9 @@ episode comes back as one token-exact sample (model tokens trained, env tokens m
 
 1. Warm-up: supervised fine-tuning on episodes of the env's oracle with epsilon noise (each
    action replaced by a random one with probability ``--epsilon``): the answer format and a
-   weak policy, short on purpose.
+   weak policy, short on purpose. ``--warmup-episodes`` (64 per board) is enough episodes that
+   each state's answer is the oracle's about as often as epsilon says, not whatever a few
+   random draws were (with 8, a board with holes along its path started at success 0).
 2. GRPO from the warm-up model, and a control run from the same model and seeds with
    learning rate 0 (same sampling, no update).
 
@@ -198,6 +200,7 @@ def base_model(kind: str, path: Path, seed: int) -> Path:
 def warm_up(args: argparse.Namespace, work: Path) -> Path:
     """The base model fine-tuned on epsilon-noisy oracle episodes (one (prompt, reply) pair
     per turn, rendered with the model's own chat template)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from turnpool.policies.oracle import OraclePolicy
@@ -207,7 +210,7 @@ def warm_up(args: argparse.Namespace, work: Path) -> Path:
     model_dir = base_model(args.model, work / "model", args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    tag = tag_for(args.env, args.maps, args.seed, n_groups=args.maps * 8)
+    tag = tag_for(args.env, args.maps, args.seed, n_groups=args.maps * args.warmup_episodes)
     pool = build_pool([tag], 1, {"backend": "sequential"}, seed=args.seed)
     prompts, replies = [], []
     with TrajectoryCollector(pool, OraclePolicy(seed=args.seed, epsilon=args.epsilon), [tag],
@@ -222,7 +225,8 @@ def warm_up(args: argparse.Namespace, work: Path) -> Path:
     model.to(args.device)
     lr = 3e-3 if args.model == "tiny" else 5e-5
     loss = fine_tune_replies(model, tokenizer, prompts, replies, steps=args.sft_steps,
-                             seed=args.seed, lr=lr, tail_tokens=96, full_context=0.25)
+                             seed=args.seed, lr=lr, tail_tokens=96, full_context=0.25,
+                             threads=torch.get_num_threads())
     print(f"warm-up: {args.sft_steps} SFT steps on {len(prompts)} oracle turns "
           f"(epsilon {args.epsilon}), last loss {loss:.3f}", file=sys.stderr)
     model.save_pretrained(model_dir)
@@ -363,12 +367,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--maps", type=int, default=1, help="boards in the training set")
     parser.add_argument("--sft-steps", type=int, default=None,
                         help="warm-up SFT steps (default: 400 tiny, 30 smollm2)")
+    parser.add_argument("--warmup-episodes", type=int, default=64,
+                        help="noisy oracle episodes per board in the warm-up data")
     parser.add_argument("--epsilon", type=float, default=0.5,
                         help="share of the warm-up oracle's actions replaced by random ones")
     parser.add_argument("--groups", type=int, default=4, help="GRPO groups per step")
-    parser.add_argument("--group-size", type=int, default=4, help="num_generations")
+    parser.add_argument("--group-size", type=int, default=None,
+                        help="num_generations (default: 8 tiny, 4 smollm2)")
     parser.add_argument("--lr", type=float, default=None,
-                        help="GRPO learning rate (default: 1e-3 tiny, 1e-5 smollm2)")
+                        help="GRPO learning rate (default: 2e-3 tiny, 1e-5 smollm2)")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens per reply")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--no-control", action="store_true",
@@ -380,7 +387,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     tiny = args.model == "tiny"
     if args.lr is None:
-        args.lr = 1e-3 if tiny else 1e-5
+        args.lr = 2e-3 if tiny else 1e-5
+    if args.group_size is None:
+        args.group_size = 8 if tiny else 4
     if args.sft_steps is None:
         args.sft_steps = 400 if tiny else 30
     return args
@@ -404,6 +413,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "env": args.env, "model": args.model, "seed": args.seed, "steps": args.steps,
         "maps": args.maps, "epsilon": args.epsilon, "sft_steps": args.sft_steps,
+        "warmup_episodes": args.warmup_episodes,
         "episodes_per_step": args.groups * args.group_size, "device": args.device,
         "warm_up_seconds": round(warm_s, 1),
         "seconds_total": round(time.perf_counter() - start, 1),

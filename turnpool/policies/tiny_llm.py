@@ -301,14 +301,15 @@ def _fine_tune(model: Any, tokenizer: Any, steps: int, seed: int,
 
 def fine_tune_replies(model: Any, tokenizer: Any, prompts: Sequence[str],
                       replies: Sequence[str], steps: int, seed: int = 0, batch_size: int = 16,
-                      lr: float = 3e-3, tail_tokens: int = 64, full_context: float = 0.0
-                      ) -> float:
+                      lr: float = 3e-3, tail_tokens: int = 64, full_context: float = 0.0,
+                      threads: int = 1) -> float:
     """Supervised steps teaching ``model`` to answer rendered ``prompts[i]`` with
     ``replies[i]`` (each step draws ``batch_size`` pairs with a local generator; the loss covers
     the reply tokens; only the last ``tail_tokens`` of a prompt are fed, which keeps steps cheap,
     except that a fraction ``full_context`` of the steps feed whole prompts (a quarter of the
     batch, so those steps cost about as much as the others), so the reply also holds at full
-    prompt length).
+    prompt length). ``threads``: torch intra-op threads for the steps (one suits the tiny model,
+    whose matrices are too small to split; a 100M-parameter model gains from more).
     Used to give the tiny model a behaviour a test needs, such as calling tools. Returns the
     last step's loss; leaves the model in eval mode and the global torch RNG untouched."""
     import torch
@@ -316,8 +317,8 @@ def fine_tune_replies(model: Any, tokenizer: Any, prompts: Sequence[str],
     if len(prompts) != len(replies) or not prompts:
         raise ValueError("need as many replies as prompts, and at least one")
     rng = np.random.default_rng([seed, 3])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(threads)))
     loss = torch.tensor(float("nan"))
     try:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -334,7 +335,7 @@ def fine_tune_replies(model: Any, tokenizer: Any, prompts: Sequence[str],
                 labels.append([-100] * len(p) + r)
             loss = _train_step(model, optimizer, tokenizer.pad_token_id, ids, labels)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
         model.eval()
     return float(loss.item())
 
