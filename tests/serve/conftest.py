@@ -34,4 +34,5 @@ def openenv_validate(url: str) -> None:
     report = json.loads(out.stdout[out.stdout.index("{"):])
     failed = [c for c in report["criteria"] if not c["passed"]]
     assert report["passed"] is True and not failed, failed
+    assert report["standard_version"] == "1.0.0"  # OpenEnv's HTTP standard, profile 1.x
     assert out.returncode == 0

@@ -44,6 +44,8 @@ from turnpool.serve.verbs import VERBS, Verb, tool_calls
 #: Paths served without the token: the page (it asks for the token itself) and the health
 #: probe, which load balancers and OpenEnv's tools call without credentials.
 OPEN_PATHS = frozenset({"/", "/health"})
+# The OpenEnv HTTP API version turnpool serve implements (what OpenEnv's create_app declares).
+OPENENV_HTTP_VERSION = "1.0.0"
 
 
 # ---------------------------------------------------------------------- /schema models
@@ -127,7 +129,10 @@ def app_for(service: Service, peers: Peers | None = None) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
 
-    app = FastAPI(title=f"turnpool serve: {service.settings.env}", lifespan=lifespan)
+    # OpenAPI's info.version is the OpenEnv HTTP standard a server speaks: `openenv validate`
+    # reads it as the profile (1.x), so it is OpenEnv's API version, not turnpool's.
+    app = FastAPI(title=f"turnpool serve: {service.settings.env}", lifespan=lifespan,
+                  version=OPENENV_HTTP_VERSION)
     if peers is not None:
         peers.install(app)  # its router: a request naming another front's session goes there
 
