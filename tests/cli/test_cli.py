@@ -9,14 +9,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.cli.small import SMALL_LAKE
 from turnpool.cli import main
 from turnpool.rollout.trajectory import read_jsonl
 
 pytestmark = pytest.mark.timeout(120)
 
-SMALL = ["es_manager.train.env_groups=2", "es_manager.train.env_configs.n_groups=[2]",
-         "es_manager.train.group_size=4", "es_manager.train.env_configs.tags=[FrozenLake]",
-         "turnpool.backend=sequential"]
+SMALL = SMALL_LAKE
 
 
 def test_rollout_writes_summary_json_and_trajectories(tmp_path: Path) -> None:

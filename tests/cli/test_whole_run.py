@@ -14,15 +14,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.cli.small import SMALL_LAKE
 from turnpool.cli import main
 from turnpool.cli.rollout import _WholeBatches
 from turnpool.rollout.trajectory import read_jsonl
 
 pytestmark = pytest.mark.timeout(120)
 
-LAKE = ["es_manager.train.env_groups=2", "es_manager.train.env_configs.n_groups=[2]",
-        "es_manager.train.group_size=4", "es_manager.train.env_configs.tags=[FrozenLake]",
-        "turnpool.backend=sequential"]
+LAKE = SMALL_LAKE
 
 
 def test_the_summary_and_json_cover_every_batch(tmp_path: Path) -> None:

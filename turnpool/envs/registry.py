@@ -22,7 +22,7 @@ from typing import Any
 
 from gymnasium.envs.registration import EnvSpec as GymEnvSpec
 
-from turnpool.envs import hub_table
+import turnpool.envs.hub_table as hub_table
 from turnpool.envs.base import ACTION_KINDS, OracleFn, TextEnv
 from turnpool.envs.entry import load_entry_point
 
