@@ -338,6 +338,7 @@ class TextEnv(gymnasium.Env[str, Any]):
                 seed = next_episode_seed(self.seed)
         self.seed = int(seed)
         self.np_random = np.random.default_rng(self.seed)
+        self._np_random_seed = self.seed  # gymnasium's ``np_random_seed`` (the setter says -1)
         obs = self._reset(self.seed, options or {})
         return obs, self._info({"success": False, "action_is_valid": True,
                                 "action_is_effective": False})

@@ -305,12 +305,7 @@ class FrozenLakeEnv(TextEnv):
         Sokoban's)."""
         if not self.desc:
             raise RuntimeError("call reset() before render()")
-        codes = np.array([[_HOLE if ch == "H" else _GOAL if ch == "G" else _ICE for ch in row]
-                          for row in self.desc])
-        r, c = self.pos
-        codes[r, c] += _PLAYER
-        n = self.size
-        return tiles()[codes].transpose(0, 2, 1, 3, 4).reshape(n * TILE, n * TILE, 3)
+        return draw(self.desc, self.pos)
 
     def _render_text(self) -> str:
         symbols = {"F": "_", "S": "_", "H": "O", "G": "G"}
@@ -340,6 +335,24 @@ def parse_obs(obs: str) -> tuple[Desc, Cell, str] | None:
     return desc, pos, rows[pos[0]][pos[1]]
 
 
+def draw(desc: Desc, pos: Cell) -> np.ndarray:
+    """The ``rgb_array`` frame of a board with the player at ``pos``."""
+    codes = np.array([[_HOLE if ch == "H" else _GOAL if ch == "G" else _ICE for ch in row]
+                      for row in desc])
+    codes[pos] += _PLAYER
+    h, w = codes.shape
+    return tiles()[codes].transpose(0, 2, 1, 3, 4).reshape(h * TILE, w * TILE, 3)
+
+
+def frame_from_obs(obs: str, env_config: dict[str, Any] | None = None) -> np.ndarray:
+    """The ``rgb_array`` frame of a grid observation text, drawn from the text alone (what
+    the env's own ``render()`` draws), so a vector env draws frames where the texts are."""
+    parsed = parse_obs(obs)
+    if parsed is None:
+        raise ValueError("not a FrozenLake grid observation (observation_format='grid' draws)")
+    return draw(parsed[0], parsed[1])
+
+
 def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
     """The next action name(s) from the observation text.
 
@@ -361,3 +374,4 @@ def oracle(obs: str, env_config: dict[str, Any]) -> list[str]:
 
 
 FrozenLakeEnv.oracle = staticmethod(oracle)
+FrozenLakeEnv.frame_from_obs = staticmethod(frame_from_obs)

@@ -4,8 +4,9 @@ turnpool's pool, rollouts and prompts speak text; gymnasium envs return numbers,
 arrays. `GymTextEnv` wraps one gymnasium env and writes each observation as text with
 `obs_to_text` (the value as a Python literal: ``5`` -> ``"5"``, Blackjack's
 ``(14, 10, 0)`` -> ``"(14, 10, 0)"``, arrays as nested lists), or with the ``obs_to_text``
-callable given to it. Actions: a ``Discrete`` space takes its ids (ints, or the same ids as
-text, ``"2"``); other spaces take whatever their ``contains`` accepts. Anything else is
+callable given to it; an env whose observation space is already a ``Text`` keeps that space.
+Actions: a ``Discrete`` space takes its ids (ints, or the same ids as text, ``"2"``); other
+spaces take whatever their ``contains`` accepts. Anything else is
 ``action_is_valid=False`` with no step taken, as for every turnpool env. ``success`` is "the
 episode terminated with a positive reward".
 
@@ -84,6 +85,10 @@ class GymTextEnv(TextEnv):
             env = gymnasium.make(str(gym_id), disable_env_checker=True, **gym_kwargs)
         self.env = env
         self.action_space = env.action_space
+        if obs_to_text is None and isinstance(env.observation_space, spaces.Text):
+            # its observations are already text: they keep the env's own space (its charset
+            # and lengths), as gymnasium's vector envs over it declare
+            self.observation_space = env.observation_space
         self._to_text = obs_to_text or globals()["obs_to_text"]
         self._text = ""
 

@@ -47,11 +47,37 @@ def build(turnpool_name: str, **kwargs: Any) -> TextEnv:
     return make(turnpool_name, **kwargs)
 
 
+class EnvCreator:
+    """What gymnasium loads for ``turnpool/<Name>-v0`` (``turnpool.envs.gym_ids:<Name>``):
+    it builds the env with `build` and shows gymnasium the env class's ``metadata``, so
+    ``gymnasium.make`` applies its render wrappers (``render_mode="rgb_array_list"``, ...)."""
+
+    def __init__(self, turnpool_name: str) -> None:
+        self.turnpool_name = turnpool_name
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        from turnpool.envs.registry import resolve
+
+        return dict(resolve(self.turnpool_name)[0].metadata)
+
+    def __call__(self, turnpool_name: str | None = None, **kwargs: Any) -> TextEnv:
+        return build(turnpool_name or self.turnpool_name, **kwargs)
+
+
+def __getattr__(attr: str) -> EnvCreator:
+    """``turnpool.envs.gym_ids.<Name>``: the `EnvCreator` of a built-in env's gymnasium name."""
+    for name, gym_name in GYM_NAMES.items():
+        if gym_name == attr:
+            return EnvCreator(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
 def register_gym_ids() -> None:
     """Register every built-in env's id with gymnasium (idempotent)."""
     for name in GYM_NAMES:
         env_id = gym_id(name)
         if env_id not in gymnasium.registry:
-            gymnasium.register(env_id, entry_point="turnpool.envs.gym_ids:build",
+            gymnasium.register(env_id, entry_point=f"{__name__}:{GYM_NAMES[name]}",
                                vector_entry_point=VECTOR_ENTRY_POINT,
                                kwargs={"turnpool_name": name}, disable_env_checker=False)

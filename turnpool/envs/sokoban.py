@@ -269,7 +269,8 @@ class SokobanEnv(TextEnv):
     ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
 
     def __init__(self, dim_room: Sequence[int] = (6, 6), num_boxes: int = 1,
-                 max_steps: int = 100, search_depth: int = 300, render_mode: str = "text",
+                 max_steps: int = 100, search_depth: int = 300,
+                 render_mode: str | None = "text",
                  dim_x: int | None = None, dim_y: int | None = None,
                  grid_lookup: Mapping[Any, Any] | None = None,
                  grid_vocab: Mapping[str, str] | None = None,
@@ -279,7 +280,7 @@ class SokobanEnv(TextEnv):
         height = height if dim_x is None else int(dim_x)
         width = width if dim_y is None else int(dim_y)
         validate(height, width, int(num_boxes))
-        if render_mode not in self.metadata["render_modes"]:
+        if render_mode not in (None, *self.metadata["render_modes"]):  # None: gymnasium's
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
         if int(max_steps) < 1 or int(search_depth) < 1:
             raise ValueError("max_steps and search_depth must be >= 1")

@@ -51,10 +51,14 @@ class PoolVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
 
         self.num_envs = int(num_envs)
         self.autoreset_mode = AutoresetMode(autoreset_mode)
-        self.render_mode = render_mode
+        if render_mode is not None:
+            env_kwargs["render_mode"] = render_mode
         probe = make(turnpool_name, **env_kwargs)
         self.single_observation_space = probe.observation_space
         self.single_action_space = probe.action_space
+        self.render_mode = render_mode
+        self._frame_from_obs = getattr(type(probe), "frame_from_obs", None)
+        self._env_kwargs = dict(env_kwargs)
         probe.close()
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
@@ -69,17 +73,45 @@ class PoolVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
     # ------------------------------------------------------------------ reset
     def reset(self, *, seed: int | Sequence[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        self._check_open()
         seeds = self._reset_seeds(seed)
         options = dict(options or {})
         mask = options.pop("reset_mask", None)
         ids = (list(range(self.num_envs)) if mask is None
-               else [i for i in range(self.num_envs) if bool(np.asarray(mask)[i])])
+               else [int(i) for i in np.flatnonzero(self._checked_mask(mask))])
         infos: dict[str, Any] = {}
         for i, (obs, info) in zip(ids, self._reset_envs(ids, [seeds[i] for i in ids])):
             self._obs[i] = obs
             self._ended[i] = False
             infos = self._add_info(infos, _env_info(info), i)
         return tuple(self._obs), infos
+
+    def _checked_mask(self, mask: Any) -> np.ndarray:
+        """``options["reset_mask"]`` as gymnasium's vector envs take it, or the error they
+        raise (a bool array of shape ``(num_envs,)`` with at least one True)."""
+        if not isinstance(mask, np.ndarray):
+            raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+        if mask.shape != (self.num_envs,):
+            raise ValueError(f"`options['reset_mask']` must have shape `({self.num_envs},)`, "
+                             f"got {mask.shape}")
+        if mask.dtype != np.bool_:
+            raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, "
+                            f"got {mask.dtype}")
+        if not mask.any():
+            raise ValueError("`options['reset_mask']` must contain a boolean array with at "
+                             f"least one True value, got reset_mask={mask}")
+        return mask
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise gymnasium.error.ClosedEnvironmentError(
+                "this vector env is closed: make a new one")
+
+    @property
+    def np_random_seed(self) -> tuple[int | None, ...]:  # type: ignore[override]
+        """The seed each env's current episode started from (None: not reset yet), as
+        gymnasium's ``SyncVectorEnv`` reports its envs' seeds."""
+        return tuple(self._seeds)
 
     def _reset_seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
         if seed is None:
@@ -118,7 +150,8 @@ class PoolVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
 
     # ------------------------------------------------------------------ step
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-        acts = list(iterate(self.action_space, actions))
+        self._check_open()
+        acts = self._actions(actions)
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terms = np.zeros(self.num_envs, dtype=np.bool_)
         truncs = np.zeros(self.num_envs, dtype=np.bool_)
@@ -150,6 +183,18 @@ class PoolVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         self._ended = terms | truncs
         return tuple(self._obs), rewards, terms, truncs, out
 
+    def _actions(self, actions: Any) -> list[Any]:
+        """One action per env, or the errors gymnasium's vector envs raise: a bare action is
+        a `TypeError`, a batch of another length a `ValueError`."""
+        if isinstance(actions, str | int | float | np.generic) or (
+                isinstance(actions, np.ndarray) and actions.ndim == 0):
+            raise TypeError(f"step takes one action per env (num_envs={self.num_envs}), "
+                            f"got a bare {type(actions).__name__}")
+        acts = list(iterate(self.action_space, actions))
+        if len(acts) != self.num_envs:
+            raise ValueError(f"step takes num_envs={self.num_envs} actions, got {len(acts)}")
+        return acts
+
     def _restart_finished(self, run: list[int], ended: np.ndarray,
                           per_env: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         """SAME_STEP: reset the envs that just ended; their end goes in ``final_*``."""
@@ -160,9 +205,19 @@ class PoolVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         return finals
 
     def render(self) -> tuple[Any, ...] | None:
-        """Frames are drawn where the envs run: build single envs with ``render_mode`` to
-        render (a pool's envs may live in other processes)."""
-        return None
+        """Each env drawn in ``render_mode``, from its observation text (a turnpool env's
+        observation is its text rendering): ``"text"`` (or None, as a turnpool env's own
+        ``render()``) the texts, ``"rgb_array"`` the frames of the env class's
+        ``frame_from_obs`` (Sokoban, FrozenLake), so no pixels cross processes."""
+        self._check_open()
+        if self.render_mode in (None, "text"):
+            return tuple(self._obs)
+        draw = self._frame_from_obs
+        if self.render_mode != "rgb_array" or draw is None:
+            raise ValueError(f"{self.spec.id if self.spec else 'this env'} draws no "
+                             f"{self.render_mode!r} frames in a vector env (modes: "
+                             f"{self.metadata['render_modes']})")
+        return tuple(draw(text, self._env_kwargs) for text in self._obs)
 
     def close_extras(self, **kwargs: Any) -> None:
         self.pool.close()
