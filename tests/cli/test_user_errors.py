@@ -39,11 +39,11 @@ class NoRenderText(TextEnv):
         return "next", 0.0, True, False, {}
 
 
-def _user_env_run(entry_point: str) -> list[str]:
+def _user_env_run(entry_point: str, backend: str = "sequential") -> list[str]:
     return ["rollout", "--no-progress", "--policy", "random",
             "es_manager.train.env_groups=2", "es_manager.train.env_configs.n_groups=[2]",
             "es_manager.train.group_size=2", "es_manager.train.env_configs.tags=[Mine]",
-            "agent_proxy.max_turn=2", "turnpool.backend=sequential",
+            "agent_proxy.max_turn=2", f"turnpool.backend={backend}",
             f"+custom_envs.Mine.env_type={entry_point}",
             "+custom_envs.Mine.max_actions_per_traj=3"]
 
@@ -55,8 +55,10 @@ def _one_error(output: str) -> str:
     return lines[0]
 
 
-def test_a_user_env_whose_step_raises_names_the_first_cause() -> None:
-    res = CliRunner().invoke(main, _user_env_run(f"{HERE}:StepRaises"))
+@pytest.mark.parametrize("backend", ["sequential", "process"])
+def test_a_user_env_whose_step_raises_names_the_first_cause(backend: str) -> None:
+    # process: the exception's type and message cross the worker's pipe
+    res = CliRunner().invoke(main, _user_env_run(f"{HERE}:StepRaises", backend))
     assert res.exit_code == EXIT_TOO_MANY_FAILURES, res.output
     line = _one_error(res.output)
     assert "100% of episodes failed after retries" in line
