@@ -81,6 +81,7 @@ def test_a_closed_vector_env_raises_closed_environment_error() -> None:
 
 def test_np_random_seed_is_each_env_s_episode_seed_as_in_sync_vector_env() -> None:
     pool, sync = _pair("turnpool/Bandit-v0")
+    assert pool.np_random_seed == sync.np_random_seed == (-1, -1, -1)  # not reset yet
     for envs in (pool, sync):
         envs.reset(seed=42)
     assert pool.np_random_seed == sync.np_random_seed == (42, 43, 44)
@@ -98,6 +99,7 @@ def test_np_random_seed_is_each_env_s_episode_seed_as_in_sync_vector_env() -> No
 def test_render_draws_what_sync_vector_env_draws(name: str, render_mode: str | None) -> None:
     pool, sync = _pair(f"turnpool/{name}-v0", render_mode=render_mode)
     assert pool.render_mode == sync.render_mode == render_mode
+    assert pool.metadata == sync.metadata  # render_fps included: render wrappers read it
     for envs in (pool, sync):
         envs.reset(seed=5)
         envs.step(np.array([1, 2, 3]))

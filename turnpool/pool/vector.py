@@ -62,8 +62,9 @@ class PoolVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         probe.close()
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.metadata = {"autoreset_mode": self.autoreset_mode,
-                         "render_modes": list(probe.metadata.get("render_modes", []))}
+        # the env's metadata (render_modes, render_fps: render wrappers read them), as
+        # gymnasium's SyncVectorEnv copies its first env's
+        self.metadata = {**probe.metadata, "autoreset_mode": self.autoreset_mode}
         self.pool = EnvPool(turnpool_name, env_num=self.num_envs, group_n=1,
                             env_kwargs=env_kwargs, backend=backend, num_workers=num_workers)
         self._obs: list[str] = [""] * self.num_envs
@@ -108,10 +109,11 @@ class PoolVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
                 "this vector env is closed: make a new one")
 
     @property
-    def np_random_seed(self) -> tuple[int | None, ...]:  # type: ignore[override]
-        """The seed each env's current episode started from (None: not reset yet), as
-        gymnasium's ``SyncVectorEnv`` reports its envs' seeds."""
-        return tuple(self._seeds)
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
+        """The seed each env's current episode started from, as gymnasium's
+        ``SyncVectorEnv`` reports its envs' seeds (-1, gymnasium's "unknown", before the
+        env's first reset)."""
+        return tuple(-1 if s is None else s for s in self._seeds)
 
     def _reset_seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
         if seed is None:
