@@ -18,6 +18,7 @@ from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import turnpool
+from turnpool.envs.base import TextEnv
 from turnpool.envs.frozen_lake import FrozenLakeEnv
 from turnpool.envs.gym_ids import GYM_NAMES, gym_id
 from turnpool.pool.vector import PoolVectorEnv
@@ -113,6 +114,25 @@ def test_render_draws_what_sync_vector_env_draws(name: str, render_mode: str | N
             assert isinstance(a, str) and a == b
     pool.close()
     sync.close()
+
+
+class _DrawsOnlyItself(TextEnv):
+    """Lists ``rgb_array`` but has no ``frame_from_obs``: only the env itself can draw."""
+
+    metadata = {"render_modes": ["text", "rgb_array"]}  # noqa: RUF012
+
+    def _reset(self, seed: int, options: dict[str, Any]) -> str:
+        return "x"
+
+    def _render_text(self) -> str:
+        return "x"
+
+
+def test_a_render_mode_the_vector_env_cannot_draw_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="render_mode"):
+        PoolVectorEnv(2, "sokoban", backend="sequential", render_mode="rgb_array_list")
+    with pytest.raises(ValueError, match="frame_from_obs"):
+        PoolVectorEnv(2, _DrawsOnlyItself, backend="sequential", render_mode="rgb_array")
 
 
 def test_frozen_lake_draws_the_same_frame_from_its_text() -> None:

@@ -34,7 +34,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, iterate
 
 from turnpool.envs.base import next_episode_seed
-from turnpool.envs.registry import make
+from turnpool.envs.registry import make, target_name
 
 #: info keys the pool adds to an env's own info (not the env's: left out of vector infos)
 POOL_INFO_KEYS = frozenset({"terminated", "truncated"})
@@ -60,6 +60,12 @@ class PoolVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         self._frame_from_obs = getattr(type(probe), "frame_from_obs", None)
         self._env_kwargs = dict(env_kwargs)
         probe.close()
+        if render_mode not in (None, "text") and (render_mode != "rgb_array"
+                                                  or self._frame_from_obs is None):
+            # frames are drawn here from the texts, never shipped from the workers
+            raise ValueError(f"{target_name(turnpool_name)} draws no {render_mode!r} frames "
+                             "in a vector env: the vector env renders 'text', and "
+                             "'rgb_array' for envs with a frame_from_obs hook")
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         # the env's metadata (render_modes, render_fps: render wrappers read them), as
@@ -212,13 +218,9 @@ class PoolVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         ``render()``) the texts, ``"rgb_array"`` the frames of the env class's
         ``frame_from_obs`` (Sokoban, FrozenLake), so no pixels cross processes."""
         self._check_open()
-        if self.render_mode in (None, "text"):
-            return tuple(self._obs)
         draw = self._frame_from_obs
-        if self.render_mode != "rgb_array" or draw is None:
-            raise ValueError(f"{self.spec.id if self.spec else 'this env'} draws no "
-                             f"{self.render_mode!r} frames in a vector env (modes: "
-                             f"{self.metadata['render_modes']})")
+        if self.render_mode in (None, "text") or draw is None:  # the constructor checked
+            return tuple(self._obs)
         return tuple(draw(text, self._env_kwargs) for text in self._obs)
 
     def close_extras(self, **kwargs: Any) -> None:
