@@ -133,6 +133,23 @@ def _walk(env_type: str, seed: int, moves: list[str]) -> Episode:
     return Episode(0, env_type, "t", "g", 0, seed, steps, obs, None, 0.0)
 
 
+@pytest.mark.parametrize("observation_format", ["grid", "coord"])
+def test_frozen_lake_is_drawn_from_its_grid_or_by_replay(observation_format: str) -> None:
+    kwargs = {"observation_format": observation_format}
+    env = turnpool.make("frozen_lake", **kwargs)
+    obs, _ = env.reset(seed=4)
+    steps, frames = [], [env.render("rgb_array")]
+    for k, move in enumerate(["Down", "Right"]):
+        nxt, reward, term, trunc, info = env.step(move)
+        steps.append(Step(k, obs, None, [move], [move], True, reward, term or trunc, info))
+        frames.append(env.render("rgb_array"))
+        obs = nxt
+    e = Episode(0, "frozen_lake", "t", "g", 0, 4, steps, obs, None, 0.0, env_kwargs=kwargs)
+    assert board_way(e) == "hook"
+    for k, frame in enumerate(frames):  # a coord text the hook cannot read: replayed
+        np.testing.assert_array_equal(_decode_png(board(e, k) or b""), frame)
+
+
 @pytest.fixture
 def line_env(monkeypatch: pytest.MonkeyPatch) -> str:
     """``view_line`` registered for this test only."""

@@ -96,12 +96,9 @@ def board(episode: Episode, k: int) -> bytes | None:
         return None
     way = board_way(episode)
     try:
-        if way == "hook":
-            frame = _hooked(episode, observations[k])
-        elif way == "replay":
-            frame = _replayed(episode, k)
-        else:
-            return None
+        frame = _hooked(episode, observations[k]) if way == "hook" else None
+        if frame is None and _replayable(episode):
+            frame = _replayed(episode, k)  # also a text its hook cannot read (coord formats)
     except Exception as exc:  # noqa: BLE001 - env code on file content: no board, not a 500
         log.debug("no board for episode %s turn %s: %s", episode.id, k, exc)
         return None
@@ -110,14 +107,24 @@ def board(episode: Episode, k: int) -> bytes | None:
     return png_bytes(frame)
 
 
+def _replayable(episode: Episode) -> bool:
+    cls = env_class(episode.env_type)
+    return (cls is not None and episode.seed is not None
+            and "rgb_array" in (cls.metadata.get("render_modes") or ()))
+
+
 def _hooked(episode: Episode, obs: str) -> np.ndarray | None:
+    """The hook's frame, or None where the text is too long or not one the hook reads."""
     if len(obs) > MAX_OBS_CHARS:
         return None
     cls = env_class(episode.env_type)
     hook = None if cls is None else cls.frame_from_obs
     if hook is None:
         return None
-    frame = hook(obs, episode.env_kwargs)
+    try:
+        frame = hook(obs, episode.env_kwargs)
+    except (ValueError, KeyError):
+        return None
     return None if frame is None else np.asarray(frame)
 
 
