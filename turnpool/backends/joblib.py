@@ -38,8 +38,7 @@ _BROKEN_EXECUTOR_WAIT_S = 15.0
 
 
 def resolve_n_jobs(n_jobs: int, num_envs: int) -> int:
-    """joblib's ``n_jobs`` rule: ``-1`` all cores, ``-2`` all but one, ..., never more than
-    envs."""
+    """joblib's ``n_jobs`` rule (``-1`` all cores, ``-2`` all but one...), at most ``num_envs``."""
     if n_jobs == 0:
         raise ValueError("n_jobs == 0 has no meaning")
     if n_jobs < 0:
@@ -195,12 +194,10 @@ class JoblibBackend(DialBackBackend[_Task]):
         return f"joblib worker {worker} ({self.flavour}) died"
 
     def _await_broken_executor(self, epoch: int) -> None:
-        """A loky worker died, so loky is terminating its whole executor (every other slice
-        on it dies too; the pool restores their envs as it finds them lost). Each call that
-        ran on it aborts and, on the way out, terminates whatever executor is current: a slice
-        launched before those calls have ended would be killed with them. So the first
-        restart after a break waits for them; restarts of slices that died with it launch at
-        once on the new executor."""
+        """A loky worker died, so loky terminates its whole executor (every slice on it is
+        lost too). Each call that ran on it aborts and then terminates whatever executor is
+        current, so the first restart after a break waits for those calls to end; slices that
+        died with the same executor then launch at once on the new one."""
         if epoch != self._epoch:
             return  # died with an executor that is already replaced
         ending = [launch for launch in self._launches
@@ -212,12 +209,9 @@ class JoblibBackend(DialBackBackend[_Task]):
 
 
 def _shutdown_loky(timeout: float) -> None:
-    """Stop loky's process-wide executor now that our tasks have returned.
-
-    loky keeps idle workers for minutes for the next call; they are processes the pool
-    started, and none may outlive it. Killing them instead would break the executor under the
-    next call. joblib exposes no handle to the executor, hence loky's module global.
-    """
+    """Stop loky's process-wide executor (its idle workers would wait minutes for a next call
+    and none may outlive the pool; killing them would break the executor under the next
+    call). joblib exposes no handle to it, hence loky's module global."""
     from joblib.externals.loky import reusable_executor
 
     executor = reusable_executor._executor  # None until loky's first call, and after shutdown
