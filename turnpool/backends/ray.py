@@ -29,10 +29,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from turnpool.backends.base import BackendUnavailable, WorkerHandle, WorkerLost, one_per_core
+from turnpool.backends.base import WorkerHandle, WorkerLost, one_per_core
 from turnpool.backends.remote import Hello, RemoteBackend, WorkerInit, build_host
 from turnpool.worker.build import EnvBuild
-from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
 from turnpool.worker.protocol import Reply
 from turnpool.worker.transport import ProgressSlot, serve
@@ -158,6 +157,7 @@ class RayBackend(RemoteBackend[_Actor]):
 
     name: ClassVar[str] = "ray"
     extra: ClassVar[str] = "ray"
+    #: ray.init and Ray's calls raise many types (ConnectionError, RuntimeError, Ray's own)
     start_errors: ClassVar[tuple[type[BaseException], ...]] = (Exception,)
 
     @staticmethod
@@ -180,10 +180,7 @@ class RayBackend(RemoteBackend[_Actor]):
         self._killed: list[int] = []
 
     def _prepare(self) -> None:
-        try:
-            ensure_ray(self.ray_address, self.ray_init_kwargs)
-        except Exception as exc:  # ray.init raises many types (ConnectionError, RuntimeError..)
-            raise BackendUnavailable(f"ray could not start: {short_error(exc)}") from exc
+        ensure_ray(self.ray_address, self.ray_init_kwargs)  # its errors: `start_errors`
         if "scheduling_strategy" not in self.actor_options:
             self._nodes = _nodes_with_cpus()
 
