@@ -112,7 +112,7 @@ class SlotDriver:
         try:
             self._drive()
         finally:
-            self._driving = False
+            self.driving = False
 
     def _drive(self) -> None:
         in_flight: dict[int, Waiter] = {}
