@@ -150,6 +150,13 @@ class _Actor(WorkerHandle):
     #: the Ray node the actor runs on
     node: str = ""
 
+    def join(self, timeout: float) -> None:
+        import ray
+
+        if self.pending and not self.lost:  # told to close, its loop ends with an empty reply
+            with contextlib.suppress(Exception):
+                ray.wait([self.pending[-1]], timeout=timeout)
+
 
 class RayBackend(RemoteBackend[_Actor]):
     """``num_workers`` actors (default: one per usable core of this host, at most one per env);
@@ -240,13 +247,6 @@ class RayBackend(RemoteBackend[_Actor]):
         _wait_gone(self._killed, _EXIT_WAIT_S)
         for a in workers:
             a.progress.close()
-
-    def _join(self, workers: list[_Actor], timeout: float) -> None:
-        import ray
-
-        live = [a for a in workers if not a.lost and a.pending]  # each loop ends with b""
-        with contextlib.suppress(Exception):
-            ray.wait([a.pending[-1] for a in live], num_returns=len(live), timeout=timeout)
 
     def _post(self, actor: _Actor, data: bytes) -> None:
         if self.handoff_after:  # replies come through the standing `take`

@@ -1,5 +1,5 @@
 """The one lifecycle of every backend whose workers run outside the caller's loop (processes,
-Ray actors, and ``process_pool``'s ``sequential_env_types`` thread): the typed handshake
+Ray actors, or threads: joblib's ``threading``, ``sequential_env_types``): the typed handshake
 (`WorkerInit` out, `Hello` back), the worker's side (`serve_worker`: build an `EnvHost`, say
 hello, run `turnpool.worker.handoff.HandoffServer`), the pool's side (`RemoteBackend`: start,
 greet, standby, restart, send, progress, close) and the connection transport
