@@ -162,6 +162,9 @@ class WorkerHandle:
     def close_pipes(self) -> None:
         """Drop this process's ends of the worker's connections (a transport that has some)."""
 
+    def join(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) for a worker told to close to end."""
+
 
 def raise_build_errors(errors: dict[int, str]) -> None:
     """Raise `EnvBuildError` if a worker reported envs it could not build (every backend

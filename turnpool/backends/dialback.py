@@ -1,13 +1,9 @@
-"""Workers that someone else's machinery starts (an executor, joblib, a thread of the caller)
-and that dial back to the pool.
-
-Such a worker is one task that lives as long as the pool: it connects to the pool's private
-`Rendezvous`, proves with a random token that it is ours before anything is unpickled, builds
-its slice and serves there (`dial_and_serve`), one message per worker per step, so nothing but
-actions and results crosses and no call to that machinery happens per step. The same task
-watches the pool's process (it never outlives it), and a stuck one can be stopped with a
-signal (`INTERRUPT`) instead of killing its process, which matters where killing one worker
-process breaks the machinery's other workers (loky).
+"""Workers that someone else's machinery starts (an executor, joblib, a thread of the caller):
+one task per worker that lives as long as the pool, dials back to its private `Rendezvous`,
+proves with a token that it is ours before anything is unpickled, then serves there
+(`dial_and_serve`), so no call to that machinery happens per step. A stuck task can be
+stopped with `INTERRUPT` instead of killing its process (which would break loky's other
+workers).
 """
 
 from __future__ import annotations
@@ -49,9 +45,8 @@ def _on_interrupt(signum: int, frame: Any) -> None:
 
 def dial_and_serve(address: str, token: bytes, init: WorkerInit, owner_pid: int,
                    die_with_parent: bool = False) -> int:
-    """A worker's task: watch the pool's process, connect back to its `Rendezvous`, prove it
-    is ours with the token, then serve (`serve_worker`) until the pool closes the connection
-    or interrupts the task. Returns the worker's slot (a task's result, unused)."""
+    """A worker's task: watch the pool's process, dial back, prove itself with the token,
+    serve until the pool hangs up or interrupts it; returns the slot (unused)."""
     watch_parent(owner_pid, die_with_parent)  # nothing to watch in a thread of the caller
     signals = os.getpid() != owner_pid and threading.current_thread() is threading.main_thread()
     if signals:
@@ -74,8 +69,8 @@ def dial_and_serve(address: str, token: bytes, init: WorkerInit, owner_pid: int,
 
 
 class Rendezvous:
-    """A private listening socket (Linux abstract namespace: no file) for workers that dial
-    back; hellos that arrive for another worker than the one awaited are kept for it."""
+    """A private listening socket (Linux abstract namespace: no file); a hello that arrives
+    for another worker than the one awaited is kept for it."""
 
     def __init__(self, prefix: str) -> None:
         self.token = secrets.token_bytes(_TOKEN_BYTES)
@@ -92,7 +87,7 @@ class Rendezvous:
     def accept(self, slot: int, incarnation: int, deadline: float,
                alive: Callable[[], bool]) -> tuple[Connection, Hello]:
         """Accept connections until worker ``slot`` (this incarnation) has said hello, while
-        ``alive()`` (whatever runs it has not given up) and before ``deadline``."""
+        ``alive()`` and before ``deadline``."""
         while (slot, incarnation) not in self._early:
             left = deadline - time.monotonic()
             if left <= 0 or not alive():
@@ -139,8 +134,8 @@ class Rendezvous:
 
 
 class DialBackBackend(StreamBackend[S]):
-    """`StreamBackend` whose workers run `dial_and_serve` as a task of someone else's
-    machinery (`_task` gives its arguments); subclasses say whether that task still runs."""
+    """`StreamBackend` whose workers run `dial_and_serve` (`_task`: its arguments) in someone
+    else's machinery; `_running` says whether that task still runs."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -152,7 +147,6 @@ class DialBackBackend(StreamBackend[S]):
 
     def _task(self, init: WorkerInit, die_with_parent: bool = False
               ) -> tuple[str, bytes, WorkerInit, int, bool]:
-        """The arguments of `dial_and_serve` for the worker that ``init`` starts."""
         return (self._rendezvous.address, self._rendezvous.token, init, self._owner_pid,
                 die_with_parent)
 

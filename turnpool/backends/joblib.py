@@ -1,24 +1,15 @@
-"""joblib backend: ``Parallel(n_jobs=...)`` workers, env state kept in the workers.
+"""joblib backend: each turnpool worker is one joblib task that lives as long as the pool and
+dials back (`turnpool.backends.dialback`), so no ``Parallel`` call, envs shipped or result
+polling happens per step. ``joblib_backend``: ``"loky"`` (default), ``"multiprocessing"`` or
+``"threading"``; ``n_jobs=-1`` means one worker per core (joblib's rule); ``mp_context`` is
+ignored. All slices start in one ``Parallel`` call, a restarted slice in a new one-task call,
+each call in a daemon thread; a stuck task is interrupted by a signal, not killed.
 
-Calling ``Parallel`` per step would ship envs and pay joblib's result-polling floor every
-step; here each turnpool worker is one joblib task that lives as long as the pool and dials
-back (`turnpool.backends.dialback`). joblib manages the processes or threads
-(``joblib_backend``: ``"loky"`` (default), ``"multiprocessing"`` or ``"threading"``;
-``n_jobs=-1`` means one worker per core, joblib's rule). All slices are launched by one
-``Parallel`` call at start, a restarted slice by a new one-task call; each call runs in a
-daemon thread until its tasks return. A stuck task is interrupted by a signal, not killed.
-
-Faults, per flavour: ``loky`` declares its executor broken when one worker dies (an env calling
-``os._exit``, or a hung worker killed) and terminates *all* its workers, so every slice
-reports lost and the pool rebuilds the innocent envs by reset + replay (exact, just a costlier
-step). ``multiprocessing`` never returns from a call whose worker died; the slice is relaunched
-and the stuck call stopped at close. ``threading``: like the thread backend, a hung thread is
-abandoned and an env that ends the process ends the caller; envs that draw from the global RNG
-are refused on more than one thread (`turnpool.backends.choice.refuse_unsupported`).
-
-Limits: loky's executor is process-wide and resized only when idle, so two joblib/loky pools
-alive at once need the same ``num_workers`` (else the second fails to start with
-`BackendUnavailable`, or runs sequentially with ``fallback=True``). ``mp_context`` is ignored.
+Faults: loky terminates *all* its workers when one dies, so every slice reports lost and the
+pool rebuilds the innocent envs by reset + replay; ``multiprocessing`` never returns from a
+call whose worker died (the call is stopped at close); a hung ``threading`` worker is
+abandoned. loky's executor is process-wide and resized only when idle, so two joblib/loky
+pools alive at once need the same ``num_workers``.
 """
 
 from __future__ import annotations
@@ -35,9 +26,8 @@ from typing import Any, ClassVar
 
 from turnpool.backends.dialback import FINISHED, INTERRUPT, DialBackBackend, dial_and_serve
 from turnpool.backends.remote import Stream
-from turnpool.extras import MissingExtra, require
 from turnpool.worker.build import EnvBuild
-from turnpool.worker.errors import BackendUnavailable, short_error
+from turnpool.worker.errors import short_error
 from turnpool.worker.transport import CLOSE_GRACE_S, ProgressSlot
 
 log = logging.getLogger(__name__)
@@ -48,8 +38,7 @@ _BROKEN_EXECUTOR_WAIT_S = 15.0
 
 
 def resolve_n_jobs(n_jobs: int, num_envs: int) -> int:
-    """joblib's ``n_jobs`` rule: ``-1`` all cores, ``-2`` all but one, ..., never more than
-    envs."""
+    """joblib's ``n_jobs`` rule (``-1`` all cores, ``-2`` all but one...), at most ``num_envs``."""
     if n_jobs == 0:
         raise ValueError("n_jobs == 0 has no meaning")
     if n_jobs < 0:
@@ -59,7 +48,6 @@ def resolve_n_jobs(n_jobs: int, num_envs: int) -> int:
     return max(1, min(n_jobs, num_envs))
 
 
-# ------------------------------------------------------------------------- caller side
 class _Launch:
     """One ``Parallel`` call running a few long-lived slice tasks in a daemon thread."""
 
@@ -97,21 +85,21 @@ class _Launch:
 
 @dataclass(eq=False, kw_only=True)
 class _Task(Stream):
-    """A long-running joblib task serving one slice, over one socket (``conn`` = ``out``),
-    and the ``Parallel`` call that runs it."""
+    """A joblib task serving one slice over one socket (``conn`` = ``out``), and the
+    ``Parallel`` call that runs it."""
 
     launch: _Launch
 
+    def join(self, timeout: float) -> None:
+        self.launch.thread.join(timeout)
+
 
 class JoblibBackend(DialBackBackend[_Task]):
-    """Slices served by long-lived joblib tasks (see the module docstring).
-
-    Options: ``n_jobs`` (joblib's worker count, used when ``num_workers`` is None;
-    default -1 = one per core), ``joblib_backend`` (``loky``, ``multiprocessing``,
-    ``threading``) and ``handoff_after`` (hand-off, on by default).
-    """
+    """Slices served by long-lived joblib tasks; ``n_jobs`` is used when ``num_workers`` is
+    None (see the module docstring)."""
 
     name: ClassVar[str] = "joblib"
+    extra: ClassVar[str] = "joblib"
     #: a restart may land on a loky executor that is still dying: it is tried twice
     restart_attempts: ClassVar[int] = 2
 
@@ -128,22 +116,11 @@ class JoblibBackend(DialBackBackend[_Task]):
         if joblib_backend not in JOBLIB_BACKENDS:
             raise ValueError(f"joblib_backend must be one of {JOBLIB_BACKENDS}, "
                              f"got {joblib_backend!r}")
-        self.flavour = joblib_backend
         self._launches: list[_Launch] = []
         self._stuck_call = False
         self._epoch = 0  # loky: the executor generation
+        self.flavour = joblib_backend
 
-    def _start_failed(self, exc: BaseException) -> str:
-        return f"joblib ({self.flavour}) workers did not start: {short_error(exc)}"
-
-    def _prepare(self) -> None:
-        try:
-            require("joblib", feature="the joblib backend", extra="joblib")
-        except MissingExtra as exc:
-            raise BackendUnavailable(str(exc)) from exc
-        super()._prepare()
-
-    # ------------------------------------------------------------------ a worker's start
     def _launch(self, slot: int | None) -> _Task:
         assert slot is not None  # no standby: joblib decides where its tasks run
         return self._launch_all([slot])[0]
@@ -170,42 +147,36 @@ class JoblibBackend(DialBackBackend[_Task]):
     def _running(self, worker: _Task) -> bool:
         return worker.launch.thread.is_alive()
 
-    # ------------------------------------------------------------------ a worker's end
     def _stop(self, worker: _Task) -> None:
         """Stop a lost or stuck worker: interrupt its task (a thread can only be abandoned)."""
         worker.close_pipes()  # a thread worker that ever returns sees EOF and exits
         if not worker.lost:
-            self._stop_task(worker)
+            self._interrupt(worker)
         self._stuck_call |= (worker.pid == self._owner_pid
                              or (worker.lost and self.flavour == "multiprocessing"))
         worker.progress.close()
-        if worker.lost and self.flavour == "loky":
+        if worker.lost and self.flavour == "loky" and not self._closed:
             self._await_broken_executor(worker.launch.epoch)
         worker.lost = True
 
+    def _join(self, workers: list[_Task], timeout: float) -> None:
+        # a call with a lost (multiprocessing) or abandoned (threading) task never returns
+        super()._join(workers, 0.1 if self._stuck_call else timeout)
+
     def _shutdown(self, workers: list[_Task]) -> None:
-        self._say_close(workers)
-        # A call with a lost (multiprocessing) or abandoned (threading) task never returns.
         grace = 0.1 if self._stuck_call else CLOSE_GRACE_S
-        deadline = time.monotonic() + grace
-        for launch in self._launches:
-            launch.thread.join(max(0.0, deadline - time.monotonic()))
-        for w in workers:
-            w.close_pipes()
-            mark = w.progress.read()
-            if not w.lost and mark is not None and mark[0] != FINISHED:
-                self._stop_task(w)  # still in env code after the grace period
-            w.progress.close()
+        super()._shutdown(workers)
         for launch in self._launches:
             launch.stop(grace)
         self._launches.clear()
         if self.flavour == "loky":
             _shutdown_loky(CLOSE_GRACE_S)
 
-    def _stop_task(self, w: _Task) -> None:
-        """End a worker's task: interrupt it, and kill its process only if it does not return
-        (env code stuck in C); a thread worker can only be abandoned."""
-        if w.pid <= 0 or w.pid == self._owner_pid:
+    def _interrupt(self, w: _Task) -> None:
+        """End a task still in env code: interrupt it, and kill its process only if it does
+        not return (stuck in C); a thread worker can only be abandoned."""
+        mark = w.progress.read()
+        if w.pid <= 0 or w.pid == self._owner_pid or mark is None or mark[0] == FINISHED:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(w.pid, INTERRUPT)
@@ -223,12 +194,10 @@ class JoblibBackend(DialBackBackend[_Task]):
         return f"joblib worker {worker} ({self.flavour}) died"
 
     def _await_broken_executor(self, epoch: int) -> None:
-        """A loky worker died, so loky is terminating its whole executor (every other slice
-        on it dies too; the pool restores their envs as it finds them lost). Each call that
-        ran on it aborts and, on the way out, terminates whatever executor is current: a slice
-        launched before those calls have ended would be killed with them. So the first
-        restart after a break waits for them; restarts of slices that died with it launch at
-        once on the new executor."""
+        """A loky worker died, so loky terminates its whole executor (every slice on it is
+        lost too). Each call that ran on it aborts and then terminates whatever executor is
+        current, so the first restart after a break waits for those calls to end; slices that
+        died with the same executor then launch at once on the new one."""
         if epoch != self._epoch:
             return  # died with an executor that is already replaced
         ending = [launch for launch in self._launches
@@ -240,12 +209,9 @@ class JoblibBackend(DialBackBackend[_Task]):
 
 
 def _shutdown_loky(timeout: float) -> None:
-    """Stop loky's process-wide executor now that our tasks have returned.
-
-    loky keeps idle workers for minutes for the next call; they are processes the pool
-    started, and none may outlive it. Killing them instead would break the executor under the
-    next call. joblib exposes no handle to the executor, hence loky's module global.
-    """
+    """Stop loky's process-wide executor (its idle workers would wait minutes for a next call
+    and none may outlive the pool; killing them would break the executor under the next
+    call). joblib exposes no handle to it, hence loky's module global."""
     from joblib.externals.loky import reusable_executor
 
     executor = reusable_executor._executor  # None until loky's first call, and after shutdown

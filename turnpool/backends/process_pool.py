@@ -1,13 +1,9 @@
-"""process_pool backend: a ``ProcessPoolExecutor`` per worker, with env state resident in it.
-
-A shared task pool cannot route a task to the process that holds env *i*, so each worker is its
-own single-process executor running one task that lives as long as the pool and dials back
-(`turnpool.backends.dialback`). The executor-style knobs: ``max_workers`` (default
-``min(8, cpu_count)``, never more than envs) when ``num_workers`` is not given;
-``sequential_env_types`` (names such as ``["webshop"]`` or entry points): those envs stay in
-the caller, in one more worker that is a thread of the caller's process (it dials back too);
-"fallback to sequential on failure" is the pool's (``fallback=True``); a worker past the
-pool's ``step_timeout``, or one that died, is killed and its executor rebuilt.
+"""process_pool backend: one single-process ``ProcessPoolExecutor`` per worker, running one
+task that lives as long as the pool and dials back (`turnpool.backends.dialback`), since a
+shared task pool cannot route a task to the process that holds env *i*. The executor-style
+knobs: ``max_workers`` (default ``min(8, cpu_count)``, never more than envs) when
+``num_workers`` is not given; ``sequential_env_types`` (registered names or entry points):
+those envs stay in the caller, in one more worker that is a thread of the caller's process.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Iterable, Sequence
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -45,26 +40,27 @@ def env_type_matches(build: EnvBuild, names: Iterable[str]) -> bool:
     return False
 
 
-# ------------------------------------------------------------------------- caller side
 @dataclass(eq=False, kw_only=True)
 class _Executor(Stream):
-    """A one-process executor and its long task (``runner``: the executor, ``task``: the
-    task's future), or the caller's thread serving ``sequential_env_types`` (``runner``)."""
+    """A one-process executor (``runner``) and its long task's future (``task``), or the
+    caller's thread serving ``sequential_env_types`` (``runner``, no task)."""
 
     runner: Any
     task: Any = None
 
+    def join(self, timeout: float) -> None:
+        if self.task is not None:
+            cf.wait([self.task], timeout=timeout)
+        else:
+            self.runner.join(timeout)
+
 
 class ProcessPoolBackend(DialBackBackend[_Executor]):
-    """One ``ProcessPoolExecutor(max_workers=1)`` per worker; envs live in the executor's process.
-
-    Options: ``max_workers`` (used when ``num_workers`` is None), ``sequential_env_types``,
-    ``handoff_after`` (hand-off, on by default).
-    """
+    """One ``ProcessPoolExecutor(max_workers=1)`` per worker (see the module docstring)."""
 
     name: ClassVar[str] = "process_pool"
     start_methods: ClassVar[tuple[str, ...]] = ("spawn", "forkserver", "fork")
-    start_errors = (*DialBackBackend.start_errors, RuntimeError, BrokenProcessPool)
+    start_errors = (*DialBackBackend.start_errors, RuntimeError)  # BrokenProcessPool is one
 
     @staticmethod
     def default_num_workers(num_envs: int) -> int:
@@ -84,17 +80,12 @@ class ProcessPoolBackend(DialBackBackend[_Executor]):
             self.slices = [s for s in split_evenly(remote_ids, workers) if s] + [local_ids]
             self._local_slot = len(self.slices) - 1
             self._workers = [None] * self.num_workers
-            self._incarnations = [0] * self.num_workers
         self._ctx: Any = None
 
     def _prepare(self) -> None:
-        try:
-            self._ctx = multiprocessing.get_context(self.mp_context)
-        except ValueError as exc:
-            raise ValueError(f"start method {self.mp_context!r}: {exc}") from exc
+        self._ctx = multiprocessing.get_context(self.mp_context)  # names a bad one itself
         super()._prepare()
 
-    # ------------------------------------------------------------------ a worker's start
     def _launch(self, slot: int | None) -> _Executor:
         assert slot is not None  # no standby: an idle executor would be a process too
         progress = ProgressSlot()
@@ -120,13 +111,6 @@ class ProcessPoolBackend(DialBackBackend[_Executor]):
                 worker.task.result(timeout=0)  # raises why it ended (a broken executor...)
             raise
 
-    # ------------------------------------------------------------------ a worker's end
-    def _join(self, worker: _Executor, timeout: float) -> None:
-        if worker.task is not None:
-            cf.wait([worker.task], timeout=timeout)
-        else:
-            worker.runner.join(timeout)
-
     def _stop(self, worker: _Executor) -> None:
         worker.lost = True
         if worker.task is not None and not worker.task.done():  # dead, or stuck in env code
@@ -138,8 +122,8 @@ class ProcessPoolBackend(DialBackBackend[_Executor]):
 
 
 def _kill_executor(executor: cf.ProcessPoolExecutor) -> None:
-    # The executor offers no way to stop a process that is stuck in a task; its process table
-    # is the only handle that cannot outlive the process (a bare pid could be reused).
+    # The executor cannot stop a process stuck in a task; its process table is the only handle
+    # that cannot outlive the process (a bare pid could be reused).
     for proc in list((executor._processes or {}).values()):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             proc.kill()

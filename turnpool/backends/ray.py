@@ -1,28 +1,16 @@
 """ray backend: one Ray actor per worker, each owning a slice of envs for its whole life.
 
-Each actor runs every worker's request loop (`turnpool.worker.handoff.HandoffServer`, hand-off
-on by default) on a thread, fed by ``put`` calls and answered through ``take`` calls, or by one
-``call`` per request with ``handoff_after=None`` (`SliceActor`): a step is one call per actor
-carrying every env's actions.
-
-Ray runtime: with ``ray_address`` the pool joins that cluster; otherwise, if Ray is not
-initialised yet, it starts a local one bound to 127.0.0.1 with the dashboard off and a small
-object store (``ray_init_kwargs`` overrides any of that), which stays up for later pools in the
-process (``ray.shutdown()`` stops it).
-
-Actors default to ``num_cpus=0`` so that any number of them fits any cluster. On a cluster of
-several nodes worker ``k`` is placed on node ``k mod n`` of the live nodes with CPUs (Ray's
-hard node affinity: its ``soft`` form and ``SPREAD`` were both seen to pack every actor on one
-node of a local two-node cluster; the standby actor gets Ray's default placement);
-`RayBackend.worker_nodes` says where each runs. ``ray_actor_options`` passes Ray's own options
-(``num_cpus``, ``scheduling_strategy``, ``runtime_env`` ...); a ``scheduling_strategy`` there
-replaces this placement.
-
-Faults: every ``ray.get`` has a timeout. An actor that dies makes its pending call fail; one
-stuck past ``step_timeout`` is killed with ``ray.kill``; a fresh actor replaces it and the pool
-restores the innocent envs. Actors on this host write progress to a shared file (the right env
-is blamed); elsewhere the whole request of a lost actor is flagged. ``close`` kills every actor
-and waits until those on this host are gone.
+An actor runs the request loop (`HandoffServer`) on a thread that reads an inbox fed by
+``put`` calls and writes an outbox drained by ``take`` calls (with ``handoff_after=None``,
+one ``call`` per request): a step is one call per actor. With ``ray_address`` the pool joins
+that cluster; otherwise, unless Ray is up already, it starts a local runtime on 127.0.0.1
+with the dashboard off and a small object store (``ray_init_kwargs`` overrides that), which
+stays up for later pools. Actors default to ``num_cpus=0``; on a cluster of several nodes
+worker ``k`` goes to node ``k mod n`` of the live nodes with CPUs (hard node affinity: Ray's
+soft form and ``SPREAD`` packed every actor on one node), unless ``ray_actor_options`` names
+a ``scheduling_strategy``. Every ``ray.get`` has a timeout; a stuck actor is killed with
+``ray.kill`` and replaced (by the idle standby actor, by default); ``close`` waits until the
+actors on this host are gone.
 """
 
 from __future__ import annotations
@@ -41,14 +29,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from turnpool.backends.base import BackendUnavailable, WorkerHandle, WorkerLost, one_per_core
+from turnpool.backends.base import WorkerHandle, WorkerLost, one_per_core
 from turnpool.backends.remote import Hello, RemoteBackend, WorkerInit, build_host
-from turnpool.extras import MissingExtra, require
 from turnpool.worker.build import EnvBuild
-from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import Op, Reply, Request
-from turnpool.worker.transport import CLOSE_GRACE_S, PROTOCOL, ProgressSlot, serve
+from turnpool.worker.protocol import Reply
+from turnpool.worker.transport import ProgressSlot, serve
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +54,18 @@ RAY_INIT_DEFAULTS: dict[str, Any] = {
 _EXIT_WAIT_S = 5.0
 
 
-def ensure_ray(address: str | None = None, init_kwargs: dict[str, Any] | None = None) -> bool:
-    """Initialise Ray unless it already is; returns True if this call started it."""
+def ensure_ray(address: str | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
+    """Initialise Ray unless it already is."""
     loopback_chosen_by_user = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" in os.environ
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     import ray
 
     if ray.is_initialized():
-        return False
+        return
     if address:
         ray.init(address=address, **(init_kwargs or {}))
-        return True
+        return
     if not loopback_chosen_by_user:
         # Ray reads the switch once, when it is imported, and rewrites
         # ``_node_ip_address="127.0.0.1"`` to the host's address, so if Ray was imported
@@ -88,19 +74,14 @@ def ensure_ray(address: str | None = None, init_kwargs: dict[str, Any] | None = 
 
         ray_constants.ENABLE_RAY_CLUSTER = False
     ray.init(**{**RAY_INIT_DEFAULTS, **(init_kwargs or {})})
-    return True
 
 
 class SliceActor:
-    """The actor body (wrapped by ``ray.remote`` at start): a worker like any other, whose
-    `HandoffServer` reads the inbox and writes the outbox that `put` and `take` reach.
-
-    Envs arrive with `load` (a `WorkerInit`; the answer is the worker's `Hello`), not with the
-    constructor, so an idle standby actor can take over a slice the moment its actor is lost.
-    `put` and `take` run in concurrency groups of one thread each (requests stay in order, and
-    a `take` waiting for a late result never blocks a `put`; without hand-off each request has
-    one reply and `call` does both); an empty reply means the loop has ended.
-    """
+    """The actor body (wrapped by ``ray.remote`` at start). Envs arrive with `load` (its
+    answer is the `Hello`, so a standing `take` cannot consume it), not with the constructor,
+    so an idle standby can take over a slice. `put` and `take` each run in a concurrency group
+    of one thread (requests stay in order; a `take` waiting for a late result never blocks a
+    `put`); an empty reply means the loop has ended."""
 
     def __init__(self) -> None:
         self._inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
@@ -160,9 +141,8 @@ def _remote_class() -> Any:
 
 @dataclass(eq=False, kw_only=True)
 class _Actor(WorkerHandle):
-    """A Ray actor handle, its ``load`` (or, on standby, ``ping``) call, and its ``take``
-    and ``take`` calls in flight (``pending``: with hand-off one standing ``take``, else one
-    ``call`` per request)."""
+    """A Ray actor handle, its ``load`` (on standby: ``ping``) call, and its calls in flight
+    (``pending``: with hand-off one standing ``take``, else one ``call`` per request)."""
 
     runner: Any
     hello: Any = None
@@ -170,16 +150,21 @@ class _Actor(WorkerHandle):
     #: the Ray node the actor runs on
     node: str = ""
 
+    def join(self, timeout: float) -> None:
+        import ray
+
+        if self.pending and not self.lost:  # told to close, its loop ends with an empty reply
+            with contextlib.suppress(Exception):
+                ray.wait([self.pending[-1]], timeout=timeout)
+
 
 class RayBackend(RemoteBackend[_Actor]):
-    """``num_workers`` actors (default: one per usable core of this host, at most one per env).
-
-    Options: ``ray_address``, ``ray_init_kwargs``, ``ray_actor_options``, ``handoff_after``,
-    ``standby`` (keep one idle actor ready so that replacing a lost one costs a call, not a
-    process start).
-    """
+    """``num_workers`` actors (default: one per usable core of this host, at most one per env);
+    ``standby``: keep one idle actor, so that replacing a lost one costs a call."""
 
     name: ClassVar[str] = "ray"
+    extra: ClassVar[str] = "ray"
+    #: ray.init and Ray's calls raise many types (ConnectionError, RuntimeError, Ray's own)
     start_errors: ClassVar[tuple[type[BaseException], ...]] = (Exception,)
 
     @staticmethod
@@ -201,21 +186,11 @@ class RayBackend(RemoteBackend[_Actor]):
         self._hostname = socket.gethostname()
         self._killed: list[int] = []
 
-    def _start_failed(self, exc: BaseException) -> str:
-        return f"ray actors did not start: {short_error(exc)}"
-
     def _prepare(self) -> None:
-        try:
-            require("ray", feature="the ray backend", extra="ray")
-            ensure_ray(self.ray_address, self.ray_init_kwargs)
-        except MissingExtra as exc:
-            raise BackendUnavailable(str(exc)) from exc
-        except Exception as exc:  # ray.init raises many types (ConnectionError, RuntimeError..)
-            raise BackendUnavailable(f"ray could not start: {short_error(exc)}") from exc
+        ensure_ray(self.ray_address, self.ray_init_kwargs)  # its errors: `start_errors`
         if "scheduling_strategy" not in self.actor_options:
             self._nodes = _nodes_with_cpus()
 
-    # ------------------------------------------------------------------ a worker's start
     def _launch(self, slot: int | None) -> _Actor:
         """A new actor: worker ``slot``'s on its node, or the standby (None)."""
         options = dict(self.actor_options)
@@ -252,7 +227,6 @@ class RayBackend(RemoteBackend[_Actor]):
         """Per worker, the id of the Ray node its actor runs on (None: none now)."""
         return [a.node if a is not None and a.node else None for a in self._workers]
 
-    # ------------------------------------------------------------------ a worker's end
     def _stop(self, worker: _Actor) -> None:
         import ray
 
@@ -268,25 +242,13 @@ class RayBackend(RemoteBackend[_Actor]):
             return
         import ray
 
-        if ray.is_initialized():
-            live = [a for a in workers if not a.lost]
-            with contextlib.suppress(Exception):  # envs get a chance to close cleanly
-                for a in live:  # each loop ends with an empty reply
-                    self._send(a, (0, Op.CLOSE, None))
-                ray.wait([a.pending[-1] for a in live], num_returns=len(live),
-                         timeout=CLOSE_GRACE_S)
-            for a in workers:
-                self._stop(a)
+        if ray.is_initialized():  # else its actors ended with it
+            super()._shutdown(workers)
         _wait_gone(self._killed, _EXIT_WAIT_S)
         for a in workers:
             a.progress.close()
 
-    # ------------------------------------------------------------------ protocol
-    def send(self, worker: int, request: Request) -> None:
-        self._send(self._live(worker), request)
-
-    def _send(self, actor: _Actor, request: Request) -> None:
-        data = pickle.dumps(request, PROTOCOL)  # an unpicklable action fails here, in the pool
+    def _post(self, actor: _Actor, data: bytes) -> None:
         if self.handoff_after:  # replies come through the standing `take`
             actor.runner.put.options(concurrency_group="inbox").remote(data)
         else:  # one reply per request: one call (half the calls of put + take)
@@ -317,23 +279,21 @@ class RayBackend(RemoteBackend[_Actor]):
         from ray.exceptions import GetTimeoutError, RayActorError
 
         actor = self._live(worker)
-        if not actor.pending:
-            raise WorkerLost("ray actor is gone")
+        data, why = b"", "ray actor is gone"
         try:
-            data = ray.get(actor.pending.popleft(), timeout=self._timeout)
+            if actor.pending:
+                data, why = ray.get(actor.pending.popleft(), timeout=self._timeout), ""
         except RayActorError as exc:
-            actor.lost = True
-            raise WorkerLost(f"ray actor died ({type(exc).__name__})") from exc
-        except GetTimeoutError as exc:
-            actor.lost = True
-            raise WorkerLost("ray actor did not reply") from exc
-        if self.handoff_after:
-            actor.pending.append(_take(actor))
-        if not data:
-            actor.lost = True
-            raise WorkerLost("ray actor stopped serving")
-        reply: Reply = pickle.loads(data)
-        return reply
+            why = f"ray actor died ({type(exc).__name__})"
+        except GetTimeoutError:
+            why = "ray actor did not reply"
+        if data:
+            if self.handoff_after:
+                actor.pending.append(_take(actor))
+            reply: Reply = pickle.loads(data)
+            return reply
+        actor.lost = True
+        raise WorkerLost(why or "ray actor stopped serving")
 
     def worker_dead(self, worker: int) -> bool:
         # Ray can take longer than a step deadline to report a dead actor; on this host the

@@ -1,16 +1,10 @@
-"""The one lifecycle of every backend whose workers are other processes (or, for
-``process_pool``'s ``sequential_env_types``, a thread of the caller).
-
-The process, process_pool, joblib and Ray backends differ only in how a worker is started and
-how bytes reach it. Here, once: the typed handshake (`WorkerInit` out, `Hello` back); the
-worker's side (`serve_worker`: build an `EnvHost`, say hello, then run
-`turnpool.worker.handoff.HandoffServer`, every worker's one loop); the pool's side
-(`RemoteBackend`: start, greet, standby, restart, progress, close in order); and connections
-(`StreamBackend`: send / ``poll(2)`` wait / recv, a death seen through the worker's sentinel
-or the connection's end). Workers that someone else's machinery starts dial back
-(`turnpool.backends.dialback`). A backend supplies "start a worker and give me its pipes";
-which backends a caller may use at all is decided once, at the choice
-(`turnpool.backends.choice.refuse_unsupported`).
+"""The one lifecycle of every backend whose workers run outside the caller's loop (processes,
+Ray actors, or threads: joblib's ``threading``, ``sequential_env_types``): the typed handshake
+(`WorkerInit` out, `Hello` back), the worker's side (`serve_worker`: build an `EnvHost`, say
+hello, run `turnpool.worker.handoff.HandoffServer`), the pool's side (`RemoteBackend`: start,
+greet, standby, restart, send, progress, close) and the connection transport
+(`StreamBackend`). A backend supplies "start a worker and give me its pipes"; docs/design.md
+("One remote lifecycle") has the whole picture.
 """
 
 from __future__ import annotations
@@ -37,6 +31,7 @@ from turnpool.backends.base import (
     WorkerLost,
     raise_build_errors,
 )
+from turnpool.extras import MissingExtra, require
 from turnpool.worker.build import EnvBuild
 from turnpool.worker.errors import short_error
 from turnpool.worker.handoff import DEFAULT_HANDOFF_AFTER
@@ -54,9 +49,9 @@ log = logging.getLogger(__name__)
 
 #: How long a restart may take before the worker's envs are failed instead.
 RESTART_TIMEOUT_S = 120.0
+_CLOSE = pickle.dumps((0, Op.CLOSE, None), PROTOCOL)
 
 
-# ====================================================================== the handshake
 @dataclass(frozen=True)
 class WorkerInit:
     """What a worker is given: its slot and which start of that slot this is
@@ -85,8 +80,7 @@ class Hello:
 
 def build_host(init: WorkerInit, node: str = "", progress: ProgressWriter | None = None
                ) -> tuple[EnvHost, Hello]:
-    """The worker's `EnvHost` for ``init`` (writing ``progress``, else a writer of its own)
-    and the `Hello` that reports it."""
+    """The worker's `EnvHost` for ``init`` and the `Hello` that reports it."""
     host = EnvHost(init.builds, progress or ProgressWriter(init.progress_path))
     return host, Hello(init.slot, init.incarnation, os.getpid(), dict(host.build_errors),
                        socket.gethostname(), node)
@@ -100,25 +94,22 @@ def serve_worker(recv_bytes: Callable[[], bytes], send_bytes: Callable[[bytes], 
     serve(recv_bytes, send_bytes, host, init.handoff_after, init.step_timeout)
 
 
-# ====================================================================== the pool's side
 H = TypeVar("H", bound=WorkerHandle)
 
 
 class RemoteBackend(Backend, Generic[H]):
-    """Workers in other processes, each serving one slice (see the module docstring).
-
-    Subclasses implement `_launch`, `_await_hello`, `_stop` and the transport (`send`,
-    `wait`, `recv`; `StreamBackend` has them for connections), and may offer a standby
-    (`_load`, `_promote`). ``handoff_after`` is the request loop's hand-off threshold
-    (`DEFAULT_HANDOFF_AFTER` by default, so one stalled env never holds back its worker-mates;
-    None: off).
-    """
+    """Workers elsewhere, each serving one slice. A backend implements `_launch`,
+    `_await_hello`, `_stop`, `_post`, `wait` and `recv` (`StreamBackend` has the last three
+    for connections), and may keep a standby (`_load`, `_promote`, `_park`).
+    ``handoff_after``: the request loop's hand-off threshold (None: off)."""
 
     #: the exceptions of `start` that mean "this backend cannot run here"
     start_errors: ClassVar[tuple[type[BaseException], ...]] = (
         OSError, WorkerLost, TimeoutError, ValueError, EOFError, pickle.PicklingError)
     #: how many times a restart is tried before the worker's envs are failed
     restart_attempts: ClassVar[int] = 1
+    #: the optional package this backend needs (its extra has the same name)
+    extra: ClassVar[str] = ""
 
     def __init__(self, builds: Sequence[EnvBuild], num_workers: int | None = None, *,
                  mp_context: str | None = None,
@@ -128,8 +119,10 @@ class RemoteBackend(Backend, Generic[H]):
         if handoff_after is not None and not handoff_after > 0:
             raise ValueError(f"handoff_after must be > 0 seconds or None, got {handoff_after!r}")
         self.handoff_after = handoff_after
+        #: what the start-failure message names beside the backend (a start method...)
+        self.flavour = ""
         self._workers: list[H | None] = [None] * self.num_workers
-        self._incarnations = [0] * self.num_workers
+        self._incarnations: list[int] = []  # per worker, from `start`
         self._use_standby = False
         self._standby: H | None = None
         self._owner_pid = os.getpid()
@@ -142,40 +135,44 @@ class RemoteBackend(Backend, Generic[H]):
         """Start a worker for ``slot`` (its `WorkerInit` is `_init`), or an idle standby
         (None); must not wait for it."""
 
+    def _launch_all(self, slots: list[int]) -> list[H]:
+        return [self._launch(k) for k in slots]
+
     def _load(self, worker: H, slot: int) -> None:
-        """Give an idle standby the slice of ``slot`` (backends with a standby)."""
+        """Give an idle standby the slice of ``slot``."""
         raise NotImplementedError
 
     def _promote(self, standby: H) -> bool:
-        """Make a standby fit to serve (False: it cannot be, it is stopped and none is kept)."""
+        """Make a standby fit to serve (False: it cannot be; a fresh worker is started)."""
         return True
+
+    def _park(self, standby: H) -> None:
+        """A standby is up (or, after a restart, started): let it wait without slowing steps."""
 
     @abstractmethod
     def _await_hello(self, worker: H, slot: int | None, deadline: float) -> Hello | None:
         """Wait until the worker of ``slot`` has said hello (None: until the standby is up)."""
-
-    def _launch_all(self, slots: list[int]) -> list[H]:
-        """Start the workers of ``slots`` (at start: every slot)."""
-        return [self._launch(k) for k in slots]
 
     @abstractmethod
     def _stop(self, worker: H) -> None:
         """Stop a worker now (kill what can be killed) and release what it holds; a lost or
         stuck worker is stopped before its replacement starts."""
 
+    @abstractmethod
+    def _post(self, worker: H, data: bytes) -> None:
+        """Hand a pickled request to the worker."""
+
+    def _join(self, workers: list[H], timeout: float) -> None:
+        """Wait (at most ``timeout`` in all) for workers told to close to end."""
+        deadline = time.monotonic() + timeout
+        for w in workers:
+            w.join(max(0.0, deadline - time.monotonic()))
+
     def _prepare(self) -> None:
         """Before the first worker starts (a runtime, a socket, a preload)."""
 
-    def _shutdown(self, workers: list[H]) -> None:
-        """Ask live workers to close their envs, give them `CLOSE_GRACE_S`, stop the rest."""
-        for w in workers:
-            self._stop(w)
-
     def _release(self) -> None:
         """After every worker is stopped (and after a failed start, and in a forked copy)."""
-
-    def _start_failed(self, exc: BaseException) -> str:
-        return f"{self.name} workers did not start: {short_error(exc)}"
 
     # ------------------------------------------------------------------ the lifecycle
     def _init(self, slot: int, progress: ProgressSlot) -> WorkerInit:
@@ -191,7 +188,10 @@ class RemoteBackend(Backend, Generic[H]):
     def start(self, timeout: float) -> None:
         self._timeout = timeout
         deadline = time.monotonic() + timeout
+        self._incarnations = [0] * self.num_workers
         try:
+            if self.extra:
+                require(self.extra, feature=f"the {self.name} backend", extra=self.extra)
             self._prepare()
             # every worker starts before any is waited for, the standby with them: a process
             # still starting up once start() has returned would take CPU from the first steps
@@ -202,13 +202,19 @@ class RemoteBackend(Backend, Generic[H]):
                 self._greet(w, self._await_hello(w, k, deadline))
             if self._standby is not None:
                 self._await_hello(self._standby, None, deadline)
+                self._park(self._standby)
             self._started = True
         except (EnvBuildError, BackendUnavailable):  # the envs are broken, or it says why
             self.close()
             raise
+        except MissingExtra as exc:
+            self.close()
+            raise BackendUnavailable(str(exc)) from exc
         except self.start_errors as exc:
             self.close()
-            raise BackendUnavailable(self._start_failed(exc)) from exc
+            kind = f"{self.name} ({self.flavour})" if self.flavour else self.name
+            raise BackendUnavailable(f"{kind} workers did not start: {short_error(exc)}"
+                                     ) from exc
 
     def restart(self, worker: int) -> None:
         old = self._workers[worker]
@@ -231,7 +237,9 @@ class RemoteBackend(Backend, Generic[H]):
                     self._stop(fresh)
                 error = exc
                 continue
-            self._replenish()
+            if self._use_standby and self._standby is None and not self._closed:
+                self._standby = self._launch(None)  # nobody waits for it (recovery first)
+                self._park(self._standby)
             return
         raise WorkerLost(f"{self.name} worker {worker} did not restart: "
                          f"{short_error(error) if error else 'no attempt'}")
@@ -248,11 +256,6 @@ class RemoteBackend(Backend, Generic[H]):
         self._load(standby, slot)
         return standby
 
-    def _replenish(self) -> None:
-        """Start the next standby; nobody waits for it (recovery first)."""
-        if self._use_standby and self._standby is None and not self._closed:
-            self._standby = self._launch(None)
-
     def close(self) -> None:
         if self._closed:
             return
@@ -263,19 +266,37 @@ class RemoteBackend(Backend, Generic[H]):
         if os.getpid() != self._owner_pid:  # a forked copy of the owner: drop our ends only
             for w in workers + ([standby] if standby else []):
                 w.close_pipes()
-            self._release()
-            return
-        if standby is not None:  # holds no envs; may still be starting
-            self._stop(standby)
-        self._shutdown(workers)
+        else:
+            if standby is not None:  # holds no envs; may still be starting
+                self._stop(standby)
+            self._shutdown(workers)
         self._release()
 
-    # ------------------------------------------------------------------ what the pool reads
+    def _shutdown(self, workers: list[H]) -> None:
+        """Ask live workers to close their envs, give them `CLOSE_GRACE_S`, stop them all."""
+        for w in workers:
+            if not w.lost:
+                with contextlib.suppress(Exception):
+                    self._post(w, _CLOSE)
+        self._join(workers, CLOSE_GRACE_S)
+        for w in workers:
+            self._stop(w)
+
+    # ------------------------------------------------------------------ what the pool calls
     def _live(self, worker: int) -> H:
         w = self._workers[worker]
         if w is None or w.lost:
             raise WorkerLost(f"{self.name} worker {worker} is gone")
         return w
+
+    def send(self, worker: int, request: Request) -> None:
+        w = self._live(worker)
+        data = pickle.dumps(request, PROTOCOL)  # an unpicklable action fails here, in the pool
+        try:
+            self._post(w, data)
+        except OSError as exc:
+            w.lost = True
+            raise WorkerLost(f"{self.name} worker {worker}: {exc}") from exc
 
     def progress(self, worker: int) -> tuple[int, float] | None:
         w = self._workers[worker] if self._workers else None
@@ -289,7 +310,6 @@ class RemoteBackend(Backend, Generic[H]):
         return pids
 
 
-# ====================================================================== connections
 @dataclass(eq=False, kw_only=True)
 class Stream(WorkerHandle):
     """A worker reached over connections: ``conn`` carries replies in, ``out`` requests out
@@ -309,10 +329,9 @@ S = TypeVar("S", bound=Stream)
 
 
 class StreamBackend(RemoteBackend[S]):
-    """`RemoteBackend` whose workers talk over connections: one pickled request out, one
-    pickled reply (or a partial one and its late parts) back, waited for with ``poll(2)``
-    on the connections and the workers' sentinels, so nothing spins and a death is seen at
-    once."""
+    """`RemoteBackend` over connections: one pickled request out, one pickled reply (or a
+    partial one and its late parts) back, waited for with ``poll(2)`` on the connections and
+    the workers' sentinels, so nothing spins and a death is seen at once."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -322,24 +341,9 @@ class StreamBackend(RemoteBackend[S]):
         """Why the worker's replies stopped (its exit, where the backend knows it)."""
         return f"{self.name} worker {worker} died"
 
-    def _say_close(self, workers: list[S]) -> None:
-        """Ask each live worker to close its envs (the request loop's ``close``)."""
-        bye = pickle.dumps((0, Op.CLOSE, None), PROTOCOL)
-        for w in workers:
-            if not w.lost and w.out is not None:
-                with contextlib.suppress(OSError):
-                    w.out.send_bytes(bye)
-
-    def _shutdown(self, workers: list[S]) -> None:
-        self._say_close(workers)
-        deadline = time.monotonic() + CLOSE_GRACE_S
-        for w in workers:
-            self._join(w, max(0.0, deadline - time.monotonic()))
-        for w in workers:
-            self._stop(w)
-
-    def _join(self, worker: S, timeout: float) -> None:
-        """Wait (at most ``timeout``) for a worker told to close to end."""
+    def _post(self, worker: S, data: bytes) -> None:
+        assert worker.out is not None
+        worker.out.send_bytes(data)
 
     def _await_hello(self, worker: S, slot: int | None, deadline: float) -> Hello | None:
         """The hello on the worker's own connection (a standby's: any first message); its
@@ -366,50 +370,37 @@ class StreamBackend(RemoteBackend[S]):
         self._exited.discard(worker)
         super().restart(worker)
 
-    def send(self, worker: int, request: Request) -> None:
-        w = self._live(worker)
-        assert w.out is not None
-        try:
-            w.out.send_bytes(pickle.dumps(request, PROTOCOL))
-        except OSError as exc:
-            w.lost = True
-            raise WorkerLost(f"{self.name} worker {worker}: {exc}") from exc
-
-    def wait_fds(self, workers: Collection[int]) -> list[int] | None:
-        fds = []
-        for k in workers:
-            w = self._workers[k]
-            if w is None or w.lost or w.conn is None:
-                return None
-            fds.append(w.conn.fileno())
-            if w.sentinel >= 0:
-                fds.append(w.sentinel)
-        return fds
-
-    def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
-        poller = select.poll()
-        fds: dict[int, int] = {}
-        sentinels: set[int] = set()
+    def _fds(self, workers: Collection[int]) -> tuple[dict[int, tuple[int, bool]], list[int]]:
+        """fd -> (worker, is its sentinel) over ``workers``' connections, and those gone."""
+        fds: dict[int, tuple[int, bool]] = {}
         dead: list[int] = []
         for k in workers:
             w = self._workers[k]
             if w is None or w.lost or w.conn is None:
                 dead.append(k)
                 continue
-            fds[w.conn.fileno()] = k
-            poller.register(w.conn.fileno(), select.POLLIN)
+            fds[w.conn.fileno()] = (k, False)
             if w.sentinel >= 0:
-                fds[w.sentinel] = k
-                sentinels.add(w.sentinel)
-                poller.register(w.sentinel, select.POLLIN)
+                fds[w.sentinel] = (k, True)
+        return fds, dead
+
+    def wait_fds(self, workers: Collection[int]) -> list[int] | None:
+        fds, dead = self._fds(workers)
+        return None if dead else list(fds)
+
+    def wait(self, workers: Collection[int], timeout: float | None) -> list[int]:
+        fds, dead = self._fds(workers)
         if dead:
             return dead
-        ms = None if timeout is None else max(0.0, timeout) * 1000.0
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
         ready: set[int] = set()
-        for fd, _ in poller.poll(ms):
-            ready.add(fds[fd])
-            if fd in sentinels:
-                self._exited.add(fds[fd])
+        for fd, _ in poller.poll(None if timeout is None else max(0.0, timeout) * 1000.0):
+            k, exited = fds[fd]
+            ready.add(k)
+            if exited:
+                self._exited.add(k)
         return sorted(ready)
 
     def recv(self, worker: int) -> Reply:

@@ -12,17 +12,9 @@ as *slots*:
   measured; `turnpool.pool.cost`), so a mix of cheap and expensive sessions stays balanced
   over the workers; within a worker, the most recently released slot first (its env is
   warm).
-* Calls go through an inbox. The driver takes *everything* waiting, sends all steps as one
-  `EnvPool.step_async` call (one message per worker, however many users it serves), starts
-  the resets batched by seed base (one `EnvPool.reset_async` per distinct base), and collects
-  finished turns and resets ready-first with `EnvPool.poll`, so one slow env (or a worker
-  busy restoring its envs) never holds back another slot's result. While calls are in
-  flight it sleeps until a worker answers or a request comes in (`EnvPool.wait_fds` and the
-  inbox's wake pipe, in one ``poll(2)``), not on a timer; while every worker has a request
-  out, a request coming in does not wake it (it would only queue behind that request): it is
-  sent with the others that came meanwhile when a worker answers, so a busy server sends
-  fewer, larger batches. On a backend without fds (threads, Ray) the driver polls the pool
-  every `POLL_INTERVAL`.
+* Calls go through the inbox of the driver thread (`turnpool.pool.slot_driver`), which sends
+  every step waiting as one pool call and collects turns and resets ready-first, so one slow
+  env never holds back another slot's result.
 * Typed requests in: `SlotEngine.submit` takes `StepSlotRequest` / `ResetSlotRequest` /
   branching records, each with the future to resolve, and checks their slots first;
   `SlotEngine.post` takes a batch already checked (the WebSocket fast path, whose futures
@@ -52,12 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
-import os
-import queue
-import select
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -65,10 +52,10 @@ from typing import Any
 import turnpool.pool.cost as cost_model
 from turnpool.envs.registry import EnvTarget
 from turnpool.pool.api import EnvPool
+from turnpool.pool.slot_driver import SlotDriver
 from turnpool.pool.slot_requests import (
     Branched,
     BranchRequest,
-    Deliveries,
     EnvPoolSlots,
     PoolFull,
     PoolTimeout,
@@ -79,23 +66,9 @@ from turnpool.pool.slot_requests import (
     SlotReset,
     StepSlotRequest,
     Waiter,
-    deliver,
 )
-from turnpool.worker.failures import Failure
-from turnpool.worker.results import ResetResult, TurnResult
+from turnpool.worker.results import TurnResult
 
-log = logging.getLogger(__name__)
-
-#: Seconds the driver waits for a worker reply before it looks at its inbox again, on a
-#: backend whose workers give no fds to sleep on (`EnvPool.wait_fds`).
-POLL_INTERVAL = 0.001
-#: Seconds the driver sleeps at most on fds while calls are in flight: the pool's deadlines
-#: (``step_timeout``) are checked when it wakes.
-DEADLINE_CHECK = 0.05
-#: Seconds the driver sleeps on an empty inbox when nothing is in flight.
-IDLE_WAIT = 0.05
-#: Seconds between two recounts of each worker's load (the leased slots' measured cost).
-REBALANCE_EVERY = 0.5
 
 class SlotEngine:
     """``capacity`` single-env slots of one env type on one `EnvPool`, driven by one thread.
@@ -132,32 +105,10 @@ class SlotEngine:
         #: per worker, the cost of its leased slots (unmeasured ones count the mean)
         self.load: list[float] = [0.0] * len(slices)
         self._mean_cost = 1.0
-        self._sent: dict[int, float] = {}
-        self._rebalanced = 0.0
         #: slots whose call outlived its caller's timeout (never leased again)
         self.lost_slots: set[int] = set()
-        self._inbox: queue.SimpleQueue[SlotRequest | list[SlotRequest] | None] = \
-            queue.SimpleQueue()
-        #: the driver's wake-up: a byte written when a request comes in while it sleeps on
-        #: the workers' fds and some worker is free (`_sleeping`)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._sleeping = False
-        self._workers_busy = False  # while sleeping: every worker has a request out
-        #: the driver's poll object and the fds it has registered (kept while they stay)
-        self._poller = select.poll()
-        self._polled: tuple[int, ...] = ()
         self._closed = False
-        self._driving = True  # False once the driver thread has ended
-        # counters, written by the driver, read (racily, for display) by anyone
-        self.steps_total = 0
-        self.resets_total = 0
-        self.batches_total = 0
-        self.failures: Counter[str] = Counter()
-        self.recent_failures: deque[dict[str, Any]] = deque(maxlen=20)
-        self._thread = threading.Thread(target=self._run, name="turnpool-slots", daemon=True)
-        self._thread.start()
+        self._driver = SlotDriver(self._slots, self.cost, self.rebalance)
 
     # ------------------------------------------------------------------ leases
     @property
@@ -184,6 +135,27 @@ class SlotEngine:
     @property
     def backend_name(self) -> str:
         return self._slots.backend_name
+
+    # counters, written by the driver, read (racily, for display) by anyone
+    @property
+    def steps_total(self) -> int:
+        return self._driver.steps_total
+
+    @property
+    def resets_total(self) -> int:
+        return self._driver.resets_total
+
+    @property
+    def batches_total(self) -> int:
+        return self._driver.batches_total
+
+    @property
+    def failures(self) -> Counter[str]:
+        return self._driver.failures
+
+    @property
+    def recent_failures(self) -> deque[dict[str, Any]]:
+        return self._driver.recent_failures
 
     def worker_nodes(self) -> list[str | None]:
         """Where each worker runs (on Ray: its node; else None)."""
@@ -223,7 +195,8 @@ class SlotEngine:
 
     def rebalance(self) -> None:
         """Recount each worker's load from the leased slots' measured costs (the driver does
-        this every `REBALANCE_EVERY` s; leases and releases adjust it in between)."""
+        this every `turnpool.pool.slot_driver.REBALANCE_EVERY` s; leases and releases adjust
+        it in between)."""
         with self._lock:
             cost = self.cost
             known = [cost[s] for s in self._leased if cost[s] > 0.0]
@@ -252,7 +225,7 @@ class SlotEngine:
     def check(self, slot: int) -> None:
         """`RuntimeError` when the engine is closed, `ValueError` when ``slot`` is not
         leased: what `submit` refuses."""
-        if self._closed or not self._driving:
+        if self._closed or not self._driver.driving:
             raise RuntimeError("the slot engine is closed")
         if slot not in self._leased:
             raise ValueError(f"env slot {slot} is not leased")
@@ -274,14 +247,8 @@ class SlotEngine:
         else:  # a list handed over (the batcher's) is the driver's now: no copy
             self._put(requests if isinstance(requests, list) else list(requests))
 
-    def _put(self, item: SlotRequest | list[SlotRequest] | None, wake: bool = False) -> None:
-        self._inbox.put(item)
-        # `_sleeping` is set by the driver before it looks at the inbox a last time
-        if self._sleeping and (wake or not self._workers_busy):
-            try:
-                os.write(self._wake_w, b"\0")
-            except (BlockingIOError, OSError):  # full (it will wake) or closed (it stopped)
-                pass
+    def _put(self, item: SlotRequest | list[SlotRequest]) -> None:
+        self._driver.put(item)
 
     # ------------------------------------------------------------------ blocking face
     def submit_reset(self, slot: int, seed: int | None = None
@@ -348,13 +315,7 @@ class SlotEngine:
             if self._closed:
                 return
             self._closed = True
-        self._put(None, wake=True)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("the slot driver did not stop within %.0f s", timeout)
-        else:
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+        self._driver.stop(timeout)
         self._slots.close()
 
     def __enter__(self) -> SlotEngine:
@@ -362,206 +323,6 @@ class SlotEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------------ the driver
-    def _run(self) -> None:
-        try:
-            self._drive()
-        finally:
-            self._driving = False
-
-    def _drive(self) -> None:
-        in_flight: dict[int, Waiter] = {}
-        while True:
-            wait = self._sleep() if in_flight else 0.0
-            items, stop = self._drain(block=not in_flight)
-            if stop:
-                break
-            try:
-                self._round(items, in_flight, wait)
-            except Exception as exc:  # a bug here must not leave callers waiting forever
-                log.exception("the slot driver failed")
-                failed = [r.waiter for r in items if not isinstance(r, ReleaseRequest)]
-                failed += list(in_flight.values())
-                in_flight.clear()
-                deliver([(w, None, exc) for w in failed])
-        closing = RuntimeError("the slot engine is closed")
-        late: list[SlotRequest] = list(items)  # drained with the stop: never sent
-        while True:  # and calls that arrived after close
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            late += item if isinstance(item, list) else [item] if item is not None else []
-        waiters = list(in_flight.values())
-        waiters += [r.waiter for r in late if not isinstance(r, ReleaseRequest)]
-        deliver([(w, None, closing) for w in waiters])
-
-    def _sleep(self) -> float:
-        """Sleep until a worker with something in flight answers (or dies), a request comes
-        in, or `DEADLINE_CHECK` passes; the timeout of this round's pool poll (0: the fds
-        said when; `POLL_INTERVAL` on a backend without fds)."""
-        waits = self._slots.wait_fds()
-        if waits is None:
-            return POLL_INTERVAL
-        fds, self._workers_busy = waits
-        watched = (*fds, self._wake_r)
-        if watched != self._polled:  # a worker became busy or idle, or was replaced
-            self._poller = select.poll()
-            for fd in watched:
-                self._poller.register(fd, select.POLLIN)
-            self._polled = watched
-        self._sleeping = True  # before the last look: a request put after it writes a byte
-        ready: list[tuple[int, int]] = []
-        try:
-            if self._workers_busy or self._inbox.empty():
-                ready = self._poller.poll(DEADLINE_CHECK * 1000)
-        finally:
-            self._sleeping = False
-        if any(fd == self._wake_r for fd, _ in ready):  # read the bytes that woke it
-            try:
-                while os.read(self._wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
-        return 0.0
-
-    def _drain(self, block: bool) -> tuple[list[SlotRequest], bool]:
-        """Every request waiting in the inbox, and whether `close` asked the driver to stop."""
-        items: list[SlotRequest] = []
-        try:
-            first = self._inbox.get(timeout=IDLE_WAIT) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return items, False
-        while True:
-            if first is None:
-                return items, True
-            if isinstance(first, list):  # a `submit` of several
-                items.extend(first)
-            else:
-                items.append(first)
-            try:
-                first = self._inbox.get_nowait()
-            except queue.Empty:
-                return items, False
-
-    def _round(self, items: list[SlotRequest], in_flight: dict[int, Waiter],
-               wait: float = POLL_INTERVAL) -> None:
-        """Send the new steps as one pool call, start the resets, run the branching calls,
-        collect finished turns (waiting up to ``wait`` s for one)."""
-        out: Deliveries = []
-        steps: list[StepSlotRequest] = []
-        resets: list[ResetSlotRequest] = []
-        branches: list[BranchRequest] = []
-        released = [r.slot for r in items if isinstance(r, ReleaseRequest)]
-        if released:  # before this round's resets, which may start those slots again
-            self._slots.forget(released)
-        taken: set[int] = set()  # this round's, beside those in flight
-        for r in items:
-            if isinstance(r, ReleaseRequest):
-                continue
-            # one slot, most often: no tuple made (the `slots` property's)
-            one = isinstance(r, (StepSlotRequest, ResetSlotRequest))
-            slots = (r.slot,) if one else r.slots
-            busy = [s for s in slots if s in in_flight or s in taken]
-            if busy:  # one call at a time per slot; the others are refused alone
-                out.append((r.waiter, None, RuntimeError(
-                    f"env slot {busy[0]} is still running a call; wait for it first")))
-                continue
-            taken.update(slots)
-            if isinstance(r, StepSlotRequest):
-                steps.append(r)
-            elif isinstance(r, ResetSlotRequest):
-                resets.append(r)
-            else:
-                branches.append(r)
-        if steps:
-            out.extend(self._steps(steps, in_flight))
-        if resets:
-            out.extend(self._resets(resets, in_flight))
-        for b in branches:  # blocking, while the steps and resets just sent run
-            try:
-                out.append((b.waiter, b.run(self._slots), None))
-            except Exception as exc:  # bad input or a closed pool: its caller hears it
-                out.append((b.waiter, None, exc))
-        if in_flight:
-            out.extend(self._collect(in_flight, wait))
-        if out:
-            deliver(out)
-        now = time.monotonic()
-        if now - self._rebalanced >= REBALANCE_EVERY:
-            self._rebalanced = now
-            self.rebalance()
-
-    def _steps(self, steps: list[StepSlotRequest], in_flight: dict[int, Waiter]) -> Deliveries:
-        """Send every step as one pool call (one message per worker)."""
-        try:
-            self._slots.step_async([r.slot for r in steps], [r.actions for r in steps])
-        except Exception as exc:  # a closed pool: every caller hears it
-            return [(r.waiter, None, exc) for r in steps]
-        self.batches_total += 1
-        now = time.monotonic()
-        for r in steps:
-            in_flight[r.slot] = r.waiter
-            self._sent[r.slot] = now
-        return []
-
-    def _resets(self, resets: list[ResetSlotRequest], in_flight: dict[int, Waiter]) -> Deliveries:
-        """Start one pool reset per distinct seed base (seedless resets share one call, a
-        seeded reset of slot ``i`` to seed ``s`` uses base ``s - i``) without waiting: their
-        results come ready-first with the turns', so a reset queued behind a slow worker
-        holds back no other slot."""
-        by_base: dict[int | None, list[ResetSlotRequest]] = {}
-        for r in resets:
-            by_base.setdefault(None if r.seed is None else r.seed - r.slot, []).append(r)
-        out: Deliveries = []
-        for base, members in by_base.items():
-            try:
-                self._slots.reset_async(base, [r.slot for r in members])
-            except Exception as exc:
-                out.extend((r.waiter, None, exc) for r in members)
-                continue
-            in_flight.update((r.slot, r.waiter) for r in members)
-        return out
-
-    def _collect(self, in_flight: dict[int, Waiter], wait: float) -> Deliveries:
-        """The turns and resets finished within ``wait`` s (ready-first); each step's time
-        updates its slot's cost."""
-        out: Deliveries = []
-        ready = self._slots.poll(wait, 1)
-        now = time.monotonic()
-        cost, sent, updated = self.cost, self._sent, cost_model.updated
-        for slot, result in ready:
-            waiter = in_flight.pop(slot, None)
-            if waiter is None:
-                continue
-            if isinstance(result, ResetResult):
-                out.append((waiter, self._reset_done(slot, result), None))
-                continue
-            if result.error is None:
-                self.steps_total += result.n_executed
-            else:
-                self._count_failure_of(result)
-            out.append((waiter, result, None))
-            cost[slot] = updated(cost[slot], now - sent.pop(slot, now))
-        return out
-
-    def _reset_done(self, slot: int, result: ResetResult) -> SlotReset:
-        error, info = result.error, result.info
-        failure = Failure.of(result.failure).value if error is not None else None
-        if error is not None:
-            self._count_failure(Failure.of(failure).value, error)
-        else:
-            self.resets_total += 1
-        return SlotReset(result.obs, info, self._slots.env_seeds[slot], error, failure)
-
-    def _count_failure_of(self, result: TurnResult) -> None:
-        self.steps_total += 1
-        self._count_failure(Failure.of(result.failure).value, result.error or "")
-
-    def _count_failure(self, failure: str, error: str) -> None:
-        self.failures[failure] += 1
-        self.recent_failures.append({"time": time.time(), "failure": failure, "error": error})
 
 
 __all__ = ["BranchRequest", "Branched", "PoolFull", "PoolTimeout", "ReleaseRequest",
