@@ -1,4 +1,4 @@
-"""One sandbox shared by the hostile battery (each run is a fresh namespace of its own), and a
+"""One sandbox shared by the hostile battery (each run forked afresh from its server), and a
 check that nothing a run started is still alive."""
 
 from __future__ import annotations
