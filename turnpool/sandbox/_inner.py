@@ -35,6 +35,7 @@ import signal
 import struct
 import sys
 import time
+from types import CodeType
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x20000, 0x02000000, 0x04000000
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID = 0x08000000, 0x10000000, 0x20000000
@@ -252,9 +253,10 @@ def make_stdio() -> Stdio:
     return text(0, False), text(1, True), text(2, True)
 
 
-def run_python(args: list[str], stdio: Stdio) -> int:
+def run_python(args: list[str], stdio: Stdio, compiled: CodeType | None = None) -> int:
     """``python FILE ARGS`` / ``python -c CODE ARGS`` in this process (the run's P), with
-    python's exit codes (an uncaught exception prints its traceback and exits 1)."""
+    python's exit codes (an uncaught exception prints its traceback and exits 1);
+    ``compiled``: FILE's code, compiled by B already."""
     import atexit
     import traceback
     import types
@@ -273,10 +275,13 @@ def run_python(args: list[str], stdio: Stdio) -> int:
         else:
             sys.argv = list(args)
             sys.path[0:0] = [os.path.dirname(os.path.abspath(filename))]
-            with open(filename, "rb") as f:
-                source = f.read()
+            if compiled is None:
+                with open(filename, "rb") as f:
+                    source = f.read()
             main.__file__ = filename
-        exec(compile(source, filename, "exec"), main.__dict__)  # noqa: S102 - P, in the sandbox
+        if compiled is None:
+            compiled = compile(source, filename, "exec")
+        exec(compiled, main.__dict__)  # noqa: S102 - P, in the sandbox
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except BaseException as exc:  # what python does with an uncaught exception
@@ -303,7 +308,8 @@ def _exit_code(value: object) -> int:
     return 1
 
 
-def program(req: dict, out_w: int, err_w: int, privileges: Privileges, stdio: Stdio) -> None:
+def program(req: dict, out_w: int, err_w: int, privileges: Privileges, stdio: Stdio,
+            compiled: CodeType | None) -> None:
     """P: never returns."""
     code = 127
     try:
@@ -325,7 +331,7 @@ def program(req: dict, out_w: int, err_w: int, privileges: Privileges, stdio: St
     argv = req["argv"]
     try:
         if req.get("warm", True) and argv[0] in WARM:
-            code = run_python(argv[1:], stdio)
+            code = run_python(argv[1:], stdio, compiled)
         else:
             os.execve(_which(argv[0]), argv, ENV)
     except BaseException as exc:
@@ -343,6 +349,32 @@ def _which(name: str) -> str:
 
 
 # ------------------------------------------------------------------------------- B: one run
+class Codes:
+    """The code of trusted programs (the caller's own harness, never a model's text: the
+    request says so), compiled in B once per text and handed to every P that runs it."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._codes: dict[tuple[str, str], CodeType] = {}
+
+    def of(self, req: dict) -> CodeType | None:
+        argv, files = req["argv"], req.get("files", {})
+        if not (req.get("trusted_program") and req.get("warm", True) and argv[0] in WARM
+                and len(argv) > 1 and argv[1] in files):
+            return None
+        key = (argv[1], files[argv[1]])
+        code = self._codes.pop(key, None)
+        if code is None:
+            try:
+                code = compile(key[1], key[0], "exec")
+            except Exception:  # P compiles it again and reports the error as python would
+                return None
+        self._codes[key] = code  # the most recently used last
+        while len(self._codes) > self.keep:
+            del self._codes[next(iter(self._codes))]
+        return code
+
+
 def _write_files(files: dict[str, str], stdin: str) -> None:
     for name, text in files.items():
         parts = name.split("/")
@@ -429,7 +461,7 @@ class _Run:
                 "wall": time.monotonic() - self.start, "cpu": self.cpu}
 
 
-def run_one(req: dict, privileges: Privileges, stdio: Stdio) -> dict:
+def run_one(req: dict, privileges: Privileges, stdio: Stdio, codes: Codes) -> dict:
     """One run in B: a fresh ``/tmp``, P forked, its output collected; afterwards no process
     and no file of the run is left."""
     limits = req["limits"]
@@ -439,13 +471,14 @@ def run_one(req: dict, privileges: Privileges, stdio: Stdio) -> dict:
     try:
         os.chown("/tmp", SANDBOX_ID, SANDBOX_ID)
         _write_files(req.get("files", {}), req.get("stdin", ""))
+        compiled = codes.of(req)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         fds += [out_r, err_r]
         pid = os.fork()
         if pid == 0:
             try:
-                program(req, out_w, err_w, privileges, stdio)
+                program(req, out_w, err_w, privileges, stdio, compiled)
             finally:
                 os._exit(127)
         os.close(out_w)
@@ -482,7 +515,7 @@ def serve(root_host: bool) -> None:
     # non-dumpable, no run can read or trace it (nor see it in the hidepid /proc)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     prctl(PR_SET_DUMPABLE, 0)
-    privileges, stdio = Privileges(root_host), make_stdio()
+    privileges, stdio, codes = Privileges(root_host), make_stdio(), Codes()
     for name in PREIMPORT:
         __import__(name)
     gc.freeze()  # what B holds now stays shared with each P (no collector writes to it)
@@ -494,7 +527,7 @@ def serve(root_host: bool) -> None:
         except EOFError:
             os._exit(0)
         try:
-            reply = run_one(req, privileges, stdio)
+            reply = run_one(req, privileges, stdio, codes)
         except Exception as exc:
             reply = {"status": "error", "code": -1, "signal": 0,
                      "error": f"{type(exc).__name__}: {exc}"}
