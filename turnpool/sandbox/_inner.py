@@ -321,8 +321,6 @@ def program(req: dict, out_w: int, err_w: int, privileges: Privileges, stdio: St
         os.dup2(err_w, 2)
         os.closerange(3, 1 << 20)  # B's fds (the host's pipes among them) are not the run's
         os.chdir("/tmp")
-        os.environ.clear()
-        os.environ.update(ENV)
         set_limits(req["limits"])
         privileges.drop()
     except BaseException as exc:
@@ -515,6 +513,8 @@ def serve(root_host: bool) -> None:
     # non-dumpable, no run can read or trace it (nor see it in the hidepid /proc)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     prctl(PR_SET_DUMPABLE, 0)
+    os.environ.clear()  # B's environment is each P's
+    os.environ.update(ENV)
     privileges, stdio, codes = Privileges(root_host), make_stdio(), Codes()
     for name in PREIMPORT:
         __import__(name)
