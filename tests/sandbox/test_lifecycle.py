@@ -43,6 +43,19 @@ def test_close_leaves_no_process_and_is_idempotent() -> None:
         box.run(["python", "-c", "pass"])
 
 
+def test_a_dead_server_is_replaced_by_the_next_run() -> None:
+    with Sandbox() as box:
+        assert box.run(["python", "-c", "print(1)"], limits=FAST).stdout == "1\n"
+        outer = box.server_pid
+        assert outer is not None
+        zygote = int(Path(f"/proc/{outer}/task/{outer}/children").read_text().split()[0])
+        os.kill(zygote, signal.SIGKILL)  # the server the runs are forked from
+        assert _wait_for(lambda: box.server_pid is None)  # its outer process follows it
+        r = box.run(["python", "-c", "print(2)"], limits=FAST)
+        assert r.outcome is Outcome.PASSED and r.stdout == "2\n"
+        assert box.server_pid not in (None, outer)
+
+
 CHILD = """
 import sys, threading
 from turnpool.sandbox import Limits, Sandbox
