@@ -24,17 +24,21 @@ Processes, from the host down:
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import gc
 import io
 import json
 import os
 import platform
+import resource
 import select
 import signal
 import struct
 import sys
 import time
+import traceback
+import types
 from types import CodeType
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x20000, 0x02000000, 0x04000000
@@ -57,8 +61,7 @@ ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"
 #: modules imported once in B so a warm run starts with them loaded
 PREIMPORT = ("collections", "itertools", "functools", "heapq", "bisect", "math", "re",
              "string", "json", "typing", "fractions", "decimal", "copy", "operator", "array",
-             "types", "traceback", "atexit", "dataclasses", "statistics", "contextlib",
-             "resource")
+             "dataclasses", "statistics", "contextlib")
 
 # syscall numbers: pivot_root, capset, clone, those that kill the program, and SysV IPC and
 # POSIX message queues (refused with EPERM: their objects would outlive the run)
@@ -227,7 +230,6 @@ class Privileges:
 
 
 def set_limits(limits: dict[str, int]) -> None:
-    import resource
     cpu = max(1, int(limits["cpu"]))
     for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)),
                        (resource.RLIMIT_AS, (limits["memory"],) * 2),
@@ -257,9 +259,6 @@ def run_python(args: list[str], stdio: Stdio, compiled: CodeType | None = None) 
     """``python FILE ARGS`` / ``python -c CODE ARGS`` in this process (the run's P), with
     python's exit codes (an uncaught exception prints its traceback and exits 1);
     ``compiled``: FILE's code, compiled by B already."""
-    import atexit
-    import traceback
-    import types
     sys.stdin, sys.stdout, sys.stderr = stdio
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdio  # type: ignore[misc]
     main = types.ModuleType("__main__")
