@@ -1,4 +1,4 @@
-"""One sandbox shared by the hostile battery (each run is a fresh namespace of its own), and a
+"""One sandbox shared by the hostile battery (each run forked afresh from its server), and a
 check that nothing a run started is still alive."""
 
 from __future__ import annotations
@@ -29,11 +29,35 @@ def userns_members(ns: str) -> set[int]:
     return found
 
 
+def descendants(pid: int) -> set[int]:
+    """Host pids of every live descendant of ``pid``, from the parent links in /proc/*/stat,
+    which anyone may read: the sandbox's server is non-dumpable, so its user namespace link
+    is unreadable to an owner that is not root."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue  # exited meanwhile
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {p for p in pids if Path(f"/proc/{p}").exists()}
+
+
 def sandbox_processes(box: Sandbox) -> set[int]:
-    """Host pids of every process in the sandbox's user namespace, its server included."""
+    """Host pids of every process in the sandbox, its server included."""
     pid = box.server_pid
     assert pid is not None
-    return userns_members(os.readlink(f"/proc/{pid}/ns/user"))
+    return {pid} | descendants(pid) | userns_members(os.readlink(f"/proc/{pid}/ns/user"))
 
 
 @pytest.fixture(scope="session")

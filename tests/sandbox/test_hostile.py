@@ -137,9 +137,12 @@ def test_writing_proc_sys_fails(run) -> None:
 
 
 def test_a_run_sees_none_of_the_previous_runs_files(run) -> None:
-    assert run("open('/tmp/left', 'w').write('x')\n").outcome is Outcome.PASSED
-    r = run("import os\nprint(os.path.exists('/tmp/left'))\n")
-    assert r.stdout == "False\n"
+    r = run("import os\nopen('/tmp/left', 'w').write('x')\nos.makedirs('/tmp/.hidden/deep')\n"
+            "open('/tmp/.hidden/deep/x', 'w').write('x')\nos.chmod('/tmp/.hidden', 0)\n")
+    assert r.outcome is Outcome.PASSED
+    r = run("import os\nprint(sorted(os.path.join(d, f) for d, ds, fs in os.walk('/tmp')"
+            " for f in fs + ds))\n")
+    assert r.stdout == "['/tmp/main.py']\n"
 
 
 # ------------------------------------------------------------------------------- secrets
@@ -150,11 +153,37 @@ def test_the_parents_environment_is_not_visible(run, monkeypatch: pytest.MonkeyP
     assert "TURNPOOL_TEST_SECRET" not in r.stdout
 
 
+PIDS = ("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()),"
+        " [os.getpid()])\n")
+
+
 def test_host_processes_are_not_in_proc(run) -> None:
     r = run(f"print(open('/proc/{os.getpid()}/environ').read())\n")
     assert r.outcome is Outcome.RUNTIME_ERROR
-    r = run("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n")
-    assert r.stdout == "[1]\n"
+    pids, me = r_lists(run(PIDS).stdout)
+    assert pids == me  # the run itself, and neither the host nor the sandbox's server
+
+
+def r_lists(stdout: str) -> tuple[list[int], list[int]]:
+    first, _, second = stdout.strip().partition("] [")
+    return ([int(p) for p in first.strip("[]").split(",") if p],
+            [int(p) for p in second.strip("[]").split(",") if p])
+
+
+def test_the_server_a_run_is_forked_from_is_neither_readable_nor_hurt(run, box: Sandbox
+                                                                       ) -> None:
+    """Every run is forked from the sandbox's server (PID 1 inside): it must stay out of
+    reach, or one run could spy on or tamper with the next."""
+    server = box.server_pid
+    for path in ("/proc/1/environ", "/proc/1/mem", "/proc/1/cmdline", "/proc/1/maps"):
+        r = run(f"print(open({path!r}, 'rb').read(64))\n")
+        # hidden from a run's /proc (readable by no run, if its owner's groups show it)
+        assert r.outcome is Outcome.RUNTIME_ERROR, r
+        assert "FileNotFoundError" in r.stderr or "PermissionError" in r.stderr, r
+    r = run("import os\nfor sig in (2, 10, 15, 19, 9):\n    try:\n        os.kill(1, sig)\n"
+            "    except OSError:\n        pass\nprint('sent')\n")
+    assert r.outcome is Outcome.PASSED and r.stdout == "sent\n"
+    assert box.server_pid == server  # the same server, alive (the fixture runs once more)
 
 
 # ------------------------------------------------------------------------------- network
@@ -214,6 +243,31 @@ def test_a_daemonized_grandchild_dies_with_the_run(run) -> None:
     r = run("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
             "        time.sleep(60)\n    os._exit(0)\nos.wait()\nprint('parent done')\n")
     assert r.outcome is Outcome.PASSED and r.stdout == "parent done\n"
+
+
+def test_a_process_left_by_one_run_is_gone_before_the_next(run) -> None:
+    """The runs of a sandbox share its network and PID namespaces: a listener left behind
+    would answer the next run, and a sleeper would show in its /proc."""
+    r = run("import os, socket, time\nr, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n"
+            "    s = socket.socket(socket.AF_UNIX)\n    s.bind('\\0turnpool-left')\n"
+            "    s.listen()\n    os.write(w, b'1')\n    time.sleep(60)\n"
+            "os.read(r, 1)\nprint('listening')\n")
+    assert r.outcome is Outcome.PASSED and r.stdout == "listening\n"
+    r = run("import socket\ns = socket.socket(socket.AF_UNIX)\n"
+            "s.connect('\\0turnpool-left')\n")
+    assert r.outcome is Outcome.RUNTIME_ERROR and "ConnectionRefusedError" in r.stderr
+    pids, me = r_lists(run(PIDS).stdout)
+    assert pids == me
+
+
+def test_sysv_ipc_and_message_queues_are_refused(run) -> None:
+    """Their objects live in the IPC namespace the runs share, past the run that made them."""
+    r = run(CTYPES + "libc.mq_open.restype = ctypes.c_int\n"
+            "print(libc.shmget(0, 4096, 0o1600), ctypes.get_errno(),"
+            " libc.semget(0, 1, 0o1600), ctypes.get_errno(),"
+            " libc.msgget(0, 0o1600), ctypes.get_errno(),"
+            " libc.mq_open(b'/q', 0o100 | 2, 0o600, None), ctypes.get_errno())\n")
+    assert r.outcome is Outcome.PASSED and r.stdout == "-1 1 -1 1 -1 1 -1 1\n", r
 
 
 def test_becoming_root_fails(run) -> None:

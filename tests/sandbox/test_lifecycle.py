@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox.conftest import FAST, userns_members
+from tests.sandbox.conftest import FAST, alive, descendants, sandbox_processes, userns_members
 from turnpool import EnvPool
 from turnpool.sandbox import Outcome, Sandbox, SandboxError, SandboxUnavailable, core
 
@@ -35,12 +35,26 @@ def test_close_leaves_no_process_and_is_idempotent() -> None:
     pid = box.server_pid
     assert pid is not None
     ns = os.readlink(f"/proc/{pid}/ns/user")
-    assert len(userns_members(ns)) == 2
+    procs = sandbox_processes(box)
+    assert len(procs) == 2
     box.close()
     box.close()
-    assert not userns_members(ns)
+    assert not userns_members(ns) and not alive(procs)
     with pytest.raises(SandboxError):
         box.run(["python", "-c", "pass"])
+
+
+def test_a_dead_server_is_replaced_by_the_next_run() -> None:
+    with Sandbox() as box:
+        assert box.run(["python", "-c", "print(1)"], limits=FAST).stdout == "1\n"
+        outer = box.server_pid
+        assert outer is not None
+        zygote = int(Path(f"/proc/{outer}/task/{outer}/children").read_text().split()[0])
+        os.kill(zygote, signal.SIGKILL)  # the server the runs are forked from
+        assert _wait_for(lambda: box.server_pid is None)  # its outer process follows it
+        r = box.run(["python", "-c", "print(2)"], limits=FAST)
+        assert r.outcome is Outcome.PASSED and r.stdout == "2\n"
+        assert box.server_pid not in (None, outer)
 
 
 CHILD = """
@@ -62,10 +76,12 @@ def test_a_sigkilled_parent_leaves_no_sandbox_process() -> None:
         assert child.stdout is not None
         server = int(child.stdout.readline())
         ns = os.readlink(f"/proc/{server}/ns/user")
-        assert _wait_for(lambda: len(userns_members(ns)) >= 4)  # A, B, the run's R and P
+        procs: set[int] = set()
+        assert _wait_for(lambda: len(procs.update({server} | descendants(server))
+                                     or procs) >= 3)  # A, B and the run's P
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
-        assert _wait_for(lambda: not userns_members(ns)), userns_members(ns)
+        assert _wait_for(lambda: not userns_members(ns) and not alive(procs)), alive(procs)
     finally:
         child.kill()
         child.wait(timeout=30)
@@ -85,7 +101,10 @@ def test_a_run_past_the_step_timeout_fails_as_a_timeout_and_leaves_nothing() -> 
         ours = os.readlink("/proc/self/ns/user")
         sandboxes = {_ns_of(p) for p in _children(os.getpid())} - {ours, None} - before
         assert sandboxes  # the workers' sandbox servers, in namespaces of their own
-    assert _wait_for(lambda: not any(userns_members(ns) for ns in sandboxes))
+        procs = {p for p in _children(os.getpid()) if _ns_of(p) in sandboxes}
+        procs |= {d for p in procs for d in descendants(p)}
+    assert _wait_for(lambda: not any(userns_members(ns) for ns in sandboxes)
+                     and not alive(procs))
 
 
 def _ns_of(pid: int) -> str | None:

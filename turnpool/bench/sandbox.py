@@ -13,13 +13,16 @@ file and ``subprocess.run([python, file], timeout=3)``, no isolation, with the r
 interpreter (a training venv's, which scans its site-packages at start); ``bare-subprocess``:
 the same with ``python -I -S`` (no site-packages), the fastest any fresh interpreter can be.
 ``--clients`` threads drive runs at once (default 2: the 2 cores this is aimed at); runs/s
-is all runs over the wall time, latency is per run (p50 / p99).
+is all runs over the wall time, latency is per run (p50 / p99), and CPU per run is the time of
+every process involved (this one, the sandbox servers and the programs, or the subprocesses),
+less the sandbox servers' own starts: the figure that the machine's load disturbs least.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -90,6 +93,24 @@ def _measure(make_run: Callable[[], Callable[[], None]], runs: int, clients: int
     return len(latencies) / (time.perf_counter() - t0), latencies
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and of every child it (or they) reaped."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _start_cpu() -> float:
+    """CPU seconds of one sandbox server's start and close (the least of three)."""
+    costs = []
+    for _ in range(3):
+        before = _cpu()
+        with Sandbox() as box:
+            box.start()
+        costs.append(_cpu() - before)
+    return min(costs)
+
+
 def _q(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(q * len(values)))] * 1e3
 
@@ -118,26 +139,33 @@ def run_bench(runs: int, clients: int, rounds: int, echo: Callable[[str], None]
         ("deepcoder10", "subprocess"): lambda: _plain_deepcoder(problem),
         ("deepcoder10", "bare-subprocess"): lambda: _plain_deepcoder(problem, True),
     }
-    assert run_reply(Sandbox(), SUM, problem)[0], "the reference reply must pass"
+    with Sandbox() as box:
+        assert run_reply(box, SUM, problem)[0], "the reference reply must pass"
+    start_cpu = _start_cpu()
     results: dict[str, dict[str, list[float]]] = {}
     try:
         for r in range(rounds):
             for (work, way), make in makers.items():
+                before = _cpu()
                 rate, lat = _measure(make, runs, clients)
                 for box in boxes:
-                    box.close()
+                    box.close()  # its processes' times count once they are reaped
+                cpu = (_cpu() - before - len(boxes) * start_cpu) / max(1, len(lat))
                 boxes.clear()
-                entry = results.setdefault(f"{work}/{way}", {"rate": [], "lat": []})
+                entry = results.setdefault(f"{work}/{way}", {"rate": [], "lat": [], "cpu": []})
                 entry["rate"].append(rate)
                 entry["lat"].extend(lat)
-                echo(f"round {r + 1}/{rounds} {work:12s} {way:15s} {rate:7.1f} runs/s")
+                entry["cpu"].append(cpu)
+                echo(f"round {r + 1}/{rounds} {work:12s} {way:15s} {rate:7.1f} runs/s "
+                     f"{cpu * 1e3:6.2f} cpu ms/run")
     finally:
         for box in boxes:
             box.close()
     summary: dict[str, Any] = {}
     for key, entry in results.items():
         summary[key] = {"runs_per_s": statistics.median(entry["rate"]),
-                        "p50_ms": _q(entry["lat"], 0.5), "p99_ms": _q(entry["lat"], 0.99)}
+                        "p50_ms": _q(entry["lat"], 0.5), "p99_ms": _q(entry["lat"], 0.99),
+                        "cpu_ms": statistics.median(entry["cpu"]) * 1e3}
     for work in ("trivial", "deepcoder10"):
         summary[f"{work}/speedup"] = (summary[f"{work}/sandbox"]["runs_per_s"]
                                       / summary[f"{work}/subprocess"]["runs_per_s"])
@@ -156,12 +184,13 @@ def run_bench(runs: int, clients: int, rounds: int, echo: Callable[[str], None]
 def command(runs: int, clients: int, rounds: int, json_out: str | None) -> None:
     """Sandboxed runs vs RAGEN's subprocess.run: runs/s, p50/p99 latency."""
     summary = run_bench(runs, clients, rounds, lambda s: click.echo(s, err=True))
-    click.echo(f"{'workload':14s} {'way':16s} {'runs/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s}")
+    click.echo(f"{'workload':14s} {'way':16s} {'runs/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} "
+               f"{'cpu ms':>8s}")
     for work in ("trivial", "deepcoder10"):
         for way in ("sandbox", "subprocess", "bare-subprocess"):
             s = summary[f"{work}/{way}"]
             click.echo(f"{work:14s} {way:16s} {s['runs_per_s']:8.1f} {s['p50_ms']:8.1f} "
-                       f"{s['p99_ms']:8.1f}")
+                       f"{s['p99_ms']:8.1f} {s['cpu_ms']:8.2f}")
         click.echo(f"{work:14s} sandbox/subprocess runs/s: {summary[f'{work}/speedup']:.2f}x, "
                    f"sandbox/bare-subprocess: {summary[f'{work}/speedup_bare']:.2f}x")
     if json_out:

@@ -1,11 +1,13 @@
 """Run untrusted programs (model-written code) isolated from the host, fast.
 
-`Sandbox.run` runs a program in its own user, mount, PID, network, IPC and UTS namespaces: no
+`Sandbox.run` runs a program inside user, mount, PID, network, IPC and UTS namespaces of its
+sandbox (made once per `Sandbox`; one run at a time, and nothing of a run outlives it): no
 network, a fresh tmpfs ``/tmp`` as the only writable place, the system's programs and the
 interpreter read-only, nothing else of the host file system, a scrubbed environment, rlimits
 (CPU, address space, file size, processes, open files), a wall clock and an output limit,
 escape syscalls killed by a seccomp filter, and every process it started killed when it ends.
-Python programs run warm: forked from a server interpreter already inside the sandbox.
+Python programs run warm: forked from a server interpreter already inside the sandbox, one fork
+per run.
 
     >>> from turnpool.sandbox import Limits, Outcome, Sandbox, available
     >>> if available()[0]:

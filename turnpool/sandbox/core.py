@@ -241,16 +241,20 @@ class Sandbox:
     # ---------------------------------------------------------------- runs
     def run(self, argv: list[str], *, files: dict[str, str] | None = None, stdin: str = "",
             limits: Limits | None = None, expected_stdout: str | None = None,
-            warm: bool = True) -> RunResult:
+            warm: bool = True, trusted_program: bool = False) -> RunResult:
         """Run ``argv`` in ``/tmp`` holding ``files``, with ``stdin`` and ``limits``.
 
         ``["python", "main.py"]`` runs warm (forked from the server's interpreter); anything
         else is exec'd. With ``expected_stdout`` a clean exit is `Outcome.PASSED` or
         `Outcome.WRONG_ANSWER` (stripped outputs compared), else `Outcome.PASSED`.
+        ``trusted_program``: the program file is the caller's own text (a harness that runs
+        the model's code), never a model's: the server compiles it once and reuses the code
+        for later runs of the same text, which then skip the parse.
         """
         limits = limits or Limits()
         request = {"argv": list(argv), "files": dict(files or {}), "stdin": stdin,
-                   "limits": {**asdict(limits), "wall": limits.wall}, "warm": warm}
+                   "limits": {**asdict(limits), "wall": limits.wall}, "warm": warm,
+                   "trusted_program": trusted_program}
         with self._lock:
             if self._closed:
                 raise SandboxError("the sandbox is closed")
