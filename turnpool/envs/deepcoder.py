@@ -159,7 +159,7 @@ def _build(rows: list[dict[str, Any]], options: dict[str, Any]) -> tuple[dict[st
 
 
 def load_problems(config: dict[str, Any]) -> tuple[dict[str, Any], ...]:
-    path = datasets.resolve_path(config, PATH_KEYS, BUNDLED)
+    path = datasets.resolve_path(config, PATH_KEYS, BUNDLED, split="test")  # v2's default
     key = datasets.table_key("deepcoder", path)
     table: tuple[dict[str, Any], ...] = datasets.get_table(key, _build)
     return table
@@ -300,7 +300,7 @@ class DeepCoderEnv(TextEnv):
 
     ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
     #: read from ``self.config`` (the data path's alias); any other unnamed key warns
-    extra_kwargs = frozenset({"dataset_path"})
+    extra_kwargs = frozenset({"dataset_path", "split"})
     #: RAGEN v2's env_instruction for its DeepCoder tag
     instruction = ("You are solving a coding task. Provide a complete Python function solution "
                    "only. Format: <answer>...</answer>")
@@ -343,8 +343,11 @@ class DeepCoderEnv(TextEnv):
             error = ("Episode is done" if self.done else "Empty action" if not code.strip()
                      else "Code too long")
             self._text = f"{prompt}\n\nFeedback: {error}"
+            # RAGEN v2's step answers "Invalid action." but its manager shows render(), the
+            # problem with the feedback: the observation here is that text
             return (self._text, 0.0, self.done, False,
-                    {"action_is_valid": False, "action_is_effective": False, "error": error})
+                    {"action_is_valid": False, "action_is_effective": False, "success": False,
+                     "error": error})
         if not self._holds:
             _Shared.acquire(self.unsafe)
             self._holds = True
