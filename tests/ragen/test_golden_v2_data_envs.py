@@ -99,3 +99,33 @@ def test_the_recorded_episodes_cover_each_outcome() -> None:
     two = load_v2("DeepCoderTwoSteps")["episodes"]
     assert any(len(ep["steps"]) == 2 for ep in two)
     assert V2_FIXTURES.is_dir()
+
+
+def test_deepcoder_reports_every_info_key_ragen_v2_averages(tmp_path: Path) -> None:
+    """RAGEN v2's loop averages every info key of its DeepCoder env into the metrics
+    (``DeepCoder/passed_tests``, ``.../runnable``, ...; ``detail`` is text, skipped but kept
+    as a key), so the manager passes them all on; turnpool's own ``sandbox_outcome`` stays
+    out."""
+    from turnpool.ragen.state_manager import EnvStateManager
+
+    cfg = {"es_manager": {"train": {"env_groups": 1, "group_size": 2, "env_configs": {
+        "tags": ["DeepCoder"], "n_groups": [1]}}},
+        "custom_envs": {"DeepCoder": {"env_type": "deepcoder", "max_actions_per_traj": 1,
+                                      "env_instruction": "Code.", "env_config": {
+                                          "max_steps": 1,
+                                          "dataset_path": str(deepcoder_folder(tmp_path))}}},
+        "collapse_detection": {}, "turnpool": {"backend": "sequential"},
+        "seed": {"train": 10000, "val": 123}}
+    with EnvStateManager(cfg, mode="train") as es:
+        es.reset(seed=10000)
+        es.step([{"env_id": 0, "actions": ["print(input())"], "llm_response": "",
+                  "llm_raw_response": ""},
+                 {"env_id": 1, "actions": [""], "llm_response": "", "llm_raw_response": ""}])
+        states = es.get_rollout_states()
+    ran, empty = (s["history"][0]["info"] for s in states)
+    assert set(ran) == {"action_is_effective", "action_is_valid", "success", "detail",
+                        "passed_tests", "total_tests", "runnable", "pass_reward", "raw_reward"}
+    assert set(empty) == {"action_is_effective", "action_is_valid", "success", "error",
+                          "raw_reward"}
+    assert {"DeepCoder/passed_tests", "DeepCoder/total_tests", "DeepCoder/runnable",
+            "DeepCoder/pass_reward"} <= set(states[0]["metrics"])

@@ -18,7 +18,8 @@ of a bare ``subprocess.run(["python", ...])``, and expected outputs never enter 
 few KB with a marker (RAGEN passes on all a reply printed, up to megabytes). A missing dataset
 is an error, never RAGEN's toy ``add(a, b)`` problem. Rows in the DeepCoder-Preview format
 (``problem``, ``tests``, ``metadata``, ``starter_code``; or RAGEN's ``question`` /
-``ground_truth``) are read from ``data_path`` (JSONL / JSON / Parquet); tests given as
+``ground_truth``) are read from ``data_path`` / ``dataset_path`` (JSONL / JSON / Parquet, or a
+dataset folder read for ``split``, "test" by default, as RAGEN's ``load_dataset``); tests given as
 ``{"inputs", "outputs"}`` (TACO) become stdin/stdout tests, as in RAGEN's preprocessing.
 Without ``data_path``, a bundled set of 240 generated problems is used
 (``scripts/gen_deepcoder.py``).
@@ -298,7 +299,10 @@ class _Shared:
 class DeepCoderEnv(TextEnv):
     """RAGEN v2's DeepCoder env over `turnpool.sandbox`."""
 
-    ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
+    #: every key RAGEN v2's env reports (its metrics average them; ``sandbox_outcome`` is
+    #: turnpool's own)
+    ragen_info_keys = ("action_is_effective", "action_is_valid", "success", "detail",
+                       "passed_tests", "total_tests", "runnable", "pass_reward", "error")
     #: read from ``self.config`` (the data path's alias); any other unnamed key warns
     extra_kwargs = frozenset({"dataset_path", "split"})
     #: RAGEN v2's env_instruction for its DeepCoder tag
