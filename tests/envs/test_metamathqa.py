@@ -163,3 +163,28 @@ def test_oracle_on_unknown_text_and_missing_files(tmp_path: Path) -> None:
         MetaMathQAEnv(data_path=tmp_path / "nope.json")
     with pytest.raises(FileNotFoundError):
         MetaMathQAEnv(dataset_path="meta-math/MetaMathQA")  # a hub name is not a local file
+
+
+def test_a_dataset_folder_is_read_for_the_split_as_ragens_load_dataset_names_it(
+        tmp_path: Path) -> None:
+    """RAGEN passes ``dataset_path`` to ``datasets.load_dataset``, which reads a local folder
+    and names each split by its file; turnpool reads the file of the env's split."""
+    def rows(question: str) -> str:
+        return json.dumps({"query": question, "response": "So. The answer is: 3"}) + "\n"
+
+    folder = tmp_path / "mm"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(rows("train question"), encoding="utf-8")
+    (folder / "test-00000-of-00001.jsonl").write_text(rows("test question"), encoding="utf-8")
+    (folder / "notes.txt").write_text("not data", encoding="utf-8")
+    assert MetaMathQAEnv(dataset_path=folder).reset(seed=0)[0] == "train question"
+    assert MetaMathQAEnv(dataset_path=folder, split="test").reset(seed=0)[0] == "test question"
+    with pytest.raises(FileNotFoundError, match="split 'validation'"):
+        MetaMathQAEnv(dataset_path=folder, split="validation")
+    single = tmp_path / "one"
+    single.mkdir()
+    (single / "questions.jsonl").write_text(rows("the only question"), encoding="utf-8")
+    assert MetaMathQAEnv(dataset_path=single).reset(seed=0)[0] == "the only question"
+    assert datasets.split_file(single, "train").name == "questions.jsonl"
+    with pytest.raises(FileNotFoundError, match="questions.jsonl"):
+        datasets.split_file(single, "test")

@@ -205,6 +205,32 @@ def test_webshop_v2_binarizes_the_reward_and_keeps_the_raw_one() -> None:
     pytest.fail("no partial-credit purchase in 40 seeds")
 
 
+def test_webshop_v2_hint_lines_and_validity_rule() -> None:
+    from turnpool.envs.webshop_ragen import RagenWebShopEnv
+
+    v1 = make("webshop", split="test")
+    v2 = make("webshop", split="test", **ragen_defaults(RagenWebShopEnv, "v2"))
+    obs1, obs2 = v1.reset(seed=3)[0], v2.reset(seed=3)[0]
+    # v1 runs two hint lines together (a missing comma in its list); v2 has them apart
+    assert "2 times.Almost never click[< prev]" in obs1
+    assert "2 times.\nAlmost never click[< prev]" in obs2
+    assert obs1.replace("2 times.Almost", "2 times.\nAlmost") == obs2
+    # v2 parses the action: an empty search is not valid, a click is matched lowercased
+    # (it also runs in v1, which only checks the listed text)
+    assert [v.step("search[]")[4]["action_is_valid"] for v in (v1, v2)] == [True, False]
+    for env in (v1, v2):
+        env.step("search[shirt]")
+    listed = v1.shop.actions(v1.state)
+    item = next(a for a in listed if a.startswith("click[b0"))
+    upper = "click[" + item[6:-1].upper() + "]"
+    assert [v.step(upper)[4]["action_is_valid"] for v in (v1, v2)] == [False, True]
+    assert v1.render().replace("2 times.Almost", "2 times.\nAlmost") == v2.render()
+    # ... and text after the closing bracket does not matter to v2
+    assert v2.step("click[< prev]!")[4]["action_is_valid"]
+    assert not v2.step("click[search]")[4]["action_is_valid"]
+    assert not v2.step("x" * 5000)[4]["action_is_valid"]
+
+
 # ------------------------------------------------------------------------------ SearchQA
 class _Retrieval(http.server.BaseHTTPRequestHandler):
     """A retrieval server: echoes the query into its documents; "boom" answers 500."""

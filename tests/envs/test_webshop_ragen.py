@@ -147,7 +147,9 @@ def test_oracle_buys_the_goals_item_when_its_options_fit_in_a_turn() -> None:
 def test_ragen_manager_mode_picks_the_split() -> None:
     from turnpool.ragen.state_manager import EnvStateManager
 
-    envs = {mode: turnpool.make("webshop", mode=mode) for mode in ("train", "val")}
+    # an unpinned non-RAGEN config gets v2 (turnpool's default): v2's hint lines
+    envs = {mode: turnpool.make("webshop", mode=mode, ragen_version="v2")
+            for mode in ("train", "val")}
     for mode, env in envs.items():
         cfg = {"es_manager": {mode: {"env_groups": 1, "group_size": 1, "env_configs": {
             "tags": ["WebShop"], "n_groups": [1]}}},

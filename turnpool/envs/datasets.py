@@ -45,18 +45,43 @@ def bundled_path(name: str) -> Path:
     return Path(str(resources.files("turnpool").joinpath("data", name)))
 
 
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".pq")
+
+
+def split_file(folder: Path, split: str) -> Path:
+    """The data file of ``split`` in a dataset folder, as ``datasets.load_dataset(folder)``
+    names splits: the file whose name starts with the split (``test.jsonl``,
+    ``test-00000-of-00001.parquet``); a folder with one data file and no split in its name
+    holds only ``train``."""
+    files = sorted(p for p in folder.iterdir()
+                   if p.is_file() and p.suffix.lower() in DATA_SUFFIXES)
+    named = [p for p in files if p.stem == split or p.stem.startswith((f"{split}-", f"{split}_",
+                                                                       f"{split}."))]
+    if len(named) == 1:
+        return named[0]
+    if not named and split == "train" and len(files) == 1:
+        return files[0]
+    found = ", ".join(p.name for p in files) or "no data files"
+    raise FileNotFoundError(
+        f"{folder}: expected one data file for split {split!r}, found {found}")
+
+
 def resolve_path(config: dict[str, Any], aliases: tuple[str, ...], bundled: str,
-                 ragen_default: str | None = None) -> Path:
-    """The file named by the first set config key in ``aliases``; else ``ragen_default`` (the
+                 ragen_default: str | None = None, split: str = "train") -> Path:
+    """The file named by the first set config key in ``aliases`` (a dataset folder gives its
+    file for ``config["split"]``, else ``split``: `split_file`); else ``ragen_default`` (the
     path RAGEN reads when no key is set, relative to the working directory as RAGEN takes it)
     when that file exists; else the bundled file."""
     for key in aliases:
         value = config.get(key)
         if value:
             path = Path(os.fspath(value)).expanduser()
+            if path.is_dir():
+                return split_file(path, str(config.get("split") or split)).resolve()
             if not path.is_file():
                 raise FileNotFoundError(
-                    f"{key}={value!r} is not a local file (turnpool reads local files only)")
+                    f"{key}={value!r} is not a local file or dataset folder (turnpool reads "
+                    "local files only)")
             return path.resolve()
     if ragen_default and Path(ragen_default).is_file():
         logger.info("reading %s (RAGEN's default data path)", ragen_default)

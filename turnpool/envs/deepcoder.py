@@ -18,7 +18,8 @@ of a bare ``subprocess.run(["python", ...])``, and expected outputs never enter 
 few KB with a marker (RAGEN passes on all a reply printed, up to megabytes). A missing dataset
 is an error, never RAGEN's toy ``add(a, b)`` problem. Rows in the DeepCoder-Preview format
 (``problem``, ``tests``, ``metadata``, ``starter_code``; or RAGEN's ``question`` /
-``ground_truth``) are read from ``data_path`` (JSONL / JSON / Parquet); tests given as
+``ground_truth``) are read from ``data_path`` / ``dataset_path`` (JSONL / JSON / Parquet, or a
+dataset folder read for ``split``, "test" by default, as RAGEN's ``load_dataset``); tests given as
 ``{"inputs", "outputs"}`` (TACO) become stdin/stdout tests, as in RAGEN's preprocessing.
 Without ``data_path``, a bundled set of 240 generated problems is used
 (``scripts/gen_deepcoder.py``).
@@ -159,7 +160,7 @@ def _build(rows: list[dict[str, Any]], options: dict[str, Any]) -> tuple[dict[st
 
 
 def load_problems(config: dict[str, Any]) -> tuple[dict[str, Any], ...]:
-    path = datasets.resolve_path(config, PATH_KEYS, BUNDLED)
+    path = datasets.resolve_path(config, PATH_KEYS, BUNDLED, split="test")  # v2's default
     key = datasets.table_key("deepcoder", path)
     table: tuple[dict[str, Any], ...] = datasets.get_table(key, _build)
     return table
@@ -298,9 +299,12 @@ class _Shared:
 class DeepCoderEnv(TextEnv):
     """RAGEN v2's DeepCoder env over `turnpool.sandbox`."""
 
-    ragen_info_keys = ("action_is_effective", "action_is_valid", "success")
+    #: every key RAGEN v2's env reports (its metrics average them; ``sandbox_outcome`` is
+    #: turnpool's own)
+    ragen_info_keys = ("action_is_effective", "action_is_valid", "success", "detail",
+                       "passed_tests", "total_tests", "runnable", "pass_reward", "error")
     #: read from ``self.config`` (the data path's alias); any other unnamed key warns
-    extra_kwargs = frozenset({"dataset_path"})
+    extra_kwargs = frozenset({"dataset_path", "split"})
     #: RAGEN v2's env_instruction for its DeepCoder tag
     instruction = ("You are solving a coding task. Provide a complete Python function solution "
                    "only. Format: <answer>...</answer>")
@@ -343,8 +347,11 @@ class DeepCoderEnv(TextEnv):
             error = ("Episode is done" if self.done else "Empty action" if not code.strip()
                      else "Code too long")
             self._text = f"{prompt}\n\nFeedback: {error}"
+            # RAGEN v2's step answers "Invalid action." but its manager shows render(), the
+            # problem with the feedback: the observation here is that text
             return (self._text, 0.0, self.done, False,
-                    {"action_is_valid": False, "action_is_effective": False, "error": error})
+                    {"action_is_valid": False, "action_is_effective": False, "success": False,
+                     "error": error})
         if not self._holds:
             _Shared.acquire(self.unsafe)
             self._holds = True

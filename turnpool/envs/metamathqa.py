@@ -115,14 +115,18 @@ class MetaMathQAEnv(TextEnv):
     ragen_info_keys = ("action_is_valid", "success")
     instruction = "Solve the math problem and give only the final answer. "
 
-    #: RAGEN's cache_dir and split are accepted and unused (see __init__)
+    #: RAGEN's env never ends an episode on a wrong answer (its manager's budget does);
+    #: RAGEN configs get that, turnpool's own default stays 3 attempts
+    ragen_v1_defaults = {"max_attempts": None}  # noqa: RUF012
+    ragen_v2_defaults = {"max_attempts": None}  # noqa: RUF012
+    #: RAGEN's cache_dir and split (the split a ``dataset_path`` folder is read for)
     extra_kwargs = frozenset({"cache_dir", "split"})
 
     def __init__(
         self, data_path: str | Path | None = None, dataset_path: str | Path | None = None,
         max_attempts: int | None = 3, max_answer_chars: int = 1000, **config: Any,
     ) -> None:
-        # RAGEN's cache_dir, split and render_mode are accepted and unused (no downloads).
+        # RAGEN's cache_dir and render_mode are accepted and unused (no downloads).
         super().__init__(data_path=data_path, dataset_path=dataset_path,
                          max_attempts=max_attempts, max_answer_chars=max_answer_chars, **config)
         if max_attempts is not None and int(max_attempts) < 1:

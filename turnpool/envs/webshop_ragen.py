@@ -46,8 +46,8 @@ from turnpool.webshop.ragen_shop import MAX_ACTION_CHARS, RagenShop, ShopState, 
 
 SPLITS = ("train", "val", "test")
 
-#: RAGEN's hint lines, shown after every page (two of them run together, as in RAGEN).
-RENDER_HINTS = "\n".join([
+#: RAGEN's hint lines, shown after every page (v1 runs two of them together; v2 does not).
+_HINT_LINES = [
     "We must buy a product within 10 actions. It doesn't have to match perfectly with "
     "description.",
     "Search term should not include details like size, color.",
@@ -55,7 +55,7 @@ RENDER_HINTS = "\n".join([
     "Do not be too strict about the description, it's more important to buy one that is close "
     "enough within action limit.",
     "Prioritize click a product in the current page over going to next page.",
-    "Almost never click[next >] for more than 2 times."
+    "Almost never click[next >] for more than 2 times.",
     "Almost never click[< prev] unless you are sure the product is on one of the previous "
     "pages.",
     "If you have less than 3 actions left, just buy the first product you see in the current "
@@ -63,7 +63,9 @@ RENDER_HINTS = "\n".join([
     "If an matching option exists, make sure to click[size] then click[color], one at a time, "
     "before click[buy now], but don't have to if only 1 action left, in that case you just "
     "click[buy now]. Never click description.",
-])
+]
+RENDER_HINTS = "\n".join(_HINT_LINES[:5] + ["".join(_HINT_LINES[5:7])] + _HINT_LINES[7:])
+RENDER_HINTS_V2 = "\n".join(_HINT_LINES)
 
 class RagenWebShopEnv(TextEnv):
     """RAGEN's WebShop task on webshop-minimal's small set (details: module docstring).
@@ -76,14 +78,16 @@ class RagenWebShopEnv(TextEnv):
     ``observation_mode``, ``server``, ``filter_goals``, ``limit_goals``, ``show_attrs``) are
     accepted at their defaults only. ``binarize_reward`` (RAGEN v2, its default there): the
     reward is 1.0 when WebShop's reward is at least 1, else 0.0, and ``info["raw_reward"]``
-    keeps WebShop's.
+    keeps WebShop's. ``ragen_version`` ("v1" | "v2"): whose hint lines and validity rule the
+    env follows (v2: the hint lines apart; ``action_is_valid`` by the parsed action: a
+    ``search[text]`` on a page with a search bar or a ``click[x]`` on a clickable of the page).
     """
 
     action_kind = "webshop"
     #: RAGEN's manager passes its mode (train / val) to this env's reset; RAGEN configs give it
     #: to turnpool's envs as the ``mode`` kwarg (`turnpool.ragen.config.rollout_plan`).
     ragen_reset_mode = True
-    ragen_v2_defaults = {"binarize_reward": True}  # noqa: RUF012
+    ragen_v2_defaults = {"binarize_reward": True, "ragen_version": "v2"}  # noqa: RUF012
     #: every key it reads is named; any other warns (`TextEnv.extra_kwargs`)
     extra_kwargs = frozenset()
     instruction = (
@@ -98,7 +102,8 @@ class RagenWebShopEnv(TextEnv):
                  draw_seed: int = 0, max_steps: int | None = None, dataset: str = "small",
                  observation_mode: str = "text", limit_goals: int = -1,
                  filter_goals: Any = None, server: Any = None, show_attrs: bool = False,
-                 binarize_reward: bool = False, **config: Any) -> None:
+                 binarize_reward: bool = False, ragen_version: str = "v1", **config: Any
+                 ) -> None:
         split = split or mode or "train"
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -106,6 +111,8 @@ class RagenWebShopEnv(TextEnv):
                 or server is not None or show_attrs:
             raise ValueError("webshop supports RAGEN's defaults for observation_mode, "
                              "limit_goals, filter_goals, server and show_attrs only")
+        if ragen_version not in ("v1", "v2"):
+            raise ValueError(f"ragen_version must be 'v1' or 'v2', got {ragen_version!r}")
         if dataset not in ("small", "full"):
             raise ValueError(f"dataset must be 'small' or 'full', got {dataset!r}")
         if dataset == "full" and file_path is None:
@@ -117,8 +124,10 @@ class RagenWebShopEnv(TextEnv):
         super().__init__(split=split, file_path=file_path, attr_path=attr_path,
                          human_goals=human_goals, num_products=num_products,
                          draw_seed=draw_seed, max_steps=max_steps,
-                         binarize_reward=binarize_reward, **config)
+                         binarize_reward=binarize_reward, ragen_version=ragen_version,
+                         **config)
         self.split = split
+        self.v2 = ragen_version == "v2"
         self.binarize_reward = bool(binarize_reward)
         self.max_steps = None if max_steps is None else int(max_steps)
         self._shop_key = (file_path, attr_path, human_path, num_products, int(draw_seed))
@@ -153,7 +162,8 @@ class RagenWebShopEnv(TextEnv):
     def _render(self, page: str) -> str:
         assert self.state is not None
         actions = self.shop.actions(self.state)
-        return (f"{page}.{RENDER_HINTS}\n You must choose from these actions:"
+        hints = RENDER_HINTS_V2 if self.v2 else RENDER_HINTS
+        return (f"{page}.{hints}\n You must choose from these actions:"
                 f"{', '.join(actions)}.")
 
     def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -165,9 +175,10 @@ class RagenWebShopEnv(TextEnv):
         self.steps += 1
         text = action if isinstance(action, str) else ""
         listed = self.shop.actions(self.state)
-        valid = len(text) <= MAX_ACTION_CHARS and (
-            text in listed or ("search[<content>]" in listed and text.startswith("search[")
-                               and text.endswith("]")))
+        valid = self.shop.accepts(self.state, text) if self.v2 else (
+            len(text) <= MAX_ACTION_CHARS and (
+                text in listed or ("search[<content>]" in listed and text.startswith("search[")
+                                   and text.endswith("]"))))
         before = self.page_text
         outcome = self.shop.step(self.state, text)
         self.page_text = self.shop.observation(self.state)

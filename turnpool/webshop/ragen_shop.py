@@ -237,6 +237,19 @@ class RagenShop:
             s.kind = "item_page"
         return Outcome(0.0, False)
 
+    def accepts(self, s: ShopState, action: str) -> bool:
+        """RAGEN v2's validity: a ``search[...]`` with text where the page has a search bar,
+        or a ``click[x]`` on one of the page's clickables (before ``next >`` is dropped)."""
+        if len(action) > MAX_ACTION_CHARS:
+            return False
+        name, arg = parse_action(action)
+        if arg is None:
+            return False
+        _, has_search, clicks = self.page(s)
+        if name == "search":
+            return has_search
+        return name == "click" and arg.lower() != "search" and arg.lower() in clicks
+
     def actions(self, s: ShopState) -> list[str]:
         """RAGEN's available actions: ``search[<content>]`` with a search bar, then
         ``click[x]`` per clickable; ``next >`` is dropped on a page past the last."""
