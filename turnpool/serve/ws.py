@@ -1,12 +1,12 @@
 """The one ``/ws`` path of ``turnpool serve``: WebSocket sessions served straight from the
 socket, beside the ASGI app on the same host and port.
 
-Each accepted connection starts as an `Entry` protocol (uvicorn's ``http`` class), which
-reads the request head: a ``GET /ws`` WebSocket upgrade becomes a `WsConnection`, and any
-other request is handed, with the bytes read so far, to uvicorn's own HTTP protocol, so every
-HTTP route behaves exactly as without it. An upgrade that uvicorn parses itself (one on a
-kept-alive connection, after an HTTP request) reaches the same `WsConnection`: it is also
-uvicorn's ``ws`` class. The ASGI app has no ``/ws`` route.
+Each accepted connection starts as an `Entry` protocol (uvicorn's ``http`` class,
+`turnpool.serve.entry`), which reads the request head: a ``GET /ws`` WebSocket upgrade
+becomes a `WsConnection`, and any other request is handed, with the bytes read so far, to
+uvicorn's own HTTP protocol, so every HTTP route behaves exactly as without it. An upgrade
+that uvicorn parses itself (one on a kept-alive connection, after an HTTP request) reaches the
+same `WsConnection`: it is also uvicorn's ``ws`` class. The ASGI app has no ``/ws`` route.
 
 Why: under load, most of the server's CPU per step went to layers around the step, not to it:
 the WebSocket protocol object, the ASGI message dicts, the coroutine and timeout machinery of
@@ -35,11 +35,12 @@ import json
 import logging
 import time
 from collections import deque
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import turnpool.serve.codec as codec
 import turnpool.serve.mcp as mcp
 from turnpool.pool.slots import StepSlotRequest
+from turnpool.serve.entry import FORBIDDEN, MAX_HEAD_BYTES, WS_PATHS, Entry, Placement
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.jsonio import MAX_MESSAGE_CHARS, dumps_bytes, loads
 from turnpool.serve.service import Service
@@ -48,27 +49,11 @@ from turnpool.serve.verbs import BY_NAME, rpc
 
 log = logging.getLogger(__name__)
 
-#: Largest request head read before the connection goes to uvicorn.
-MAX_HEAD_BYTES = 65_536
 #: Largest WebSocket message read (uvicorn's ``ws_max_size`` default); a longer one closes
 #: the connection with 1009. Messages over `MAX_MESSAGE_CHARS` get the usual error reply.
 MAX_FRAME_BYTES = 16 * 2**20
 #: Messages a client may send ahead of its replies before the server stops reading.
 MAX_PENDING = 64
-#: The upgrade paths: ``/ws`` speaks OpenEnv's messages, ``/mcp`` JSON-RPC (the ``mcp``
-#: verb, one session per connection, as OpenEnv's WebSocket ``/mcp``).
-WS_PATHS = ("/ws", "/mcp")
-_FORBIDDEN = b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-
-
-class Placement(Protocol):
-    """Where a new ``/ws`` connection goes when the server runs several fronts
-    (`turnpool.serve.fronts.link.FrontLink`); absent on a single front."""
-
-    def place(self, session_id: str | None, hops: int) -> int | None: ...
-
-    def pass_connection(self, transport: asyncio.Transport, data: bytes, to: int, hops: int,
-                        here: Any) -> bool: ...
 
 
 async def answer(service: Service, session: Session, raw: str | None, msg: Any = None
@@ -158,58 +143,6 @@ class StepBatcher:
             self.engine.post(items)
 
 
-class Entry(asyncio.Protocol):
-    """A new connection: a ``/ws`` upgrade becomes a `WsConnection`, anything else goes to
-    uvicorn. uvicorn builds it as its ``http`` class (`bind` makes one per server)."""
-
-    ws_class: type[WsConnection]
-    inner_class: Any
-
-    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.config = config
-        self.server_state = server_state
-        self.app_state = app_state
-        self.loop = _loop or asyncio.get_event_loop()
-        self.transport: asyncio.Transport | None = None
-        self.head = b""
-        self.timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.timer = self.loop.call_later(self.config.timeout_keep_alive, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        self.head += data
-        end = self.head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.head) > MAX_HEAD_BYTES:
-                self._hand_over(self.inner_class)
-            return
-        request = codec.parse_upgrade(self.head[:end])
-        self._hand_over(self.ws_class if request is not None and request[0] in WS_PATHS
-                        else self.inner_class)
-
-    def _hand_over(self, protocol_class: Any) -> None:
-        """Give the connection, and what it sent so far, to ``protocol_class``."""
-        if self.timer is not None:
-            self.timer.cancel()
-        assert self.transport is not None
-        inner = protocol_class(config=self.config, server_state=self.server_state,
-                               app_state=self.app_state, _loop=self.loop)
-        self.transport.set_protocol(inner)
-        inner.connection_made(self.transport)
-        head, self.head = self.head, b""
-        inner.data_received(head)
-
-    def eof_received(self) -> bool | None:
-        return None  # close: a request that never ended
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-
-
 class WsConnection(asyncio.Protocol):
     """One WebSocket connection = one session, served from ``data_received``: first the
     upgrade request's head, then frames."""
@@ -259,7 +192,7 @@ class WsConnection(asyncio.Protocol):
         request = codec.parse_upgrade(self.head[:end])
         if request is None or request[0] not in WS_PATHS:
             self.head = None
-            self.transport.write(_FORBIDDEN)
+            self.transport.write(FORBIDDEN)
             self.transport.close()
             return
         self.rpc = request[0] == "/mcp"
@@ -281,7 +214,7 @@ class WsConnection(asyncio.Protocol):
         _, key, headers, query = request
         service = self.service
         if not service.authorized(headers, query):
-            self.transport.write(_FORBIDDEN)
+            self.transport.write(FORBIDDEN)
             self.transport.close()
             return
         self.transport.write(codec.accept_response(key))
@@ -518,5 +451,5 @@ def adopt(ws_class: type[WsConnection], server_state: Any, data: bytes, hops: in
     return conn
 
 
-__all__ = ["Entry", "MAX_FRAME_BYTES", "Placement", "StepBatcher", "StepCall", "WsConnection",
-           "adopt", "answer", "bind"]
+__all__ = ["WS_PATHS", "Entry", "MAX_FRAME_BYTES", "Placement", "StepBatcher", "StepCall",
+           "WsConnection", "adopt", "answer", "bind"]
