@@ -243,8 +243,11 @@ class WsConnection(asyncio.Protocol):
         if not self.open:
             return
         try:
+            messages = self.messages
             for fin, opcode, payload in self.frames.feed(data):
-                message = self.messages.add(fin, opcode, payload)
+                # a whole text frame with no fragments pending is its message (no call)
+                message = (opcode, payload) if fin and opcode == codec.OP_TEXT and \
+                    not messages.parts else messages.add(fin, opcode, payload)
                 if message is not None:
                     self._message(*message)
                 if not self.open:
@@ -346,7 +349,10 @@ class WsConnection(asyncio.Protocol):
             self.running = False
             self.end(1011)
             return
-        self._reply(dumps_bytes({"type": "observation", "data": payload}))
+        if self.open:  # `_reply` without its two calls: this runs once per step
+            self._transport().write(codec.encode_frame(
+                codec.OP_TEXT, dumps_bytes({"type": "observation", "data": payload})))
+        self._done()
 
     def _answered(self, task: asyncio.Task[bytes | None]) -> None:
         exc = None if task.cancelled() else task.exception()
