@@ -35,11 +35,12 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 
 import turnpool.serve.codec as codec
 import turnpool.serve.mcp as mcp
-from turnpool.pool.slots import StepSlotRequest
+from turnpool.pool.slots import ResetSlotRequest, StepSlotRequest
 from turnpool.serve.entry import FORBIDDEN, MAX_HEAD_BYTES, WS_PATHS, Entry, Placement
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.jsonio import MAX_MESSAGE_CHARS, dumps_bytes, loads
@@ -93,16 +94,19 @@ async def _rpc_text(service: Service, session: Session, raw: str) -> bytes | Non
 
 
 class StepCall:
-    """One ``/ws`` step in flight: the slot engine's waiter for it (a `LoopWaiter`), which
-    the driver's round resolves on the loop straight into `WsConnection.stepped`, with no
-    future and no callback of its own. The session table's sweep fails a late one the same
-    way (then the pool's answer, when it comes, finds it done)."""
+    """One ``/ws`` step (or reset) in flight: the slot engine's waiter for it (a
+    `LoopWaiter`), which the driver's round resolves on the loop straight into ``then``
+    (`WsConnection.stepped` or `WsConnection.was_reset`), with no future and no callback of
+    its own. The session table's sweep fails a late one the same way (then the pool's
+    answer, when it comes, finds it done)."""
 
-    __slots__ = ("conn", "finished")
+    __slots__ = ("conn", "finished", "then")
 
-    def __init__(self, conn: WsConnection) -> None:
+    def __init__(self, conn: WsConnection,
+                 then: Callable[[Any, BaseException | None], None]) -> None:
         self.conn = conn
         self.finished = False
+        self.then = then
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self.conn.loop
@@ -113,26 +117,27 @@ class StepCall:
     def set_result(self, value: Any) -> None:
         if not self.finished:
             self.finished = True
-            self.conn.stepped(value, None)
+            self.then(value, None)
 
     def set_exception(self, exc: BaseException) -> None:
         if not self.finished:
             self.finished = True
             # the sweep fails calls while it walks the sessions: answer after it
-            self.conn.loop.call_soon(self.conn.stepped, None, exc)
+            self.conn.loop.call_soon(self.then, None, exc)
 
 
 class StepBatcher:
-    """The steps that sessions submit within one event-loop pass, handed to the slot engine
-    as one inbox item at the end of it (one hand-off per pass, not per step)."""
+    """The steps and resets that sessions submit within one event-loop pass, handed to the
+    slot engine as one inbox item at the end of it (one hand-off per pass, not per call)."""
 
     def __init__(self, service: Service) -> None:
         self.engine = service.engine
-        self.items: list[StepSlotRequest] = []
+        self.items: list[StepSlotRequest | ResetSlotRequest] = []
 
-    def add(self, slot: int, actions: list[Any], call: StepCall) -> StepCall:
-        self.engine.check(slot)
-        self.items.append(StepSlotRequest(slot, actions, call))
+    def add(self, request: StepSlotRequest | ResetSlotRequest, call: StepCall) -> StepCall:
+        """``request`` (whose waiter is ``call``) goes with this pass's batch."""
+        self.engine.check(request.slot)
+        self.items.append(request)
         if len(self.items) == 1:
             call.conn.loop.call_soon(self.flush)
         return call
@@ -173,6 +178,7 @@ class WsConnection(asyncio.Protocol):
         self.session: Session | None = None
         self.attached = False  # a session someone else opened (theirs to close)
         self.began = 0.0
+        self.episode_id: Any = None  # of the reset in flight
         self.rpc = False  # a WebSocket on /mcp: each message is a JSON-RPC request
 
     # ------------------------------------------------------------------ handshake
@@ -309,17 +315,18 @@ class WsConnection(asyncio.Protocol):
         if self.rpc:
             assert text is not None
             task = self.loop.create_task(_rpc_text(self.service, session, text))
-        elif text is None and self._step(session, msg):
+        elif text is None and isinstance(msg, dict) and (
+                self._step(session, msg) or self._reset(session, msg)):
             return
         else:
             task = self.loop.create_task(answer(self.service, session, text, msg))
         task.add_done_callback(self._answered)
 
-    def _step(self, session: Session, msg: Any) -> bool:
+    def _step(self, session: Session, msg: dict[str, Any]) -> bool:
         """Submit the step message ``msg`` to the slot engine's batcher (True); False for
         any other message, which `answer` handles. The step itself is the general path's:
         `Service.begin_step` before, `Service.finish_step` after (`stepped`)."""
-        if not isinstance(msg, dict) or msg.get("type") != "step":
+        if msg.get("type") != "step":
             return False
         data = msg.get("data")
         if isinstance(data, dict) and "type" in data:  # an MCP action: `answer` runs it
@@ -327,20 +334,43 @@ class WsConnection(asyncio.Protocol):
         service = self.service
         try:
             actions = service.begin_step(session, data)
-            call = StepCall(self)
-            service.submit(session, lambda: self.batcher.add(session.slot, actions, call))
+            call = StepCall(self, self.stepped)
+            service.submit(session, lambda: self.batcher.add(
+                StepSlotRequest(session.slot, actions, call), call))
         except ProtocolError as exc:
             self._reply(_error(exc))
             return True
         self.began = time.perf_counter()
         return True
 
-    def stepped(self, result: Any, exc: BaseException | None) -> None:
-        """The slot engine's answer to this connection's step (`StepCall`): the reply."""
+    def _reset(self, session: Session, msg: dict[str, Any]) -> bool:
+        """A reset message goes to the batcher as a step does (True; False for any other):
+        `Service.begin_reset` before, `Service.finish_reset` after (`was_reset`)."""
+        if msg.get("type") != "reset":
+            return False
+        service, verb = self.service, BY_NAME["reset"]
+        try:
+            seed, self.episode_id = service.begin_reset(session, verb.parse(msg.get("data")))
+            call = StepCall(self, self.was_reset)
+            service.submit(session, lambda: self.batcher.add(
+                ResetSlotRequest(session.slot, seed, call), call))
+        except ProtocolError as exc:
+            self._reply(_error(exc))
+        return True
+
+    def was_reset(self, result: Any, exc: BaseException | None) -> None:
+        """The slot engine's answer to this connection's reset (`StepCall`): the reply."""
+        self.stepped(result, exc, self.service.finish_reset, self.episode_id)
+
+    def stepped(self, result: Any, exc: BaseException | None, finish: Any = None,
+                extra: Any = None) -> None:
+        """The slot engine's answer to this connection's step (`StepCall`): the reply; the
+        reset's with ``finish`` = `Service.finish_reset` and its episode id."""
         session = self.session
         assert session is not None
         try:
-            payload = self.service.finish_step(session, result, exc, self.began)
+            payload = self.service.finish_step(session, result, exc, self.began) \
+                if finish is None else finish(session, result, exc, extra)
         except ProtocolError as err:
             self._reply(_error(err))
             return
