@@ -9,12 +9,9 @@ the refusal.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
 import turnpool.serve.codec as codec
-
-if TYPE_CHECKING:
-    from turnpool.serve.ws import WsConnection
 
 #: Largest request head read before the connection goes to uvicorn.
 MAX_HEAD_BYTES = 65_536
@@ -39,7 +36,7 @@ class Entry(asyncio.Protocol):
     uvicorn. uvicorn builds it as its ``http`` class (`turnpool.serve.ws.bind` makes one per
     server)."""
 
-    ws_class: type[WsConnection]
+    ws_class: type[Any]  # `turnpool.serve.ws.WsConnection` (not imported: no cycle)
     inner_class: Any
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
