@@ -175,3 +175,21 @@ def test_reset_async_gives_what_reset_gives_and_overlaps_turns(backend: str) -> 
         assert [got[i].info for i in (4, 5, 6, 7)] == infos
         assert [got[i] for i in (0, 1)] == ref.step_turns([["a"], ["b"]], env_ids=[0, 1])
         assert pool.env_seeds == ref.env_seeds
+
+
+def test_reset_async_gives_each_group_its_own_seed_in_one_call() -> None:
+    """A group -> seed mapping starts each group as a reset to that seed would (members
+    alike), on any worker; a group of ``env_ids`` missing from it is refused."""
+    import turnpool
+
+    with EnvPool("sokoban", env_num=6, group_n=2, seed=3, backend="process",
+                 num_workers=2) as pool:
+        pool.reset_async(seed={0: 41, 2: 7}, env_ids=[0, 1, 4, 5])
+        got: dict[int, Any] = {}
+        while pool.in_flight:
+            got.update(pool.poll(timeout=30.0))
+        for env_id, seed in ((0, 41), (1, 41), (4, 7), (5, 7)):
+            assert got[env_id].obs == turnpool.make("sokoban").reset(seed=seed)[0]
+        assert [pool.env_seeds[i] for i in (0, 1, 4, 5)] == [41, 41, 7, 7]
+        with pytest.raises(ValueError, match="no seed for groups"):
+            pool.reset_async(seed={0: 1}, env_ids=[0, 2])

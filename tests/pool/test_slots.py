@@ -232,10 +232,11 @@ class FakePool:
     def step_async(self, env_ids: list[int], action_lists: list[Any]) -> None:
         self.calls.append(("step", list(env_ids), list(action_lists)))
 
-    def reset_async(self, seed: int | None, env_ids: list[int]) -> None:
+    def reset_async(self, seed: int | dict[int, int] | None, env_ids: list[int]) -> None:
         self.calls.append(("reset", seed, list(env_ids)))
         for i in env_ids:
-            self.env_seeds[i] = (seed if seed is not None else 100) + i
+            self.env_seeds[i] = seed[i] if isinstance(seed, dict) else \
+                (seed if seed is not None else 100) + i
 
     def forget(self, env_ids: list[int]) -> None:
         self.calls.append(("forget", list(env_ids)))
@@ -316,21 +317,23 @@ def test_a_second_call_for_a_busy_slot_is_refused_alone(fake: Any) -> None:
     assert first.result(WAIT_S).obs == "a done"
 
 
-def test_a_seeded_reset_uses_the_base_that_starts_its_slot_at_that_seed(fake: Any) -> None:
+def test_seeded_resets_reach_the_pool_as_one_call_each_slot_with_its_seed(fake: Any) -> None:
     engine, pool = fake
-    slots = [engine.lease() for _ in range(3)]
-    seeded, free1, free2 = _waiter(), _waiter(), _waiter()
+    slots = [engine.lease() for _ in range(4)]
+    seeded, seeded2, free1, free2 = _waiter(), _waiter(), _waiter(), _waiter()
     engine.submit(ResetSlotRequest(slots[0], 10, seeded), ResetSlotRequest(slots[1], None, free1),
-                  ResetSlotRequest(slots[2], None, free2))
+                  ResetSlotRequest(slots[2], None, free2), ResetSlotRequest(slots[3], 7, seeded2))
     for s in slots:
         pool.finish(s, ResetResult(f"start {s}", {}, None))
     assert seeded.result(WAIT_S) == (f"start {slots[0]}", {}, 10, None, None)
+    assert seeded2.result(WAIT_S).seed == 7
     assert free1.result(WAIT_S).seed == 100 + slots[1]
     resets = [c for c in pool.calls if c[0] == "reset"]
-    # one pool call per seed base: slot i to seed s is base s - i; seedless ones share one
-    assert sorted(resets, key=str) == sorted([("reset", 10 - slots[0], [slots[0]]),
+    # the seeded ones in one pool call, each slot to its own seed; seedless ones share another
+    assert sorted(resets, key=str) == sorted([("reset", {slots[0]: 10, slots[3]: 7},
+                                               [slots[0], slots[3]]),
                                               ("reset", None, [slots[1], slots[2]])], key=str)
-    assert engine.resets_total == 3
+    assert engine.resets_total == 4
 
 
 def test_a_failed_turn_is_answered_and_counted_by_its_failure_class(fake: Any) -> None:

@@ -24,7 +24,10 @@ Choices where RAGEN is silent or we differ on purpose:
 * the observation is always text; ``render("rgb_array")`` draws the room from tiles built in
   code (``render_mode`` is accepted for RAGEN configs);
 * ``get_state`` / ``set_state`` copy a few integers and share the immutable room, so a group's
-  room is generated once and copied to its members.
+  room is generated once and copied to its members;
+* each process keeps the last 4,096 rooms it generated (and their boards), by seed and
+  settings: a reset to a seed seen before costs ~11 µs instead of ~230 (a served session
+  resetting to its seed, a GRPO group, evaluation seeds).
 
 :func:`solve` (breadth-first search over player and box cells) finds a shortest action
 sequence for an env or an observation; :func:`oracle` returns it as action names.
@@ -114,7 +117,10 @@ class _Board:
     char_at: tuple[int, ...]
 
     @classmethod
+    @lru_cache(maxsize=4096)
     def build(cls, room: Room, symbols: tuple[str, ...]) -> _Board:
+        """The board of ``room`` drawn with ``symbols``; kept per process, as the rooms of
+        `_generated` are (both are immutable)."""
         w = room.width
         targets = set(room.targets)
         base: list[str] = []
@@ -166,6 +172,16 @@ def _mask(cells: Sequence[int]) -> int:
     for p in cells:
         mask |= 1 << p
     return mask
+
+
+@lru_cache(maxsize=4096)
+def _generated(seed: int, dim: tuple[int, int], num_boxes: int, search_depth: int
+               ) -> tuple[Room, int]:
+    """`generate`'s room for ``seed``, kept per process: a `Room` is immutable and a pure
+    function of its arguments, and generating one is ~90% of a reset (~0.2 ms), while the
+    same seeds come back often (a GRPO group's members, a served session that resets to its
+    seed, evaluation seeds)."""
+    return generate(seed, dim, num_boxes, search_depth)
 
 
 # ------------------------------------------------------------------------------- tiles
@@ -309,8 +325,8 @@ class SokobanEnv(TextEnv):
 
     # ---------------------------------------------------------------- episode
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
-        room, self.generation_failures = generate(seed, self.dim_room, self.num_boxes,
-                                                  self.search_depth)
+        room, self.generation_failures = _generated(seed, self.dim_room, self.num_boxes,
+                                                    self.search_depth)
         return self._start(room)
 
     def load(self, room: Room | str) -> tuple[str, dict[str, Any]]:

@@ -271,18 +271,30 @@ class EnvPool:
         self._raise_if_needed(ids, [r.error for r in results])
         return obs, infos
 
-    def reset_async(self, seed: int | None = None, env_ids: Sequence[int] | None = None
-                    ) -> None:
+    def reset_async(self, seed: int | Mapping[int, int] | None = None,
+                    env_ids: Sequence[int] | None = None) -> None:
         """`reset` without waiting: each env's `ResetResult` comes from `poll`, ready first,
-        like a turn's (the envs are in flight until then)."""
+        like a turn's (the envs are in flight until then). ``seed`` may also map each group
+        of ``env_ids`` to its own seed: many groups, each to a seed of its own, in one call
+        (one request per worker, as any reset)."""
         self._check_open()
         ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
         self._check_ids(ids)
         self._dispatch.resets(Ticket(ids, is_async=True), self._reset_base(seed, ids),
                               self.group_ids)
 
-    def _reset_base(self, seed: int | None, ids: list[int]) -> int:
-        """The seed base of a reset: the pool's schedule when ``seed`` is None."""
+    def _reset_base(self, seed: int | Mapping[int, int] | None, ids: list[int]
+                    ) -> int | dict[int, int]:
+        """The seed base of a reset: the pool's schedule when ``seed`` is None; a mapping
+        of groups to seeds is checked and passed on."""
+        if isinstance(seed, Mapping):
+            for s in seed.values():
+                check_int("seed", s, 0)
+            seeds = {int(g): int(s) for g, s in seed.items()}
+            missing = {self.group_ids[i] for i in ids} - seeds.keys()
+            if missing:
+                raise ValueError(f"no seed for groups {sorted(missing)[:5]}")
+            return seeds
         if seed is None:
             base = self.seed + self._episode * self.n_groups
             self._episode += 1

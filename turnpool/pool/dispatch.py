@@ -26,7 +26,7 @@ import logging
 import pickle
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from turnpool.backends.base import Backend
@@ -114,8 +114,10 @@ class Dispatcher:
                           error_step(f"env failed earlier ({failed[i]}); reset it",
                                      failure=table.failure_of(i)))
 
-    def resets(self, ticket: Ticket, base: int, group_ids: Sequence[int]) -> None:
-        """Reset the envs of ``ticket``: group ``g`` gets seed ``base + g``."""
+    def resets(self, ticket: Ticket, base: int | Mapping[int, int], group_ids: Sequence[int]
+               ) -> None:
+        """Reset the envs of ``ticket``: group ``g`` gets seed ``base + g`` (``base[g]``
+        from a mapping)."""
         for w, pending in reset_requests(ticket, base, group_ids, self.table.owners):
             self.enqueue(w, pending)
         if ticket.is_async:

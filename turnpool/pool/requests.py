@@ -10,7 +10,7 @@ Nothing here talks to a backend or changes the env table.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from turnpool.worker.protocol import (
@@ -138,16 +138,18 @@ def step_requests(ticket: Ticket, action_lists: list[Any], single: bool,
             for w, (wids, wpos) in per_worker.items()], skipped
 
 
-def reset_requests(ticket: Ticket, base: int, group_ids: Sequence[int],
+def reset_requests(ticket: Ticket, base: int | Mapping[int, int], group_ids: Sequence[int],
                    owner: Sequence[int]) -> list[tuple[int, Pending]]:
     """One reset request per worker for the envs of ``ticket``: group ``g`` gets seed
-    ``base + g``; a worker resets one member of each group slice it holds and copies it."""
+    ``base + g`` (``base[g]`` when ``base`` maps groups to seeds); a worker resets one
+    member of each group slice it holds and copies it."""
+    seed_of = base.__getitem__ if isinstance(base, Mapping) else base.__add__
     out = []
     for w, (wids, wpos) in split(ticket.env_ids, owner)[0].items():
         groups: dict[int, list[int]] = {}
         for i in wids:
             groups.setdefault(group_ids[i], []).append(i)
-        request = ResetRequest([(base + g, members) for g, members in groups.items()])
+        request = ResetRequest([(seed_of(g), members) for g, members in groups.items()])
         pos_of = dict(zip(wids, wpos))
         out.append((w, Pending(request, ticket, [pos_of[i] for i in request.env_ids])))
     return out

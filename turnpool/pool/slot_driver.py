@@ -1,8 +1,9 @@
 """The slot engine's driver: the one thread that touches the pool (`SlotDriver`).
 
 It takes *everything* waiting in its inbox, sends all steps as one `EnvPool.step_async` call
-(one message per worker, however many users it serves), starts the resets batched by seed
-base (one `EnvPool.reset_async` per distinct base), runs the branching calls, and collects
+(one message per worker, however many users it serves), starts the resets in one
+`EnvPool.reset_async` (each slot to its own seed; seedless ones in a second, on the pool's
+schedule), runs the branching calls, and collects
 finished turns and resets ready-first with `EnvPool.poll`, so one slow env (or a worker busy
 restoring its envs) never holds back another slot's result. While calls are in flight it
 sleeps until a worker answers or a request comes in (`EnvPool.wait_fds` and the inbox's wake
@@ -251,17 +252,22 @@ class SlotDriver:
         return []
 
     def _resets(self, resets: list[ResetSlotRequest], in_flight: dict[int, Waiter]) -> Deliveries:
-        """Start one pool reset per distinct seed base (seedless resets share one call, a
-        seeded reset of slot ``i`` to seed ``s`` uses base ``s - i``) without waiting: their
-        results come ready-first with the turns', so a reset queued behind a slow worker
-        holds back no other slot."""
-        by_base: dict[int | None, list[ResetSlotRequest]] = {}
-        for r in resets:
-            by_base.setdefault(None if r.seed is None else r.seed - r.slot, []).append(r)
+        """Start the round's resets as at most two pool calls without waiting: the seeded
+        ones in one, each slot with its own seed (one request per worker, not one per
+        reset: served sessions reset to seeds of their own), the seedless ones in another,
+        on the pool's schedule. Their results come ready-first with the turns', so a reset
+        queued behind a slow worker holds back no other slot."""
+        seeded = [r for r in resets if r.seed is not None]
+        calls: list[tuple[dict[int, int] | None, list[ResetSlotRequest]]] = [
+            (None, [r for r in resets if r.seed is None])]
+        if seeded:
+            calls.append(({r.slot: r.seed for r in seeded if r.seed is not None}, seeded))
         out: Deliveries = []
-        for base, members in by_base.items():
+        for seeds, members in calls:
+            if not members:
+                continue
             try:
-                self._slots.reset_async(base, [r.slot for r in members])
+                self._slots.reset_async(seeds, [r.slot for r in members])
             except Exception as exc:
                 out.extend((r.waiter, None, exc) for r in members)
                 continue

@@ -177,7 +177,7 @@ class SlotPool(Protocol):
 
     def step_async(self, env_ids: list[int], action_lists: list[Any]) -> None: ...
 
-    def reset_async(self, seed: int | None, env_ids: list[int]) -> None: ...
+    def reset_async(self, seed: int | dict[int, int] | None, env_ids: list[int]) -> None: ...
 
     def poll(self, timeout: float, min_ready: int) -> list[tuple[int, Any]]: ...
 
@@ -224,8 +224,8 @@ class EnvPoolSlots:
     def step_async(self, env_ids: list[int], action_lists: list[Any]) -> None:
         self.pool.step_async(env_ids, action_lists)
 
-    def reset_async(self, seed: int | None, env_ids: list[int]) -> None:
-        self.pool.reset_async(seed=seed, env_ids=env_ids)
+    def reset_async(self, seed: int | dict[int, int] | None, env_ids: list[int]) -> None:
+        self.pool.reset_async(seed=seed, env_ids=env_ids)  # slot = group: group_n is 1
 
     def poll(self, timeout: float, min_ready: int) -> list[tuple[int, Any]]:
         return self.pool.poll(timeout=timeout, min_ready=min_ready)

@@ -24,11 +24,12 @@ as *slots*:
   ``step_future`` with no timeout of their own), whose results reach each event loop in one
   thread-safe callback per round, not one per result.
 
-Seeds: slot ``i`` is group ``i`` of the pool, whose reset seed is ``base + i``; a reset of
-slot ``i`` to seed ``s`` uses ``base = s - i``, so the env starts exactly as
-``turnpool.make(env).reset(seed=s)``. A seedless reset follows the pool's own schedule and
-reports the seed it used. Everything the pool does holds here too: ``step_timeout`` per env
-turn, a dead or stuck worker replaced with only its culprit failed, every backend.
+Seeds: slot ``i`` is group ``i`` of the pool; a reset of slot ``i`` to seed ``s`` gives group
+``i`` seed ``s`` (`EnvPool.reset_async` with a group -> seed mapping), so the env starts
+exactly as ``turnpool.make(env).reset(seed=s)``. A seedless reset follows the pool's own
+schedule and reports the seed it used. Everything the pool does holds here too:
+``step_timeout`` per env turn, a dead or stuck worker replaced with only its culprit failed,
+every backend.
 
 Example:
     >>> engine = SlotEngine("bandit", capacity=2, backend="sequential")

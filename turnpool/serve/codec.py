@@ -79,6 +79,12 @@ class FrameDecoder:
         self.buf = b""
 
     def feed(self, data: bytes) -> list[tuple[bool, int, bytes]]:
+        n = len(data)
+        if not self.buf and self.masked and n >= 6:  # the common read: one small frame
+            b0, b1 = data[0], data[1]
+            if b1 & 0x80 and (b1 & 0x7F) == n - 6 < 126 and not b0 & 0x70 and \
+                    n - 6 <= self.max_bytes:
+                return [(bool(b0 & 0x80), b0 & 0x0F, unmask(data[6:], data[2:6]))]
         buf = self.buf + data if self.buf else data
         out: list[tuple[bool, int, bytes]] = []
         i, n = 0, len(buf)

@@ -80,6 +80,24 @@ class Service:
 
     # ------------------------------------------------------------------ operations
     async def reset(self, session: Session, data: dict[str, Any]) -> dict[str, Any]:
+        """A reset on the general path (HTTP, MCP): `begin_reset`, the engine's reset,
+        `finish_reset`."""
+        seed, episode_id = self.begin_reset(session, data)
+        fut = self.submit(session, lambda: self.engine.reset_future(session.slot, seed))
+        try:
+            out, failure = await fut, None
+        except Exception as exc:  # finish_reset maps the failure
+            out, failure = None, exc
+        except BaseException:  # the caller went away: the call is no longer its
+            self.sessions.end_call(session)
+            raise
+        return self.finish_reset(session, out, failure, episode_id)
+
+    # The begin/finish pair of a reset, as of a step: `reset` above and the ``/ws`` fast path.
+    def begin_reset(self, session: Session, data: dict[str, Any]) -> tuple[int | None, Any]:
+        """The checked ``(seed, episode_id)`` of a reset message's data for ``session``;
+        `ProtocolError` if the data or a call already running refuses it. Submit the reset
+        with `submit`."""
         seed = data.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
                                  or seed < 0):
@@ -87,8 +105,20 @@ class Service:
         episode_id = data.get("episode_id")
         if episode_id is not None and (not isinstance(episode_id, str) or len(episode_id) > 255):
             raise ProtocolError("VALIDATION_ERROR", "episode_id must be a string of <= 255 chars")
-        out: SlotReset = await self._call(session, lambda: self.engine.reset_future(
-            session.slot, seed))
+        if session.busy:
+            raise _busy()
+        return seed, episode_id
+
+    def finish_reset(self, session: Session, out: SlotReset | None, exc: BaseException | None,
+                     episode_id: Any) -> dict[str, Any]:
+        """The observation payload of ``session``'s reset, answered ``out`` or failed with
+        ``exc``: the call ends and the session starts its episode; `ProtocolError` for a
+        failed reset, a late one (the sweep's `PoolTimeout`) or a pool that went away."""
+        self.sessions.end_call(session)
+        if isinstance(exc, PoolTimeout):
+            raise self.timed_out(session, exc)
+        if exc is not None or out is None:  # shutting down / the pool is closed
+            raise ProtocolError("EXECUTION_ERROR", str(exc) or "cancelled", status=503)
         session.step_count = 0
         if out.error is not None:
             session.started, session.done, session.seed = False, True, None

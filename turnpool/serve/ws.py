@@ -1,12 +1,12 @@
 """The one ``/ws`` path of ``turnpool serve``: WebSocket sessions served straight from the
 socket, beside the ASGI app on the same host and port.
 
-Each accepted connection starts as an `Entry` protocol (uvicorn's ``http`` class), which
-reads the request head: a ``GET /ws`` WebSocket upgrade becomes a `WsConnection`, and any
-other request is handed, with the bytes read so far, to uvicorn's own HTTP protocol, so every
-HTTP route behaves exactly as without it. An upgrade that uvicorn parses itself (one on a
-kept-alive connection, after an HTTP request) reaches the same `WsConnection`: it is also
-uvicorn's ``ws`` class. The ASGI app has no ``/ws`` route.
+Each accepted connection starts as an `Entry` protocol (uvicorn's ``http`` class,
+`turnpool.serve.entry`), which reads the request head: a ``GET /ws`` WebSocket upgrade
+becomes a `WsConnection`, and any other request is handed, with the bytes read so far, to
+uvicorn's own HTTP protocol, so every HTTP route behaves exactly as without it. An upgrade
+that uvicorn parses itself (one on a kept-alive connection, after an HTTP request) reaches the
+same `WsConnection`: it is also uvicorn's ``ws`` class. The ASGI app has no ``/ws`` route.
 
 Why: under load, most of the server's CPU per step went to layers around the step, not to it:
 the WebSocket protocol object, the ASGI message dicts, the coroutine and timeout machinery of
@@ -35,11 +35,13 @@ import json
 import logging
 import time
 from collections import deque
-from typing import Any, Protocol, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import turnpool.serve.codec as codec
 import turnpool.serve.mcp as mcp
-from turnpool.pool.slots import StepSlotRequest
+from turnpool.pool.slots import ResetSlotRequest, StepSlotRequest
+from turnpool.serve.entry import FORBIDDEN, MAX_HEAD_BYTES, WS_PATHS, Entry, Placement
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.jsonio import MAX_MESSAGE_CHARS, dumps_bytes, loads
 from turnpool.serve.service import Service
@@ -48,27 +50,11 @@ from turnpool.serve.verbs import BY_NAME, rpc
 
 log = logging.getLogger(__name__)
 
-#: Largest request head read before the connection goes to uvicorn.
-MAX_HEAD_BYTES = 65_536
 #: Largest WebSocket message read (uvicorn's ``ws_max_size`` default); a longer one closes
 #: the connection with 1009. Messages over `MAX_MESSAGE_CHARS` get the usual error reply.
 MAX_FRAME_BYTES = 16 * 2**20
 #: Messages a client may send ahead of its replies before the server stops reading.
 MAX_PENDING = 64
-#: The upgrade paths: ``/ws`` speaks OpenEnv's messages, ``/mcp`` JSON-RPC (the ``mcp``
-#: verb, one session per connection, as OpenEnv's WebSocket ``/mcp``).
-WS_PATHS = ("/ws", "/mcp")
-_FORBIDDEN = b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-
-
-class Placement(Protocol):
-    """Where a new ``/ws`` connection goes when the server runs several fronts
-    (`turnpool.serve.fronts.link.FrontLink`); absent on a single front."""
-
-    def place(self, session_id: str | None, hops: int) -> int | None: ...
-
-    def pass_connection(self, transport: asyncio.Transport, data: bytes, to: int, hops: int,
-                        here: Any) -> bool: ...
 
 
 async def answer(service: Service, session: Session, raw: str | None, msg: Any = None
@@ -108,16 +94,19 @@ async def _rpc_text(service: Service, session: Session, raw: str) -> bytes | Non
 
 
 class StepCall:
-    """One ``/ws`` step in flight: the slot engine's waiter for it (a `LoopWaiter`), which
-    the driver's round resolves on the loop straight into `WsConnection.stepped`, with no
-    future and no callback of its own. The session table's sweep fails a late one the same
-    way (then the pool's answer, when it comes, finds it done)."""
+    """One ``/ws`` step (or reset) in flight: the slot engine's waiter for it (a
+    `LoopWaiter`), which the driver's round resolves on the loop straight into ``then``
+    (`WsConnection.stepped` or `WsConnection.was_reset`), with no future and no callback of
+    its own. The session table's sweep fails a late one the same way (then the pool's
+    answer, when it comes, finds it done)."""
 
-    __slots__ = ("conn", "finished")
+    __slots__ = ("conn", "finished", "then")
 
-    def __init__(self, conn: WsConnection) -> None:
+    def __init__(self, conn: WsConnection,
+                 then: Callable[[Any, BaseException | None], None]) -> None:
         self.conn = conn
         self.finished = False
+        self.then = then
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self.conn.loop
@@ -128,26 +117,27 @@ class StepCall:
     def set_result(self, value: Any) -> None:
         if not self.finished:
             self.finished = True
-            self.conn.stepped(value, None)
+            self.then(value, None)
 
     def set_exception(self, exc: BaseException) -> None:
         if not self.finished:
             self.finished = True
             # the sweep fails calls while it walks the sessions: answer after it
-            self.conn.loop.call_soon(self.conn.stepped, None, exc)
+            self.conn.loop.call_soon(self.then, None, exc)
 
 
 class StepBatcher:
-    """The steps that sessions submit within one event-loop pass, handed to the slot engine
-    as one inbox item at the end of it (one hand-off per pass, not per step)."""
+    """The steps and resets that sessions submit within one event-loop pass, handed to the
+    slot engine as one inbox item at the end of it (one hand-off per pass, not per call)."""
 
     def __init__(self, service: Service) -> None:
         self.engine = service.engine
-        self.items: list[StepSlotRequest] = []
+        self.items: list[StepSlotRequest | ResetSlotRequest] = []
 
-    def add(self, slot: int, actions: list[Any], call: StepCall) -> StepCall:
-        self.engine.check(slot)
-        self.items.append(StepSlotRequest(slot, actions, call))
+    def add(self, request: StepSlotRequest | ResetSlotRequest, call: StepCall) -> StepCall:
+        """``request`` (whose waiter is ``call``) goes with this pass's batch."""
+        self.engine.check(request.slot)
+        self.items.append(request)
         if len(self.items) == 1:
             call.conn.loop.call_soon(self.flush)
         return call
@@ -156,58 +146,6 @@ class StepBatcher:
         items, self.items = self.items, []
         if items:
             self.engine.post(items)
-
-
-class Entry(asyncio.Protocol):
-    """A new connection: a ``/ws`` upgrade becomes a `WsConnection`, anything else goes to
-    uvicorn. uvicorn builds it as its ``http`` class (`bind` makes one per server)."""
-
-    ws_class: type[WsConnection]
-    inner_class: Any
-
-    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.config = config
-        self.server_state = server_state
-        self.app_state = app_state
-        self.loop = _loop or asyncio.get_event_loop()
-        self.transport: asyncio.Transport | None = None
-        self.head = b""
-        self.timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.timer = self.loop.call_later(self.config.timeout_keep_alive, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        self.head += data
-        end = self.head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.head) > MAX_HEAD_BYTES:
-                self._hand_over(self.inner_class)
-            return
-        request = codec.parse_upgrade(self.head[:end])
-        self._hand_over(self.ws_class if request is not None and request[0] in WS_PATHS
-                        else self.inner_class)
-
-    def _hand_over(self, protocol_class: Any) -> None:
-        """Give the connection, and what it sent so far, to ``protocol_class``."""
-        if self.timer is not None:
-            self.timer.cancel()
-        assert self.transport is not None
-        inner = protocol_class(config=self.config, server_state=self.server_state,
-                               app_state=self.app_state, _loop=self.loop)
-        self.transport.set_protocol(inner)
-        inner.connection_made(self.transport)
-        head, self.head = self.head, b""
-        inner.data_received(head)
-
-    def eof_received(self) -> bool | None:
-        return None  # close: a request that never ended
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
 
 
 class WsConnection(asyncio.Protocol):
@@ -240,6 +178,7 @@ class WsConnection(asyncio.Protocol):
         self.session: Session | None = None
         self.attached = False  # a session someone else opened (theirs to close)
         self.began = 0.0
+        self.episode_id: Any = None  # of the reset in flight
         self.rpc = False  # a WebSocket on /mcp: each message is a JSON-RPC request
 
     # ------------------------------------------------------------------ handshake
@@ -259,7 +198,7 @@ class WsConnection(asyncio.Protocol):
         request = codec.parse_upgrade(self.head[:end])
         if request is None or request[0] not in WS_PATHS:
             self.head = None
-            self.transport.write(_FORBIDDEN)
+            self.transport.write(FORBIDDEN)
             self.transport.close()
             return
         self.rpc = request[0] == "/mcp"
@@ -281,7 +220,7 @@ class WsConnection(asyncio.Protocol):
         _, key, headers, query = request
         service = self.service
         if not service.authorized(headers, query):
-            self.transport.write(_FORBIDDEN)
+            self.transport.write(FORBIDDEN)
             self.transport.close()
             return
         self.transport.write(codec.accept_response(key))
@@ -310,8 +249,11 @@ class WsConnection(asyncio.Protocol):
         if not self.open:
             return
         try:
+            messages = self.messages
             for fin, opcode, payload in self.frames.feed(data):
-                message = self.messages.add(fin, opcode, payload)
+                # a whole text frame with no fragments pending is its message (no call)
+                message = (opcode, payload) if fin and opcode == codec.OP_TEXT and \
+                    not messages.parts else messages.add(fin, opcode, payload)
                 if message is not None:
                     self._message(*message)
                 if not self.open:
@@ -373,17 +315,18 @@ class WsConnection(asyncio.Protocol):
         if self.rpc:
             assert text is not None
             task = self.loop.create_task(_rpc_text(self.service, session, text))
-        elif text is None and self._step(session, msg):
+        elif text is None and isinstance(msg, dict) and (
+                self._step(session, msg) or self._reset(session, msg)):
             return
         else:
             task = self.loop.create_task(answer(self.service, session, text, msg))
         task.add_done_callback(self._answered)
 
-    def _step(self, session: Session, msg: Any) -> bool:
+    def _step(self, session: Session, msg: dict[str, Any]) -> bool:
         """Submit the step message ``msg`` to the slot engine's batcher (True); False for
         any other message, which `answer` handles. The step itself is the general path's:
         `Service.begin_step` before, `Service.finish_step` after (`stepped`)."""
-        if not isinstance(msg, dict) or msg.get("type") != "step":
+        if msg.get("type") != "step":
             return False
         data = msg.get("data")
         if isinstance(data, dict) and "type" in data:  # an MCP action: `answer` runs it
@@ -391,20 +334,43 @@ class WsConnection(asyncio.Protocol):
         service = self.service
         try:
             actions = service.begin_step(session, data)
-            call = StepCall(self)
-            service.submit(session, lambda: self.batcher.add(session.slot, actions, call))
+            call = StepCall(self, self.stepped)
+            service.submit(session, lambda: self.batcher.add(
+                StepSlotRequest(session.slot, actions, call), call))
         except ProtocolError as exc:
             self._reply(_error(exc))
             return True
         self.began = time.perf_counter()
         return True
 
-    def stepped(self, result: Any, exc: BaseException | None) -> None:
-        """The slot engine's answer to this connection's step (`StepCall`): the reply."""
+    def _reset(self, session: Session, msg: dict[str, Any]) -> bool:
+        """A reset message goes to the batcher as a step does (True; False for any other):
+        `Service.begin_reset` before, `Service.finish_reset` after (`was_reset`)."""
+        if msg.get("type") != "reset":
+            return False
+        service, verb = self.service, BY_NAME["reset"]
+        try:
+            seed, self.episode_id = service.begin_reset(session, verb.parse(msg.get("data")))
+            call = StepCall(self, self.was_reset)
+            service.submit(session, lambda: self.batcher.add(
+                ResetSlotRequest(session.slot, seed, call), call))
+        except ProtocolError as exc:
+            self._reply(_error(exc))
+        return True
+
+    def was_reset(self, result: Any, exc: BaseException | None) -> None:
+        """The slot engine's answer to this connection's reset (`StepCall`): the reply."""
+        self.stepped(result, exc, self.service.finish_reset, self.episode_id)
+
+    def stepped(self, result: Any, exc: BaseException | None, finish: Any = None,
+                extra: Any = None) -> None:
+        """The slot engine's answer to this connection's step (`StepCall`): the reply; the
+        reset's with ``finish`` = `Service.finish_reset` and its episode id."""
         session = self.session
         assert session is not None
         try:
-            payload = self.service.finish_step(session, result, exc, self.began)
+            payload = self.service.finish_step(session, result, exc, self.began) \
+                if finish is None else finish(session, result, exc, extra)
         except ProtocolError as err:
             self._reply(_error(err))
             return
@@ -413,7 +379,10 @@ class WsConnection(asyncio.Protocol):
             self.running = False
             self.end(1011)
             return
-        self._reply(dumps_bytes({"type": "observation", "data": payload}))
+        if self.open:  # `_reply` without its two calls: this runs once per step
+            self._transport().write(codec.encode_frame(
+                codec.OP_TEXT, dumps_bytes({"type": "observation", "data": payload})))
+        self._done()
 
     def _answered(self, task: asyncio.Task[bytes | None]) -> None:
         exc = None if task.cancelled() else task.exception()
@@ -518,5 +487,5 @@ def adopt(ws_class: type[WsConnection], server_state: Any, data: bytes, hops: in
     return conn
 
 
-__all__ = ["Entry", "MAX_FRAME_BYTES", "Placement", "StepBatcher", "StepCall", "WsConnection",
-           "adopt", "answer", "bind"]
+__all__ = ["WS_PATHS", "Entry", "MAX_FRAME_BYTES", "Placement", "StepBatcher", "StepCall",
+           "WsConnection", "adopt", "answer", "bind"]
