@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 for _key, _value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
                      "RAY_USAGE_STATS_ENABLED": "0"}.items():
     os.environ.setdefault(_key, _value)
+# A suite started in the background by a non-interactive shell inherits SIGINT ignored, and so
+# would every CLI it starts: the Ctrl-C tests would then wait on a child that cannot hear them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
