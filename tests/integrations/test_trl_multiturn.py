@@ -44,6 +44,12 @@ def test_board_sets_are_fixed_by_seed_and_solvable() -> None:
     for action in plan:
         obs, reward, terminated, _, info = env.step(action)
     assert terminated and info["success"] and reward == 1.0
+    # Sokoban's own defaults: rooms of 3 to 6 moves, a warm-up less noisy than FrozenLake's
+    sokoban = example.BoardSetSokoban(**example.env_kwargs("sokoban", 3, 0))
+    for seed in range(3):
+        assert 3 <= len(example.SokobanEnv.oracle(sokoban.reset(seed=seed)[0], {})) <= 6
+    assert example.parse_args(["--env", "sokoban"]).epsilon == 0.25
+    assert example.parse_args(["--env", "frozen_lake"]).epsilon == 0.5
     room = example.BoardSetSokoban(dim_room=(6, 6), num_boxes=1, maps=2, map_seed=0)
     img = room.render("rgb_array") if room.reset(seed=1) else None
     assert img is not None and img.shape == (96, 96, 3) and img.dtype == np.uint8
