@@ -46,6 +46,7 @@ from turnpool.pool.table import EnvTable
 from turnpool.worker.errors import BackendUnavailable, WorkerLost, bounded
 from turnpool.worker.failures import Failure
 from turnpool.worker.protocol import (
+    OP_LATE,
     REPLY_KIND,
     LateReply,
     Op,
@@ -275,7 +276,7 @@ class Dispatcher:
         except WorkerLost as exc:
             self._recover(worker, Fault(str(exc) or "worker died", Failure.WORKER_LOST))
             return
-        if op is Op.LATE:
+        if op is OP_LATE:
             self._late_results(worker, seq, payload)
             return
         if not queue or seq != queue[0].seq:

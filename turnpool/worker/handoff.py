@@ -51,7 +51,16 @@ from typing import Any, NamedTuple
 from turnpool.worker.deadline import TIMED_OUT, StepInterrupted, raise_in_thread
 from turnpool.worker.errors import short_error
 from turnpool.worker.host import EnvHost
-from turnpool.worker.protocol import Op, Reply, Request, StepPayload, failed_reply
+from turnpool.worker.protocol import (
+    OP_CLOSE,
+    OP_STEP,
+    OP_STEP1,
+    Op,
+    Reply,
+    Request,
+    StepPayload,
+    failed_reply,
+)
 from turnpool.worker.results import error_step
 
 log = logging.getLogger(__name__)
@@ -297,10 +306,10 @@ class HandoffServer:
             self._end()
             return True
         op = request[1]
-        if op is Op.CLOSE:
+        if op is OP_CLOSE:
             self._end()
             return True
-        if op.is_turn and self._after is not None:
+        if (op is OP_STEP1 or op is OP_STEP) and self._after is not None:
             self._drain(me, HandoffJob(request, me))
             return False
         reply = self._host.handle(request)  # not a step, or no hand-off: answered in one go
@@ -315,7 +324,7 @@ class HandoffServer:
         """Run the envs of ``job`` that are left to claim, then send what is due."""
         me.job = job
         try:
-            self._host.run_turns(job.claim, job.op is Op.STEP1, job.results, job.failed,
+            self._host.run_turns(job.claim, job.op is OP_STEP1, job.results, job.failed,
                                  self._at(me))
         except Exception as exc:  # a host bug: report it rather than kill the worker
             log.exception("worker request %s failed", job.op)

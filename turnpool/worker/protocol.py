@@ -91,6 +91,12 @@ class Op(enum.IntEnum):
     LOAD = 9
     FORK = 10
 
+    def __reduce_ex__(self, protocol: object) -> str:  # type: ignore[override]
+        # by its qualified name (``Op.STEP1``): unpickling finds the member in C, where
+        # `Enum`'s own reduce calls ``Op(value)`` in Python; every request and reply carries
+        # an op, so this is paid per message on both sides of the wire
+        return _OP_NAMES[self]
+
     @property
     def is_turn(self) -> bool:
         """A step request (multi-action or one bare action per env)."""
@@ -118,6 +124,11 @@ class Op(enum.IntEnum):
         """How a deadline missed by this request is named in ``info["error"]``."""
         return "reset timeout" if self is Op.RESET else "step timeout"
 
+
+_OP_NAMES = {op: f"Op.{op.name}" for op in Op}
+#: Members read per request or reply on the hot paths: a module global is a dict lookup,
+#: ``Op.X`` (an attribute of the enum class) and `Op.is_turn` cost a Python-level lookup each.
+OP_CLOSE, OP_LATE, OP_STEP, OP_STEP1 = Op.CLOSE, Op.LATE, Op.STEP, Op.STEP1
 
 #: ``(seq, op, payload)``: a request on the wire (`encode`)
 Request = tuple[int, Op, Any]
