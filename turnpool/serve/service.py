@@ -28,7 +28,7 @@ import asyncio
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import turnpool.serve.mcp as mcp
@@ -84,14 +84,20 @@ class Service:
         `finish_reset`."""
         seed, episode_id = self.begin_reset(session, data)
         fut = self.submit(session, lambda: self.engine.reset_future(session.slot, seed))
+        out, failure = await self._outcome(session, fut)
+        return self.finish_reset(session, out, failure, episode_id)
+
+    async def _outcome(self, session: Session, fut: Awaitable[Any]
+                       ) -> tuple[Any, Exception | None]:
+        """``fut``'s result or failure (the finish half maps it); a caller that went away
+        ends the session's call."""
         try:
-            out, failure = await fut, None
-        except Exception as exc:  # finish_reset maps the failure
-            out, failure = None, exc
+            return await fut, None
+        except Exception as exc:
+            return None, exc
         except BaseException:  # the caller went away: the call is no longer its
             self.sessions.end_call(session)
             raise
-        return self.finish_reset(session, out, failure, episode_id)
 
     # The begin/finish pair of a reset, as of a step: `reset` above and the ``/ws`` fast path.
     def begin_reset(self, session: Session, data: dict[str, Any]) -> tuple[int | None, Any]:
@@ -136,13 +142,7 @@ class Service:
         actions = self.begin_step(session, data)
         fut = self.submit(session, lambda: self.engine.step_future(session.slot, actions))
         began = time.perf_counter()
-        try:
-            result, failure = await fut, None
-        except Exception as exc:  # finish_step maps the failure
-            result, failure = None, exc
-        except BaseException:  # the caller went away: the call is no longer its
-            self.sessions.end_call(session)
-            raise
+        result, failure = await self._outcome(session, fut)
         return self.finish_step(session, result, failure, began)
 
     # The one begin/finish pair of a served step, whichever path submits it (`step` above,
