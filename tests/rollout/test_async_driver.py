@@ -151,6 +151,7 @@ def test_without_max_batch_the_envs_move_in_eighths() -> None:
 
 # ------------------------------------------------------------------ overlap, for real
 _GATE = threading.Event()
+_WAITING = threading.Event()
 
 
 class GateEnv(TrivialEnv):
@@ -158,13 +159,17 @@ class GateEnv(TrivialEnv):
     lock-step collection cannot get there, so the gate would time out (an env error)."""
 
     def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if action == "wait" and not _GATE.wait(30.0):
-            raise RuntimeError("the policy never ran while this env was stepping")
+        if action == "wait":
+            _WAITING.set()
+            if not _GATE.wait(30.0):
+                raise RuntimeError("the policy never ran while this env was stepping")
         return super()._step(action)
 
 
 class GatePolicy:
-    """Env 1 says ``wait`` at its first turn; seeing env 0's second turn opens the gate."""
+    """Env 1 says ``wait`` at its first turn; env 0's second turn opens the gate, once env 1
+    is inside that step (env 0 may get there before env 1's first turn is even generated:
+    opened then, the gate would let env 1 through with nothing generated while it steps)."""
 
     def generate(self, batch: list[list[Message]],
                  contexts: list[TurnContext] | None = None) -> list[str]:
@@ -172,6 +177,8 @@ class GatePolicy:
         out = []
         for ctx in contexts:
             if ctx.env_id == 0 and ctx.turn == 1:
+                if not _WAITING.wait(30.0):
+                    raise RuntimeError("env 1 never started its step")
                 _GATE.set()
             out.append("<answer>wait</answer>" if (ctx.env_id, ctx.turn) == (1, 0)
                        else "<answer>go</answer>")
@@ -182,7 +189,11 @@ class GatePolicy:
 
 
 def test_generation_runs_while_another_env_is_stepping() -> None:
+    """Env 0's second turn is generated while env 1's first step runs, and the timing says
+    so: the env span starts when the step is sent, the policy span ends when ``generate``
+    returns, and both enclose the moment the gate opened."""
     _GATE.clear()
+    _WAITING.clear()
     env = f"{__name__}:GateEnv"
     pool = EnvPool(env, env_num=2, group_n=1, seed=0, backend="thread", num_workers=2,
                    step_timeout=60.0, tag="Gate")

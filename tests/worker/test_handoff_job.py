@@ -152,3 +152,33 @@ def test_a_host_bug_fails_a_job_held_by_one_runner_as_a_whole_and_only_then() ->
     handed = _job([4, 5])
     handed.hand_to(HELPER)
     assert not handed.abort() and handed.state is JobState.HANDED
+
+
+class _WrittenDuringLook(list):  # type: ignore[type-arg]
+    """Results that a stuck runner writes to right after the owner's first look at them
+    (runners write results without the server's lock)."""
+
+    def __init__(self, items: list[Any], k: int, value: Any) -> None:
+        super().__init__(items)
+        self.write: tuple[int, Any] | None = (k, value)
+
+    def __iter__(self) -> Any:
+        yield from list.__iter__(self)
+        if self.write is not None:
+            k, value = self.write
+            self.write = None
+            self[k] = value
+
+
+def test_a_result_written_while_the_partial_reply_is_made_still_goes_out_late() -> None:
+    """What is pending and what is reported come from one look: the stuck env is either in
+    the partial reply or in a late one, never in neither."""
+    job = _job([4, 5])
+    job.hand_to(HELPER)
+    _run(job, 1)
+    job.results = _WrittenDuringLook(job.results, 0, "late")
+    replies, answered = job.finish(HELPER, _since({4: 3.0}))
+    assert answered and replies == [(7, Op.PARTIAL, ([None, "ok"], [(0, 3.0)]), None, None)]
+    replies, answered = job.finish(READER, _no_since)
+    assert replies == [(7, Op.LATE, [(4, "late")], None, None)]
+    assert job.state is JobState.DONE

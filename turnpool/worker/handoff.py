@@ -33,7 +33,10 @@ are unit-tested without threads or processes (``tests/worker/test_handoff_job.py
 .serve`); with ``handoff_after=None`` it has no watchdog, never hands off and answers a step
 request in one go (`EnvHost.handle`), as it answers resets and restores. Only step
 requests are handed off (a reset or restore that hangs is the pool's deadline's to end).
-Sends are serialized with one lock, so replies never interleave on the wire.
+Sends are serialized with one lock, so replies never interleave on the wire; a job's
+transition and the sends it asks for happen under that lock together, so a job's replies
+leave in the order of its transitions (an `Op.LATE` never overtakes the `Op.PARTIAL` that
+names its env, which the pool would drop as unexpected).
 """
 
 from __future__ import annotations
@@ -187,8 +190,11 @@ class HandoffJob:
             self.state = JobState.DONE
 
     def _answer(self, since: Callable[[], tuple[dict[int, float], float]]) -> Answer:
-        """The owner is done: the full reply if nothing is pending, else the partial one."""
-        results = self._view()
+        """The owner is done: the full reply if nothing is pending, else the partial one.
+        One copy of the results decides both what is pending and what is reported (and is
+        what goes out): a stuck runner writes its result without the lock, and a result
+        seen as pending by one look and as reported by a second would never be sent."""
+        results = list(self._view())
         pending = [k for k, r in enumerate(results) if r is None]
         self._report([k for k, r in enumerate(results) if r is not None])
         if not pending:
@@ -281,6 +287,28 @@ class HandoffServer:
         with self._send_lock:
             self._send_raw(data)
 
+    def _send_answer(self, transition: Callable[[], Answer], end: bool = True) -> bool:
+        """Make a job's transition (under the lock) and send what it says, holding the send
+        lock from one to the other, so a job's replies go out in the order its transitions
+        happened: a straggler's `Op.LATE` never overtakes the `Op.PARTIAL` reply naming it
+        (the pool drops a late result it does not expect yet, and would wait for that env
+        until its deadline). False if the pool hung up (``end``: the server ends then)."""
+        with self._send_lock:
+            with self._lock:
+                answer = transition()
+                if answer.answered:
+                    self._progress(-1)
+            try:
+                for reply in answer.replies:
+                    self._send_raw(self._encode(reply))
+            except OSError:
+                failed = True
+            else:
+                failed = False
+        if failed and end:
+            self._end()
+        return not failed
+
     # ------------------------------------------------------------------ runners
     def _serve(self, me: _Runner) -> None:
         """One runner's loop: read and answer while it is the reader, park otherwise."""
@@ -328,29 +356,20 @@ class HandoffServer:
                                  self._at(me))
         except Exception as exc:  # a host bug: report it rather than kill the worker
             log.exception("worker request %s failed", job.op)
-            if job.abort():  # nobody else holds it: fail it as a whole
-                self._progress(-1)
-                self._send_or_end(failed_reply((job.seq, job.op, None), short_error(exc),
-                                               "worker_lost"))
-                return
+            whole = failed_reply((job.seq, job.op, None), short_error(exc), "worker_lost")
+            aborted: list[bool] = []
+
+            def abort() -> Answer:  # nobody else holds it: fail it as a whole
+                aborted.append(job.abort())
+                return Answer([whole], True) if aborted[0] else _NOTHING
+
+            self._send_answer(abort)
+            if aborted[0]:
+                return  # else its envs end as stragglers, answered below
         finally:
             me.env = -1
             me.job = None
-        with self._lock:
-            answer = job.finish(me, self._since)
-            if answer.answered:
-                self._progress(-1)
-        for reply in answer.replies:
-            if not self._send_or_end(reply):
-                return
-
-    def _send_or_end(self, reply: Reply) -> bool:
-        try:
-            self._send(reply)
-        except OSError:
-            self._end()
-            return False
-        return True
+        self._send_answer(lambda: job.finish(me, self._since))
 
     def _at(self, me: _Runner) -> Callable[[int], None]:
         """What runs before each env of a step: the runner's and the worker's progress
@@ -461,21 +480,26 @@ class HandoffServer:
 
     def _give_up(self, r: _Runner) -> None:
         """Answer ``timeout`` for the env ``r`` is stuck in, forget it, unwind ``r``."""
-        with self._lock:
-            job = r.job
-            env_id = r.env
+        given: list[tuple[HandoffJob, int]] = []
+
+        def transition() -> Answer:
+            job, env_id = r.job, r.env
             if job is None or env_id < 0 or r.abandoned:
-                return
+                return _NOTHING
             news, reply = job.give_up(env_id, error_step(TIMED_OUT, failure="timeout"))
             if not news:
-                return
+                return _NOTHING
             r.abandoned = True
             self._host.abandon(env_id)
+            given.append((job, env_id))
+            return Answer([] if reply is None else [reply], False)
+
+        self._send_answer(transition, end=False)  # the reader sees a hang-up itself
+        if not given:
+            return
+        job, env_id = given[0]
         log.warning("env %d stuck past step_timeout (%g s): answered timeout, thread "
                     "abandoned", env_id, self._timeout)
-        if reply is not None:
-            with contextlib.suppress(OSError):
-                self._send(reply)
         with self._lock:
             if r.env == env_id and r.job is job:  # still inside it: unwind it there
                 raise_in_thread(r.thread_id)
