@@ -9,27 +9,24 @@ Groups: env ``i`` belongs to group ``i // group_n``; all members of a group get 
 seed, so they start from the same state. The pool resets one member per group in each worker
 that owns members and copies the state to the others (one Sokoban room generation per group).
 
-Seeds: group ``g``'s reset seed is ``base + g``, with ``base`` the explicit ``reset(seed=...)`` or,
-for a seedless ``reset()``, ``seed + episode * n_groups`` where ``episode`` counts seedless
-resets; successive seedless resets therefore never reuse a seed.
+Seeds: group ``g``'s reset seed is ``base + g``, with ``base`` the explicit ``reset(seed=...)``
+or, for a seedless ``reset()``, ``seed + episode * n_groups`` (``episode`` counts seedless
+resets, so they never reuse a seed); `reset_async` also takes a group -> seed mapping.
 
-Faults: an env that raises, a worker that dies and an env that runs past ``step_timeout`` give
-that env a result with ``done=True`` (``truncated``), reward 0, ``info["error"]`` and its class
-``info["failure"]`` with ``info["retryable"]`` (`turnpool.worker.failures.FAILURE_CLASSES`); the
-env stays failed until its next reset (which rebuilds it). Envs that cannot be built raise
-`EnvConstructionError` from the constructor on every backend; a named backend that cannot
-start raises `BackendUnavailable` naming the fix (``auto``, or ``fallback=True``, runs
-sequentially instead, with a warning naming why). A dead or stuck
-worker is killed and replaced; the other envs it held are rebuilt by reset + replay of their
-recorded actions (deterministic envs make this exact) and their results for the step are
-computed as if nothing happened. ``on_error="raise"`` raises `EnvError` after the step instead.
+Faults: an env that raises, a dead worker and a step past ``step_timeout`` give that env a
+result with ``done=True`` (``truncated``), reward 0, ``info["error"]``, ``info["failure"]`` and
+``info["retryable"]`` (`turnpool.worker.failures.FAILURE_CLASSES`); it stays failed until its
+next reset, which rebuilds it. Envs that cannot be built raise `EnvConstructionError` from the
+constructor; a named backend that cannot start raises `BackendUnavailable` naming the fix
+(``auto``, or ``fallback=True``, runs sequentially, with a warning). A dead or stuck worker is
+replaced; its other envs are rebuilt by reset + replay of their recorded actions, so their
+results are as if nothing happened. ``on_error="raise"`` raises `EnvError` after the step.
 
-Parts: this module is the public API (groups, seeds; argument checks in ``arguments.py``); a
-pool holds one `turnpool.pool.dispatch.Dispatcher` (queues, sequence numbers, deadlines,
-recovery), which owns the `turnpool.pool.table.EnvTable` (each env's owner, episode seed and
-turns to replay, status; ask it through `EnvPool.owner_of` and `EnvPool.env_record`). Backends
-are started by name through `turnpool.backends.start_backend`, never imported here, so adding
-one never touches the pool.
+Parts: this module is the public API (argument checks in ``arguments.py``); a pool holds one
+`turnpool.pool.dispatch.Dispatcher` (queues, deadlines, recovery), which owns the
+`turnpool.pool.table.EnvTable` (each env's owner, seed, turns to replay, status: ask it
+through `EnvPool.owner_of` and `EnvPool.env_record`). Backends start by name
+(`turnpool.backends.start_backend`), so adding one never touches the pool.
 
 Example:
     >>> from turnpool.pool import EnvPool
@@ -114,18 +111,15 @@ class EnvPool:
         num_workers: worker count (default: the backend's, e.g. one process per core).
         mp_context: ``"spawn"`` (default), ``"forkserver"`` or ``"fork"`` for process backends.
         step_timeout: seconds one env may spend on one turn before it is flagged
-            (``timeout``; None: no deadline). The process backend's worker answers that
-            itself and keeps running (hand-off, `turnpool.worker.handoff`); a worker that
-            cannot answer (a hang holding the GIL, an in-process hang that no interrupt
-            reaches) is killed and replaced, its other envs restored. reset_timeout: the
-            same for a reset (default: ``step_timeout``).
+            (``timeout``; None: no deadline); a worker that cannot answer for it (a hang
+            holding the GIL) is replaced, its other envs restored. reset_timeout: the same
+            for a reset (default: ``step_timeout``).
         on_error: ``"flag"`` (failed envs return done + ``info["error"]``) or ``"raise"``
             (`EnvError` after the call).
         fallback: run sequentially, with a logged warning, if the named backend cannot start
             (default: raise `BackendUnavailable`; ``auto`` always falls back).
-        lazy_build: build each env at its first reset instead of at start (the first env of
-            each type is still built at start, so an env that cannot be built fails the
-            constructor); for pools with many slots that are not all used at once.
+        lazy_build: build each env at its first reset, not at start (the first env of each
+            type still is, so one that cannot be built fails the constructor).
         tag: the tag reported in ``pool.tags`` (default: ``env_type``).
         ray_address, backend_options: passed to the backend.
         specs: the blocks of a multi-type pool (`from_specs`), instead of ``env_type``,
