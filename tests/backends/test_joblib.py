@@ -84,11 +84,14 @@ def test_joblib_fault_is_isolated(flavour: str, fault: str) -> None:
             assert pool.worker_pids()[1] == pids[1]
         pids += pool.worker_pids()
     assert wait_gone(pids, 0.0) == []
-    if flavour == "loky":
+    if flavour != "threading":
         after = {c.pid for c in psutil.Process().children(recursive=True)}
         helpers = {c.pid for c in psutil.Process().children(recursive=True)
                    if "resource_tracker" in " ".join(c.cmdline())}
-        assert after - before - helpers == set()  # loky's idle workers were shut down too
+        # loky's idle workers were shut down too; multiprocessing's pools, including the one
+        # whose call a dead worker left waiting, were terminated and joined before close
+        # returned (the process its pool started in the dead one's place too)
+        assert after - before - helpers == set()
 
 
 @pytest.mark.parametrize("flavour", ["loky", "threading"])

@@ -7,9 +7,10 @@ each call in a daemon thread; a stuck task is interrupted by a signal, not kille
 
 Faults: loky terminates *all* its workers when one dies, so every slice reports lost and the
 pool rebuilds the innocent envs by reset + replay; ``multiprocessing`` never returns from a
-call whose worker died (the call is stopped at close); a hung ``threading`` worker is
-abandoned. loky's executor is process-wide and resized only when idle, so two joblib/loky
-pools alive at once need the same ``num_workers``.
+call whose worker died (the call is stopped at close, which returns once that call has
+terminated and joined its processes); a hung ``threading`` worker is abandoned. loky's
+executor is process-wide and resized only when idle, so two joblib/loky pools alive at once
+need the same ``num_workers``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 JOBLIB_BACKENDS = ("loky", "multiprocessing", "threading")
 _INTERRUPT_GRACE_S = 1.0
 _BROKEN_EXECUTOR_WAIT_S = 15.0
+#: bound on a stopped process-flavour call's return (it terminates and joins its pool)
+_TERMINATE_WAIT_S = 10.0
 
 
 def resolve_n_jobs(n_jobs: int, num_envs: int) -> int:
@@ -55,6 +58,9 @@ class _Launch:
         self.flavour = flavour
         self.epoch = epoch  # which loky executor generation it runs on
         self.parallel: Any = None
+        #: one of its tasks was lost (multiprocessing) or abandoned (threading): the call
+        #: never returns by itself
+        self.stuck = False
         self.thread = threading.Thread(target=self._run, args=(n_jobs, tasks),
                                        name="turnpool-joblib-launch", daemon=True)
         self.thread.start()
@@ -71,14 +77,21 @@ class _Launch:
             log.debug("joblib launch ended: %s", short_error(exc))
 
     def stop(self, timeout: float) -> None:
-        """Wait for the call to return; stop it if a lost task would keep it waiting."""
-        self.thread.join(timeout)
+        """Wait for the call to return; stop it if a lost task would keep it waiting. A
+        process flavour's call returns only after its pool's processes are terminated and
+        joined, so it is given time for that even when it is stopped: a call still running
+        when close returns leaves its processes behind."""
+        if not self.stuck:
+            self.thread.join(timeout)
         if self.thread.is_alive() and self.parallel is not None:
             # joblib has no public way to end a call whose worker vanished (multiprocessing)
             # or whose thread is stuck in env code (threading); its retrieval loop exits when
             # this flag is set and then terminates its own pool.
             self.parallel._aborting = True
-            self.thread.join(timeout)
+            if self.flavour != "threading":  # bounded; it returns once its pool is joined
+                self.thread.join(_TERMINATE_WAIT_S)
+            elif not self.stuck:  # (a thread stuck in env code never ends: joblib's pool
+                self.thread.join(timeout)  # would join it)
         if self.thread.is_alive():
             log.warning("a joblib call did not stop; its daemon thread is left behind")
 
@@ -91,7 +104,8 @@ class _Task(Stream):
     launch: _Launch
 
     def join(self, timeout: float) -> None:
-        self.launch.thread.join(timeout)
+        if not self.launch.stuck:  # else `_Launch.stop` ends the call
+            self.launch.thread.join(timeout)
 
 
 class JoblibBackend(DialBackBackend[_Task]):
@@ -117,7 +131,6 @@ class JoblibBackend(DialBackBackend[_Task]):
             raise ValueError(f"joblib_backend must be one of {JOBLIB_BACKENDS}, "
                              f"got {joblib_backend!r}")
         self._launches: list[_Launch] = []
-        self._stuck_call = False
         self._epoch = 0  # loky: the executor generation
         self.flavour = joblib_backend
 
@@ -150,45 +163,41 @@ class JoblibBackend(DialBackBackend[_Task]):
     def _stop(self, worker: _Task) -> None:
         """Stop a lost or stuck worker: interrupt its task (a thread can only be abandoned)."""
         worker.close_pipes()  # a thread worker that ever returns sees EOF and exits
-        if not worker.lost:
-            self._interrupt(worker)
-        self._stuck_call |= (worker.pid == self._owner_pid
-                             or (worker.lost and self.flavour == "multiprocessing"))
+        killed = not worker.lost and self._interrupt(worker)
+        if not self._closed and (worker.pid == self._owner_pid or (
+                (worker.lost or killed) and self.flavour == "multiprocessing")):
+            worker.launch.stuck = True  # replaced: its call waits for it forever
         worker.progress.close()
         if worker.lost and self.flavour == "loky" and not self._closed:
             self._await_broken_executor(worker.launch.epoch)
         worker.lost = True
 
-    def _join(self, workers: list[_Task], timeout: float) -> None:
-        # a call with a lost (multiprocessing) or abandoned (threading) task never returns
-        super()._join(workers, 0.1 if self._stuck_call else timeout)
-
     def _shutdown(self, workers: list[_Task]) -> None:
-        grace = 0.1 if self._stuck_call else CLOSE_GRACE_S
         super()._shutdown(workers)
         for launch in self._launches:
-            launch.stop(grace)
+            launch.stop(CLOSE_GRACE_S)
         self._launches.clear()
         if self.flavour == "loky":
             _shutdown_loky(CLOSE_GRACE_S)
 
-    def _interrupt(self, w: _Task) -> None:
+    def _interrupt(self, w: _Task) -> bool:
         """End a task still in env code: interrupt it, and kill its process only if it does
-        not return (stuck in C); a thread worker can only be abandoned."""
+        not return (stuck in C); a thread worker can only be abandoned. True if killed."""
         mark = w.progress.read()
         if w.pid <= 0 or w.pid == self._owner_pid or mark is None or mark[0] == FINISHED:
-            return
+            return False
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(w.pid, INTERRUPT)
         deadline = time.monotonic() + _INTERRUPT_GRACE_S
         while time.monotonic() < deadline:
             mark = w.progress.read()
             if mark is None or mark[0] == FINISHED:
-                return
+                return False
             time.sleep(0.005)  # bounded, only while a stuck worker is being replaced
         log.warning("joblib worker pid %d ignored the interrupt; killing it", w.pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(w.pid, signal.SIGKILL)
+        return True
 
     def _death(self, worker: int | None, w: _Task) -> str:
         return f"joblib worker {worker} ({self.flavour}) died"
