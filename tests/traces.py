@@ -1,13 +1,15 @@
 """Traces shared by the pool and backend tests: the same calls on two pools must give the same
 trace, whatever the backend (``mixed_pool`` + ``run_trace`` over every env type; ``short_trace``
-for one-type pools)."""
+for one-type pools; ``calls_trace`` for calls into the envs)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+import pytest
 
+from turnpool.envs.synthetic import FaultyEnv
 from turnpool.envs.webshop import oracle
 from turnpool.pool import EnvGroupSpec, EnvPool
 
@@ -165,3 +167,48 @@ def branch_trace(pool: EnvPool, trials: int = 3) -> list[Any]:
             live = [i for g, i in enumerate(live)
                     if not results[g * BRANCH_GROUP_N].done]
     return trace
+
+
+class DialEnv(FaultyEnv):
+    """A faulty env with a method whose value cannot leave its process."""
+
+    def opener(self) -> Any:
+        return lambda: self.t
+
+    def scaled(self, factor: int, *, offset: int = 0) -> int:
+        return self.value * factor + offset
+
+
+def calls_trace(pool: EnvPool) -> list[Any]:
+    """Every kind of call on a 3-env pool, each answer checked and returned."""
+    out: list[Any] = []
+    pool.reset(seed=5)
+    pool.set_attr("note", ["a", "b", "c"])
+    out.append(pool.call("note"))
+    assert out[-1] == ["a", "b", "c"]
+    pool.set_attr("note", ["z"], env_ids=[1])
+    out.append(pool.call("note", env_ids=[2, 1]))
+    assert out[-1] == ["c", "z"]
+    values = pool.call("value")
+    out.append(pool.call("scaled", (3,), {"offset": 1}))
+    assert out[-1] == [v * 3 + 1 for v in values]
+    obs = pool.step(["x", "yy", "zzz"])[0]
+    out.append(pool.call("render", ("text",)))
+    assert out[-1] == obs  # the envs answer in place, where they were stepped
+    for name, args, error, text in [
+            ("gravity", (), AttributeError, "env 0: gravity: .*no attribute 'gravity'"),
+            ("scaled", (), TypeError, "env 0: scaled: .*factor"),
+            ("opener", (), TypeError, "env 0: opener: its result cannot be pickled"),
+            ("scaled", (lambda: 1,), TypeError, "arguments of scaled must pickle"),
+            ("reset", (), ValueError, "use `reset` directly")]:
+        with pytest.raises(error, match=text):
+            pool.call(name, args)
+        out.append(error.__name__)
+    with pytest.raises(TypeError, match="arguments of note must pickle"):
+        pool.set_attr("note", [lambda: 1] * 3)
+    with pytest.raises(ValueError, match="2 values for 3 envs"):
+        pool.set_attr("note", ["a", "b"])
+    # errors leave the envs as they were: no env was flagged
+    out.append(pool.step(["x", "yy", "zzz"])[1])
+    assert all(pool.env_record(i).failure is None for i in range(3))
+    return out

@@ -26,7 +26,14 @@ from tests.faults import (
     wait_gone,
 )
 from tests.ray_cluster import local_ray  # noqa: E402
-from tests.traces import branch_pool, branch_trace, mixed_pool, run_trace  # noqa: E402
+from tests.traces import (  # noqa: E402
+    DialEnv,
+    branch_pool,
+    branch_trace,
+    calls_trace,
+    mixed_pool,
+    run_trace,
+)
 from turnpool.pool import EnvPool  # noqa: E402
 from turnpool.pool.api import EnvConstructionError  # noqa: E402
 
@@ -156,3 +163,11 @@ def test_ray_address_joins_the_running_cluster(tmp_path: Any) -> None:
     with EnvPool("frozen_lake", env_num=2, group_n=2, seed=3, backend="sequential") as ref:
         want = [ref.reset(), ref.step([1, 2, 3, 4])]
     assert [reset, step] == json.loads(json.dumps(want))
+
+
+def test_calls_into_envs_answer_on_ray_as_in_process() -> None:
+    with EnvPool(DialEnv, env_num=3, backend="sequential") as pool:
+        want = calls_trace(pool)
+    with EnvPool(DialEnv, env_num=3, backend="ray", num_workers=2) as pool:
+        assert pool.backend_name == "ray"
+        assert calls_trace(pool) == want

@@ -82,7 +82,7 @@ def test_a_closed_vector_env_raises_closed_environment_error() -> None:
 
 def test_np_random_seed_is_each_env_s_episode_seed_as_in_sync_vector_env() -> None:
     pool, sync = _pair("turnpool/Bandit-v0")
-    assert pool.np_random_seed == sync.np_random_seed == (-1, -1, -1)  # not reset yet
+    assert sync.np_random_seed == (-1, -1, -1)  # gymnasium: not known before a reset
     for envs in (pool, sync):
         envs.reset(seed=42)
     assert pool.np_random_seed == sync.np_random_seed == (42, 43, 44)
@@ -91,6 +91,20 @@ def test_np_random_seed_is_each_env_s_episode_seed_as_in_sync_vector_env() -> No
             envs.step(np.array([1, 2, 1]))
     assert pool.np_random_seed == sync.np_random_seed
     assert pool.np_random_seed != (42, 43, 44)
+    pool.close()
+    sync.close()
+
+
+@pytest.mark.parametrize("base", [0, 7])
+def test_before_its_first_reset_each_env_reports_the_seed_a_seedless_reset_plays(
+        base: int) -> None:
+    pool = PoolVectorEnv(3, "sokoban", backend="sequential", seed=base)
+    expected = (base, base + 1, base + 2)
+    assert pool.np_random_seed == expected  # distinct, and known before any reset
+    seedless = pool.reset()[0]
+    assert pool.np_random_seed == expected
+    sync = SyncVectorEnv([lambda: turnpool.make("sokoban")] * 3)
+    assert seedless == sync.reset(seed=base)[0]  # the episodes of exactly those seeds
     pool.close()
     sync.close()
 

@@ -47,12 +47,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import turnpool.pool.branch as branch
+import turnpool.pool.calls as calls
 from turnpool.backends import start_backend
 from turnpool.backends.base import Backend
 from turnpool.envs.registry import EnvTarget, build_target, target_name
 from turnpool.pool.arguments import check_arguments, check_int
 from turnpool.pool.branch import Snapshot
 from turnpool.pool.dispatch import Dispatcher
+from turnpool.pool.errors import EnvConstructionError, EnvError
 from turnpool.pool.requests import Ticket
 from turnpool.pool.table import EnvRecord
 from turnpool.worker.build import EnvBuild
@@ -63,21 +65,6 @@ from turnpool.worker.results import ResetResult, TurnResult, as_turn_results
 log = logging.getLogger(__name__)
 #: the index of ``error`` in a `TurnResult` (and its plain-tuple form)
 _ERROR = TurnResult._fields.index("error")
-
-
-class EnvError(RuntimeError):
-    """Raised with ``on_error="raise"`` when envs failed; ``errors`` maps env id -> reason."""
-
-    def __init__(self, errors: dict[int, str]) -> None:
-        self.errors = dict(errors)
-        shown = "; ".join(f"env {i}: {e}" for i, e in list(self.errors.items())[:5])
-        more = f" (+{len(self.errors) - 5} more)" if len(self.errors) > 5 else ""
-        super().__init__(f"{len(self.errors)} env(s) failed: {shown}{more}")
-
-
-class EnvConstructionError(ValueError):
-    """Envs of the pool could not be built (raised by the constructor, on every backend);
-    the message names the env type, tag, kwargs and the cause."""
 
 
 @dataclass(frozen=True)
@@ -253,9 +240,7 @@ class EnvPool:
 
         Group ``g`` gets seed ``base + g``; see the module docstring for ``base``.
         """
-        self._check_open()
-        ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
-        self._check_ids(ids)
+        ids = self._ids_of(env_ids)
         ticket = Ticket(ids, is_async=False)
         self._dispatch.resets(ticket, self._reset_base(seed, ids), self.group_ids)
         self._dispatch.finish(ticket)
@@ -271,9 +256,7 @@ class EnvPool:
         like a turn's (the envs are in flight until then). ``seed`` may also map each group
         of ``env_ids`` to its own seed: many groups, each to a seed of its own, in one call
         (one request per worker, as any reset)."""
-        self._check_open()
-        ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
-        self._check_ids(ids)
+        ids = self._ids_of(env_ids)
         self._dispatch.resets(Ticket(ids, is_async=True), self._reset_base(seed, ids),
                               self.group_ids)
 
@@ -378,6 +361,17 @@ class EnvPool:
             raise IndexError(f"env id {bad[0]} out of range [0, {n})")
         self._dispatch.table.forget(ids)
 
+    def call(self, name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+             env_ids: Sequence[int] | None = None) -> list[Any]:
+        """Each env's attribute ``name`` (called with ``args`` / ``kwargs`` if callable) in
+        its worker: the values, aligned to ``env_ids`` (`turnpool.pool.calls`)."""
+        return calls.call(self._dispatch, self._ids_of(env_ids), name, args, dict(kwargs or {}))
+
+    def set_attr(self, name: str, values: Sequence[Any], env_ids: Sequence[int] | None = None
+                 ) -> None:
+        """Set each env's attribute ``name`` to its value (`turnpool.pool.calls`)."""
+        calls.set_attr(self._dispatch, self._ids_of(env_ids), name, list(values))
+
     # ------------------------------------------------------------------ branching
     def snapshot(self, env_ids: Sequence[int]) -> list[Snapshot]:
         """Each env's state mid-episode as a `Snapshot` value (picklable; restore it into
@@ -435,6 +429,12 @@ class EnvPool:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("the pool is closed")
+
+    def _ids_of(self, env_ids: Sequence[int] | None) -> list[int]:
+        self._check_open()
+        ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
+        self._check_ids(ids)
+        return ids
 
     def _check_ids(self, ids: list[int]) -> None:
         n = self.num_envs

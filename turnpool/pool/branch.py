@@ -51,7 +51,8 @@ def snapshot(dispatch: Dispatcher, env_keys: Sequence[str], ids: list[int]) -> l
     """`EnvPool.snapshot` of the (checked) ``ids``; ``env_keys``: what each env is.
     ValueError for an env with no live episode or a finished one."""
     _check_live(dispatch, ids)
-    results: list[StateResult] = _run(dispatch, ids, lambda w, wids: SnapshotRequest(wids))
+    results: list[StateResult] = run_on_owners(dispatch, ids,
+                                               lambda w, wids: SnapshotRequest(wids))
     out = []
     for i, r in zip(ids, results):
         _check_state(i, r)
@@ -107,7 +108,7 @@ def restore(dispatch: Dispatcher, env_keys: Sequence[str], ids: list[int],
     def request(w: int, wids: list[int]) -> LoadRequest:
         return LoadRequest([(i, by_id[i].seed, by_id[i].turns, by_id[i].state) for i in wids])
 
-    results: list[ResetResult] = _run(dispatch, ids, request)
+    results: list[ResetResult] = run_on_owners(dispatch, ids, request)
     return _loaded(dispatch, ids, [(by_id[i].seed, by_id[i].turns) for i in ids], results)
 
 
@@ -148,14 +149,14 @@ def fork(dispatch: Dispatcher, env_keys: Sequence[str], src_id: int, dst_ids: li
                              f"{env_keys[src_id]}")
     seed, turns = _episode(dispatch, src_id)
     request = ForkRequest(src_id, [(d, seed, turns) for d in dst_ids])
-    head, *loaded = _run(dispatch, [src_id, *dst_ids], lambda w, wids: request)
+    head, *loaded = run_on_owners(dispatch, [src_id, *dst_ids], lambda w, wids: request)
     _check_state(src_id, head)
     return _loaded(dispatch, dst_ids, [(seed, turns)] * len(dst_ids), loaded)
 
 
-def _run(dispatch: Dispatcher, ids: list[int], request: Any) -> Any:
+def run_on_owners(dispatch: Dispatcher, ids: list[int], request: Any) -> Any:
     """Send ``request(worker, its env ids)`` to each worker holding some of ``ids`` and wait:
-    the replies' per-env results, aligned to ``ids``."""
+    the replies' per-env results, aligned to ``ids`` (`turnpool.pool.calls` sends its too)."""
     ticket = Ticket(ids, is_async=False)
     for w, (wids, wpos) in split(ids, dispatch.table.owners)[0].items():
         dispatch.enqueue(w, Pending(request(w, wids), ticket, wpos))

@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import copy
 import logging
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from turnpool.envs.base import TextEnv
 from turnpool.worker.build import EnvBuild
 from turnpool.worker.deadline import TIMED_OUT, StepInterrupted
-from turnpool.worker.errors import short_error
+from turnpool.worker.errors import bounded, short_error
 from turnpool.worker.failures import failure_of_exception
 from turnpool.worker.protocol import (
     OPS,
+    CallPayload,
+    CallReply,
     ForkPayload,
     ForkReply,
     LoadPayload,
@@ -39,13 +42,20 @@ from turnpool.worker.protocol import (
     ResetReply,
     RestorePayload,
     RestoreReply,
+    SetAttrPayload,
     SnapshotPayload,
     SnapshotReply,
     StepPayload,
     StepReply,
     failed_reply,
 )
-from turnpool.worker.results import ResetResult, StateResult, error_reset, error_step
+from turnpool.worker.results import (
+    CallResult,
+    ResetResult,
+    StateResult,
+    error_reset,
+    error_step,
+)
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +276,40 @@ class EnvHost:
         if head.error is not None or head.finished:
             return [head, *[None] * len(items)]
         return [head, *self.load([(d, seed, turns, head.state) for d, seed, turns in items])]
+
+    def call(self, items: CallPayload) -> CallReply:
+        """`Op.CALL`: each env's attribute ``name``, called with ``args`` / ``kwargs`` when it
+        is callable (gymnasium's vector ``call``). The value must pickle, on every backend
+        (the same answer whether or not this worker is a process of its own)."""
+        return [self._call_one(env_id, name, args, kwargs) for env_id, name, args, kwargs in items]
+
+    def set_attr(self, items: SetAttrPayload) -> CallReply:
+        """`Op.SET_ATTR`: ``setattr(env, name, value)`` on each env."""
+        return [self._call_one(env_id, "__setattr__", (name, value), {})
+                for env_id, name, value in items]
+
+    def _call_one(self, env_id: int, name: str, args: Sequence[Any], kwargs: dict[str, Any]
+                  ) -> CallResult:
+        self.progress(env_id)
+        env = self.envs.get(env_id)
+        if env is None or env_id in self.broken:
+            why = "it has no episode yet" if env_id in self.unbuilt else "it failed earlier"
+            return CallResult(None, f"env {env_id} cannot be called: {why}; reset it",
+                              "RuntimeError")
+        try:
+            attr = getattr(env, name)
+            value = attr(*args, **kwargs) if callable(attr) else attr
+        except Exception as exc:
+            return CallResult(None, bounded(str(exc)), type(exc).__name__)
+        except StepInterrupted:
+            self.broken.add(env_id)
+            return CallResult(None, f"{TIMED_OUT}; the env must be reset", "TimeoutError")
+        try:
+            pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            return CallResult(None, f"its result cannot be pickled: {short_error(exc)}",
+                              "TypeError")
+        return CallResult(value)
 
     def close(self, payload: Any = None) -> None:
         """`Op.CLOSE` (and the end of every worker): close every env."""

@@ -41,6 +41,11 @@ Wire format (plain tuples; a process backend pickles them once per worker per ca
   and `Op.LOAD` of its state into each destination, in one message (all on ``src``'s
   worker); reply: ``src``'s `StateResult`, then a `ResetResult` per destination (``None``
   each when ``src`` cannot be branched).
+* `Op.CALL`: payload ``[(env_id, name, args, kwargs), ...]``: each env's attribute ``name``,
+  called with ``args`` / ``kwargs`` when callable (gymnasium's vector ``call``); reply: one
+  `CallResult` per env (its value, which the host has checked pickles, or its error).
+* `Op.SET_ATTR`: payload ``[(env_id, name, value), ...]``: ``setattr`` on each env; reply: a
+  `CallResult` per env (value ``None``).
 * `Op.CLOSE`: close every env; no reply is needed.
 * Replies only, from a process worker whose env stalled (`turnpool.worker.handoff`): an
   `Op.PARTIAL` reply to a step request carries a `PartialReply` ``(results, pending)``,
@@ -73,7 +78,7 @@ from functools import partial
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from turnpool.worker.failures import Failure
-from turnpool.worker.results import ResetResult, StateResult, WireTurn
+from turnpool.worker.results import CallResult, ResetResult, StateResult, WireTurn
 
 
 class Op(enum.IntEnum):
@@ -90,6 +95,8 @@ class Op(enum.IntEnum):
     SNAPSHOT = 8  # branching (`turnpool.pool.branch`)
     LOAD = 9
     FORK = 10
+    CALL = 11  # an env's method or attribute (`turnpool.pool.calls`)
+    SET_ATTR = 12
 
     def __reduce_ex__(self, protocol: object) -> str:  # type: ignore[override]
         # by its qualified name (``Op.STEP1``): unpickling finds the member in C, where
@@ -104,8 +111,9 @@ class Op(enum.IntEnum):
 
     def limit(self, step_timeout: float | None, reset_timeout: float | None
               ) -> float | None:
-        """The deadline of one env's share of this request (restore = reset + replay)."""
-        if self.is_turn:
+        """The deadline of one env's share of this request (restore = reset + replay; a
+        call into an env is held to a step's)."""
+        if self.is_turn or self is Op.CALL or self is Op.SET_ATTR:
             return step_timeout
         if self is Op.RESET:
             return reset_timeout
@@ -122,6 +130,8 @@ class Op(enum.IntEnum):
     @property
     def timeout_text(self) -> str:
         """How a deadline missed by this request is named in ``info["error"]``."""
+        if self is Op.CALL or self is Op.SET_ATTR:
+            return "call timeout"
         return "reset timeout" if self is Op.RESET else "step timeout"
 
 
@@ -150,6 +160,10 @@ SnapshotPayload = Sequence[int]
 LoadPayload = Sequence[tuple[int, int, Sequence[Sequence[Any]], Any]]
 #: `Op.FORK`: ``(src, [(dst_id, seed, turns), ...])``
 ForkPayload = tuple[int, Sequence[tuple[int, int, Sequence[Sequence[Any]]]]]
+#: `Op.CALL`: ``[(env_id, name, args, kwargs), ...]``
+CallPayload = Sequence[tuple[int, str, tuple[Any, ...], dict[str, Any]]]
+#: `Op.SET_ATTR`: ``[(env_id, name, value), ...]``
+SetAttrPayload = Sequence[tuple[int, str, Any]]
 
 
 # ---------------------------------------------------------------------- typed records
@@ -229,6 +243,20 @@ class LoadRequest(ItemsRequest[tuple[int, int, Sequence[Sequence[Any]], Any]]):
     op: ClassVar[Op] = Op.LOAD
 
 
+@dataclass(frozen=True)
+class CallRequest(ItemsRequest[tuple[int, str, tuple[Any, ...], dict[str, Any]]]):
+    """`Op.CALL`: ``items`` is ``[(env_id, name, args, kwargs), ...]``."""
+
+    op: ClassVar[Op] = Op.CALL
+
+
+@dataclass(frozen=True)
+class SetAttrRequest(ItemsRequest[tuple[int, str, Any]]):
+    """`Op.SET_ATTR`: ``items`` is ``[(env_id, name, value), ...]``."""
+
+    op: ClassVar[Op] = Op.SET_ATTR
+
+
 class SnapshotRequest(NamedTuple):
     """`Op.SNAPSHOT`: the states of ``env_ids``."""
     env_ids: list[int]
@@ -280,7 +308,7 @@ class CloseRequest(NamedTuple):
 
 #: A request the pool sends (one record type per op)
 RequestRecord = (ResetRequest | StepRequest | RestoreRequest | SnapshotRequest | LoadRequest
-                 | ForkRequest | CloseRequest)
+                 | ForkRequest | CallRequest | SetAttrRequest | CloseRequest)
 
 
 #: The payload of a step reply: per env, in request order, its `WireTurn`; and the indices
@@ -301,6 +329,8 @@ SnapshotReply = list[StateResult]
 #: The payload of an `Op.FORK` reply: the source's `StateResult`, then a `ResetResult` per
 #: destination (``None`` each if it failed)
 ForkReply = list["StateResult | ResetResult | None"]
+#: The payload of an `Op.CALL` or `Op.SET_ATTR` reply: one `CallResult` per env
+CallReply = list[CallResult]
 
 
 class ReplyKind(enum.Enum):
@@ -346,6 +376,8 @@ OPS: dict[Op, OpSpec] = {
     Op.SNAPSHOT: OpSpec(SnapshotRequest, "snapshot", ReplyKind.VALUES),
     Op.LOAD: OpSpec(LoadRequest, "load", ReplyKind.VALUES),
     Op.FORK: OpSpec(ForkRequest, "fork", ReplyKind.VALUES),
+    Op.CALL: OpSpec(CallRequest, "call", ReplyKind.VALUES),
+    Op.SET_ATTR: OpSpec(SetAttrRequest, "set_attr", ReplyKind.VALUES),
 }
 #: `OPS`' reply kinds by op (read per reply on the hot path)
 REPLY_KIND: dict[Op, ReplyKind] = {op: spec.reply for op, spec in OPS.items()}

@@ -1,6 +1,6 @@
 """The per-env result records every backend carries back to the pool: `TurnResult` (a turn),
-`ResetResult` (a reset or a load), `StateResult` (a snapshot), and the failed forms of each
-(`error_step`, `error_reset`)."""
+`ResetResult` (a reset or a load), `StateResult` (a snapshot), `CallResult` (a call into an
+env), and the failed forms of each (`error_step`, `error_reset`)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,15 @@ class StateResult(NamedTuple):
     state: Any
     finished: bool
     error: str | None
+
+
+class CallResult(NamedTuple):
+    """An env's answer to `Op.CALL` / `Op.SET_ATTR`: the value, or the error it raised
+    (``kind`` its type's name, ``error`` its message, bounded)."""
+
+    value: Any
+    error: str | None = None
+    kind: str | None = None
 
 
 class ResetResult(NamedTuple):
