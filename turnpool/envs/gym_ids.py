@@ -5,9 +5,9 @@ without it, ``gymnasium.make("turnpool:turnpool/Sokoban-v0")`` imports turnpool 
 gymnasium does for ``"module:id"``. Each id has a ``vector_entry_point``, so
 ``gymnasium.make_vec(id, num_envs=N)`` (``vectorization_mode="vector_entry_point"``, the default
 for these ids) returns a `turnpool.pool.vector.PoolVectorEnv` over an `EnvPool`
-(``backend=``, ``num_workers=`` and ``autoreset_mode=`` as keyword arguments; gymnasium refuses
-``vector_kwargs`` for a custom vector env), while ``vectorization_mode="sync"``/``"async"``
-give gymnasium's own vector envs over the same envs.
+(``backend=``, ``num_workers=``, ``autoreset_mode=``, ``seed=`` and ``step_timeout=`` as keyword
+arguments; gymnasium refuses ``vector_kwargs`` for a custom vector env), while
+``vectorization_mode="sync"``/``"async"`` give gymnasium's own vector envs over the same envs.
 
 Example:
     >>> import gymnasium, turnpool
