@@ -203,22 +203,22 @@ class SlotDriver:
             self._slots.forget(released)
         taken: set[int] = set()  # this round's, beside those in flight
         for r in items:
-            if isinstance(r, ReleaseRequest):
-                continue
-            # one slot, most often: no tuple made (the `slots` property's)
-            one = isinstance(r, (StepSlotRequest, ResetSlotRequest))
-            slots = (r.slot,) if one else r.slots
-            busy = [s for s in slots if s in in_flight or s in taken]
-            if busy:  # one call at a time per slot; the others are refused alone
-                out.append((r.waiter, None, RuntimeError(
-                    f"env slot {busy[0]} is still running a call; wait for it first")))
-                continue
-            taken.update(slots)
-            if isinstance(r, StepSlotRequest):
-                steps.append(r)
-            elif isinstance(r, ResetSlotRequest):
-                resets.append(r)
-            else:
+            # a step or reset (one slot, most often): no tuple made, as `slots` would
+            if isinstance(r, (StepSlotRequest, ResetSlotRequest)):
+                if r.slot in in_flight or r.slot in taken:
+                    out.append(_refused(r.waiter, r.slot))
+                    continue
+                taken.add(r.slot)
+                if isinstance(r, StepSlotRequest):
+                    steps.append(r)
+                else:
+                    resets.append(r)
+            elif not isinstance(r, ReleaseRequest):
+                busy = [s for s in r.slots if s in in_flight or s in taken]
+                if busy:  # one call at a time per slot; the others are refused alone
+                    out.append(_refused(r.waiter, busy[0]))
+                    continue
+                taken.update(r.slots)
                 branches.append(r)
         if steps:
             out.extend(self._steps(steps, in_flight))
@@ -240,15 +240,14 @@ class SlotDriver:
 
     def _steps(self, steps: list[StepSlotRequest], in_flight: dict[int, Waiter]) -> Deliveries:
         """Send every step as one pool call (one message per worker)."""
+        slots = [r.slot for r in steps]
         try:
-            self._slots.step_async([r.slot for r in steps], [r.actions for r in steps])
+            self._slots.step_async(slots, [r.actions for r in steps])
         except Exception as exc:  # a closed pool: every caller hears it
             return [(r.waiter, None, exc) for r in steps]
         self.batches_total += 1
-        now = time.monotonic()
-        for r in steps:
-            in_flight[r.slot] = r.waiter
-            self._sent[r.slot] = now
+        in_flight.update(zip(slots, [r.waiter for r in steps]))  # no Python loop per step
+        self._sent.update(dict.fromkeys(slots, time.monotonic()))
         return []
 
     def _resets(self, resets: list[ResetSlotRequest], in_flight: dict[int, Waiter]) -> Deliveries:
@@ -312,6 +311,11 @@ class SlotDriver:
     def _count_failure(self, failure: str, error: str) -> None:
         self.failures[failure] += 1
         self.recent_failures.append({"time": time.time(), "failure": failure, "error": error})
+
+
+def _refused(waiter: Waiter, slot: int) -> tuple[Waiter, None, BaseException]:
+    return (waiter, None, RuntimeError(
+        f"env slot {slot} is still running a call; wait for it first"))
 
 
 __all__ = ["DEADLINE_CHECK", "IDLE_WAIT", "POLL_INTERVAL", "REBALANCE_EVERY", "SlotDriver"]
