@@ -133,7 +133,8 @@ def run_benchmark(settings: Settings, progress: Callable[..., None] | None = Non
         "machine": machine_info(processor=platform.processor()),
         "settings": asdict(settings),
         "env_kwargs": {c.name: c.kwargs for c in cases},
-        "rows": [{**asdict(r), "us_per_env_step": r.us_per_env_step} for r in rows],
+        "rows": [{**asdict(r), "us_per_env_step": r.us_per_env_step,
+                  "cpu_us_per_env_step": r.cpu_us_per_env_step} for r in rows],
         "sokoban_128": sokoban_turn,
         "elapsed_s": time.time() - started,
     }
@@ -321,6 +322,12 @@ def render(report: dict) -> list[Any]:
         out.append(f"cpu env, first {report['settings']['first_steps']} steps after start, "
                    f"N={sizes[0]}: speedup " + ", ".join(f"{b} {v:.2f}x"
                                                         for b, v in first.items() if v))
+    cpu = [(r["backend"], r["n"], r.get("cpu_us_per_env_step")) for r in report["rows"]
+           if r["env"] == "trivial" and r.get("cpu_us_per_env_step") is not None]
+    if cpu:
+        out.append("trivial env, CPU of the caller and its workers per env-step (µs; steadier "
+                   "than wall time when others load the machine): " + "; ".join(
+                       f"{b} N={n} {v:.2f}" for b, n, v in cpu))
     ratio = report["summary"]["auto_ratio"]
     if ratio:
         out.append("auto / best backend: " + "; ".join(
