@@ -14,9 +14,11 @@ shared-memory path returns stale text observations) runs the same envs through a
 the external reference column. Ray is measured last so that no process is forked after Ray's
 threads exist.
 
-Every row records how much CPU other processes used while it was timed (``other_load``); a
-row disturbed beyond ``--max-other-load`` is measured again (``--retries``) and the least
-disturbed attempt is kept, and ``--wait-quiet`` waits for a quiet machine before each row.
+Every row records the CPU its own process tree spent per pool step (``cpu_s``; printed as µs
+per env-step for the trivial rows, the steadier number on a shared machine) and how much CPU
+other processes used while it was timed (``other_load``); a row disturbed beyond
+``--max-other-load`` is measured again (``--retries``) and the least disturbed attempt is
+kept, and ``--wait-quiet`` waits for a quiet machine before each row.
 
 The default run is the quick one (under a minute): every backend but Ray at N = 8 (the
 AsyncVectorEnv column on the trivial and cpu envs only), each timed right after its pool has
