@@ -26,6 +26,10 @@ def test_bench_pool_quick_writes_json_and_png(tmp_path: Path) -> None:
             row = rows[(env, backend, 8)]
             assert row["error"] is None and row["batch_s"] > 0 and row["steps"] >= 2
     assert rows[("trivial", "auto", 8)]["active_backend"] == "auto->sequential"
+    # the CPU the pool's processes spent per env-step is measured, not just wall time
+    assert rows[("trivial", "sequential", 8)]["cpu_us_per_env_step"] > 0
+    assert rows[("trivial", "process_pool", 8)]["cpu_us_per_env_step"] > 0
+    assert "CPU of the caller and its workers per env-step" in result.output
     assert report["summary"]["speedup"]["sleep"]["thread"]["8"] > 0
     assert {g["goal"] for g in report["summary"]["goals"]} >= {
         "auto / best backend, worst env and N"}

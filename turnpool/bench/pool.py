@@ -14,9 +14,11 @@ shared-memory path returns stale text observations) runs the same envs through a
 the external reference column. Ray is measured last so that no process is forked after Ray's
 threads exist.
 
-Every row records how much CPU other processes used while it was timed (``other_load``); a
-row disturbed beyond ``--max-other-load`` is measured again (``--retries``) and the least
-disturbed attempt is kept, and ``--wait-quiet`` waits for a quiet machine before each row.
+Every row records the CPU its own process tree spent per pool step (``cpu_s``; printed as µs
+per env-step for the trivial rows, the steadier number on a shared machine) and how much CPU
+other processes used while it was timed (``other_load``); a row disturbed beyond
+``--max-other-load`` is measured again (``--retries``) and the least disturbed attempt is
+kept, and ``--wait-quiet`` waits for a quiet machine before each row.
 
 The default run is the quick one (under a minute): every backend but Ray at N = 8 (the
 AsyncVectorEnv column on the trivial and cpu envs only), each timed right after its pool has
@@ -133,7 +135,8 @@ def run_benchmark(settings: Settings, progress: Callable[..., None] | None = Non
         "machine": machine_info(processor=platform.processor()),
         "settings": asdict(settings),
         "env_kwargs": {c.name: c.kwargs for c in cases},
-        "rows": [{**asdict(r), "us_per_env_step": r.us_per_env_step} for r in rows],
+        "rows": [{**asdict(r), "us_per_env_step": r.us_per_env_step,
+                  "cpu_us_per_env_step": r.cpu_us_per_env_step} for r in rows],
         "sokoban_128": sokoban_turn,
         "elapsed_s": time.time() - started,
     }
@@ -321,6 +324,12 @@ def render(report: dict) -> list[Any]:
         out.append(f"cpu env, first {report['settings']['first_steps']} steps after start, "
                    f"N={sizes[0]}: speedup " + ", ".join(f"{b} {v:.2f}x"
                                                         for b, v in first.items() if v))
+    cpu = [(r["backend"], r["n"], r.get("cpu_us_per_env_step")) for r in report["rows"]
+           if r["env"] == "trivial" and r.get("cpu_us_per_env_step") is not None]
+    if cpu:
+        out.append("trivial env, CPU of the caller and its workers per env-step (µs; steadier "
+                   "than wall time when others load the machine): " + "; ".join(
+                       f"{b} N={n} {v:.2f}" for b, n, v in cpu))
     ratio = report["summary"]["auto_ratio"]
     if ratio:
         out.append("auto / best backend: " + "; ".join(

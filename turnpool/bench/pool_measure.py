@@ -6,6 +6,7 @@ of `turnpool.bench.pool` explains the benchmark.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -90,10 +91,18 @@ class Row:
     error: str | None = None
     #: mean wall time of one pool step over the first ``first_steps`` steps after start
     first_s: float | None = None
+    #: CPU seconds per pool step of this process tree while timed (the caller and its
+    #: workers; Ray's actors are not children; a reset inside a block counts too): steadier
+    #: than wall time on a shared machine
+    cpu_s: float | None = None
 
     @property
     def us_per_env_step(self) -> float:
         return self.batch_s / self.n * 1e6
+
+    @property
+    def cpu_us_per_env_step(self) -> float | None:
+        return None if self.cpu_s is None else self.cpu_s / self.n * 1e6
 
 
 # --------------------------------------------------------------------------- measuring
@@ -105,6 +114,8 @@ class OtherLoad:
     """
 
     def __init__(self) -> None:
+        #: CPU seconds this process tree used in the last window (`stop`)
+        self.own_s: float | None = None
         try:
             import psutil
         except ImportError:
@@ -121,8 +132,7 @@ class OtherLoad:
         me = psutil.Process()
         for proc in [me, *me.children(recursive=True)]:
             try:
-                t = proc.cpu_times()
-                own += t.user + t.system
+                own += _cpu_seconds(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         return time.perf_counter(), busy, own
@@ -148,8 +158,26 @@ class OtherLoad:
             return None
         t1, busy1, own1 = self._sample()
         t0, busy0, own0 = self._start
+        self.own_s = max(0.0, own1 - own0)
         wall = max(t1 - t0, 1e-9) * (os.cpu_count() or 1)
         return max(0.0, min(1.0, ((busy1 - busy0) - max(0.0, own1 - own0)) / wall))
+
+
+def _cpu_seconds(proc: Any) -> float:
+    """A process's CPU seconds, all threads: to the nanosecond from each thread's
+    ``/proc/<pid>/task/<tid>/schedstat`` on Linux (``cpu_times`` counts 10 ms ticks, too
+    coarse for a block of a few hundred ms), else psutil's ``cpu_times``."""
+    tasks = f"/proc/{proc.pid}/task"
+    try:
+        total = 0
+        for tid in os.listdir(tasks):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                with open(f"{tasks}/{tid}/schedstat", "rb") as f:
+                    total += int(f.read().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        t = proc.cpu_times()
+        return float(t.user + t.system)
 
 
 def _actions(case: EnvCase, n: int, turn: int) -> list[int]:
@@ -162,9 +190,10 @@ def _time_loop(
     case: EnvCase,
     n: int,
     settings: Settings,
-) -> tuple[float, float, int, float | None, float]:
+) -> tuple[float, float, int, float | None, float, float | None]:
     """Median and best seconds per batch step, over ``repeats`` blocks of >= min_time_s,
-    and the mean of the first ``first_steps`` steps after the first reset (timed first)."""
+    the most other load, the mean of the first ``first_steps`` steps after the first reset
+    (timed first), and this process tree's CPU seconds per batch step over the blocks."""
     reset()
     t0 = time.perf_counter()
     for turn in range(settings.first_steps):
@@ -180,6 +209,7 @@ def _time_loop(
     per_block: list[float] = []
     total = 0
     loads: list[float] = []
+    own: float | None = 0.0
     for _ in range(settings.repeats):
         elapsed = 0.0
         count = 0
@@ -198,10 +228,12 @@ def _time_loop(
         other = load.stop()
         if other is not None:
             loads.append(other)
+        own = None if own is None or load.own_s is None else own + load.own_s
         per_block.append(elapsed / count)
         total += count
     return (statistics.median(per_block), min(per_block), total,
-            max(loads) if loads else None, first_s)
+            max(loads) if loads else None, first_s,
+            None if own is None or not total else own / total)
 
 
 def calibrate_cpu_iters(target_s: float, budget_s: float = 0.3) -> int:
@@ -273,12 +305,12 @@ def measure_pool(
                    backend=backend, num_workers=workers, step_timeout=120.0, **kwargs)
     try:
         active, actual_workers = str(pool.backend_name), pool.num_workers
-        median, best, steps, other, first = _time_loop(
+        median, best, steps, other, first, cpu = _time_loop(
             pool.reset, pool.step, case, n, settings)
     finally:
         pool.close()
     return Row(case.name, backend, n, median, best, steps, actual_workers, active, other,
-               first_s=first)
+               first_s=first, cpu_s=cpu)
 
 
 # ---------------------------------------------------------------- gymnasium reference
@@ -324,14 +356,14 @@ def measure_gym(case: EnvCase, n: int, settings: Settings) -> Row:
     fns = [functools.partial(_make_gym_env, case.env_type, case.kwargs) for _ in range(n)]
     venv = gymnasium.vector.AsyncVectorEnv(fns, shared_memory=False, context="fork")
     try:
-        median, best, steps, other, first = _time_loop(
+        median, best, steps, other, first, cpu = _time_loop(
             lambda: venv.reset(seed=0),
             lambda actions: venv.step(np.asarray(actions, dtype=np.int64)),
             case, n, settings)
     finally:
         venv.close(terminate=True)
     return Row(case.name, GYM, n, median, best, steps, n, "AsyncVectorEnv", other,
-               first_s=first)
+               first_s=first, cpu_s=cpu)
 
 
 # ------------------------------------------------------------------ sokoban in-process

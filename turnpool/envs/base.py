@@ -422,13 +422,12 @@ class TextEnv(gymnasium.Env[str, Any]):
         raise NotImplementedError(f"{type(self).__name__} does not draw rgb_array frames")
 
     def _info(self, info: dict[str, Any]) -> dict[str, Any]:
+        # one read and one write per standard key (a missing one is appended in this order,
+        # as setdefault did): this runs on every env-step of every backend
         out = dict(info)
-        out.setdefault("success", False)
-        out.setdefault("action_is_valid", True)
-        out.setdefault("action_is_effective", False)
-        out["success"] = bool(out["success"])
-        out["action_is_valid"] = bool(out["action_is_valid"])
-        out["action_is_effective"] = bool(out["action_is_effective"])
+        out["success"] = bool(out.get("success", False))
+        out["action_is_valid"] = bool(out.get("action_is_valid", True))
+        out["action_is_effective"] = bool(out.get("action_is_effective", False))
         out["anchor_obs"] = self.anchor_obs()
         return out
 
