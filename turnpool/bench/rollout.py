@@ -336,7 +336,7 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] = lambda s
         rows += run_openai(settings, progress)
     return {
         "machine": machine_info(
-            load_avg=list(os.getloadavg()) if hasattr(os, "getloadavg") else None),
+            load_avg=list(os.getloadavg())),
         "settings": asdict(settings),
         "goal": f"async wall <= {GOAL} x max(total L, total E)",
         "rows": [asdict(r) for r in rows],

@@ -199,7 +199,7 @@ def _window(kind: str, server: ServerProcess | RunningServer, n: int, warmup: fl
     row.update(server=kind, rss_mb=server.rss_mb(), server_cpu_s=cpu,
                cpu_us_per_step=cpu / row["all_steps"] * 1e6
                if cpu is not None and row["all_steps"] else None,
-               load_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+               load_1m=os.getloadavg()[0],
                other_busy=other if cpu is not None else None)
     return row
 
@@ -285,7 +285,7 @@ def run(levels: list[int], hold: int, warmup: float, seconds: float,
     finally:
         for server in running.values():
             server.close()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    load = os.getloadavg()[0]
     return {"benchmark": "serve", "env": ENV, "levels": levels, "hold": hold,
             "warmup_s": warmup, "seconds": seconds, "pairs": pairs, "think_s": think,
             "clients": clients, "client": client,
