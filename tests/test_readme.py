@@ -134,6 +134,7 @@ def test_the_default_backend_is_the_same_in_code_readme_and_config() -> None:
     assert "| `auto` |" in README and "the default" in README.split("| `auto` |")[1][:200]
 
 
+@pytest.mark.slow(seconds=20)
 @pytest.mark.timeout(900)
 def test_first_command_runs_in_a_fresh_clone(tmp_path: Path) -> None:
     quick = README.split("## Quick start", 1)[1]

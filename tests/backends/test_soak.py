@@ -25,6 +25,7 @@ def test_the_schedule_is_deterministic_and_mixes_the_faults() -> None:
     assert set(faults_for("thread")) == {"raise", "hang"}
 
 
+@pytest.mark.slow(seconds=15)
 def test_soak_command_passes_on_every_backend(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     res = CliRunner().invoke(main, ["bench", "soak", "--steps", "800", "--fault-rate", "0.03",

@@ -349,6 +349,7 @@ def _readme_block(marker: str) -> str:
     return text[start:text.index("```\n", start)]
 
 
+@pytest.mark.slow(seconds=20)
 def test_readme_environment_factory_runs_with_a_tool_calling_model(
         tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's environment_factory block, run as written, with the tiny model fine-tuned

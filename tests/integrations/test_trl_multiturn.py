@@ -1,8 +1,8 @@
 """examples/trl_grpo_multiturn.py's CPU tier, shortened: GRPO through TurnpoolRollout teaches
 the tiny model multi-turn FrozenLake, and beats the learning-rate-0 control from the same
 warm-up and seeds. (Needs more than a minute: warm-up SFT and two GRPO runs of a few steps;
-the full run is documented in docs/performance.md, not run here; about 90 CPU-seconds, the
-SFT warm-up and 2 x 8 GRPO steps of 32 episodes: 10 minutes of wall time on two shared cores
+the full run is documented in docs/performance.md, not run here; about 80 CPU-seconds, the
+SFT warm-up and 2 x 6 GRPO steps of 32 episodes: 6 minutes of wall time on two shared cores
 at load average 12.)"""
 
 from __future__ import annotations
@@ -55,14 +55,17 @@ def test_board_sets_are_fixed_by_seed_and_solvable() -> None:
     assert img is not None and img.shape == (96, 96, 3) and img.dtype == np.uint8
 
 
-# about 90 CPU-seconds; 10 minutes of wall time on the shared 2-core machine at load 12
+# about 80 CPU-seconds; 6 minutes of wall time on the shared 2-core machine at load 12
+@pytest.mark.slow(seconds=75)
 @pytest.mark.timeout(900)
 def test_grpo_beats_the_control_on_frozen_lake(tmp_path: Path) -> None:
-    """Seed 0's board, 8 GRPO steps of 32 episodes (the documented run's first 8 steps: its
-    warm-up policy starts low, 0.16, so a few updates already show)."""
+    """Seed 0's board, 6 GRPO steps of 32 episodes (the documented run's first 6 steps: its
+    warm-up policy starts low, 0.16, so a few updates already show). Steps 3-6 succeed 0.52
+    of the time trained and 0.21 in the control, twice the margin asked; with learning
+    broken (lr 0) both runs are the same sample and the margin is 0."""
     example = _example()
     out = tmp_path / "fl.json"
-    steps = 8
+    steps = 6
     summary = example.main(["--env", "frozen_lake", "--model", "tiny", "--seed", "0",
                             "--steps", str(steps), "--json", str(out),
                             "--plot", str(tmp_path / "fl.png"),

@@ -14,6 +14,7 @@ from turnpool.bench.serve_soak import ACCEPTED, FAULTS, Settings, fitted_growth,
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.mark.slow(seconds=24)
 def test_serve_soak_classifies_every_fault_and_loses_no_session() -> None:
     s = Settings(sessions=16, think=0.05, seconds=20.0, sample_every=5.0, warmup=5.0,
                  fault_rate=0.1, reconnect_every=5.0, step_timeout=1.0)

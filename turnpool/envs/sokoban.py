@@ -29,8 +29,10 @@ Choices where RAGEN is silent or we differ on purpose:
   settings: a reset to a seed seen before costs ~11 µs instead of ~230 (a served session
   resetting to its seed, a GRPO group, evaluation seeds).
 
-:func:`solve` (breadth-first search over player and box cells) finds a shortest action
-sequence for an env or an observation; :func:`oracle` returns it as action names.
+:func:`solve` (breadth-first search over player and box cells,
+:mod:`turnpool.envs.sokoban_solver`) finds a shortest action sequence for an env or an
+observation; :func:`oracle` returns it as action names. The text grid's symbols, parsing and
+frames live in :mod:`turnpool.envs.sokoban_grid`.
 
 Example:
     >>> env = SokobanEnv(dim_room=(6, 6), num_boxes=1)
@@ -55,11 +57,26 @@ import numpy as np
 from turnpool.envs.base import TextEnv
 from turnpool.envs.coords import cells, check_format, formatted
 from turnpool.envs.sokoban_gen import Room, generate, validate
-
-ACTIONS: dict[int, str] = {1: "Up", 2: "Down", 3: "Left", 4: "Right"}
-#: RAGEN's cell codes -> symbols (code 6, player on target, exists only in the rendering).
-GRID_LOOKUP: dict[int, str] = {0: "#", 1: "_", 2: "O", 3: "√", 4: "X", 5: "P", 6: "S"}
-WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
+from turnpool.envs.sokoban_grid import (
+    ACTIONS,
+    BOX,
+    BOX_ON_TARGET,
+    FLOOR,
+    GRID_LOOKUP,
+    MAX_CELLS,
+    MAX_OBS_CHARS,
+    PLAYER,
+    PLAYER_ON_TARGET,
+    TARGET,
+    TILE,
+    WALL,
+    action_names,
+    frame_from_obs,
+    grid_symbols,
+    parse_observation,
+    tiles,
+)
+from turnpool.envs.sokoban_solver import MAX_NODES, cells_of, mask_of, solve_room, walled_in
 
 #: RAGEN v2's coordinate lines after "Targets" (which lists boxed and stood-on ones too)
 _COORD_ENTITIES = (("Boxes", BOX), ("Boxes on target", BOX_ON_TARGET),
@@ -68,38 +85,6 @@ STEP_REWARD = -0.1
 BOX_ON_REWARD = 1.0
 BOX_OFF_REWARD = -1.0
 SOLVED_REWARD = 10.0
-
-#: Bounds on what `solve` accepts and explores (observations may be hostile text).
-MAX_OBS_CHARS = 10_000
-MAX_CELLS = 1_024
-MAX_NODES = 200_000
-TILE = 16
-
-
-# ------------------------------------------------------------------------------ config
-def _symbols(grid_lookup: Mapping[Any, Any] | None) -> tuple[str, ...]:
-    """The 7 symbols (by code) from a ``grid_lookup`` mapping; YAML/JSON may give str keys."""
-    table = dict(GRID_LOOKUP)
-    for code, symbol in (grid_lookup or {}).items():
-        code = int(code)
-        if code not in table or not isinstance(symbol, str) or len(symbol) != 1:
-            raise ValueError(f"grid_lookup maps codes 0-6 to single characters, got "
-                             f"{code!r}: {symbol!r}")
-        table[code] = symbol
-    symbols = tuple(table[c] for c in range(7))
-    if len(set(symbols)) != 7 or "\n" in symbols:
-        raise ValueError(f"grid_lookup symbols must be 7 distinct characters, got {symbols}")
-    return symbols
-
-
-def _action_names(action_lookup: Mapping[Any, Any] | None) -> dict[int, str]:
-    if not action_lookup:
-        return dict(ACTIONS)
-    names = {int(k): str(v) for k, v in action_lookup.items()}
-    if set(names) != set(ACTIONS):
-        raise ValueError(f"sokoban action_lookup needs ids 1-4 (Up, Down, Left, Right), got "
-                         f"{sorted(names)}")
-    return names
 
 
 # ------------------------------------------------------------------------------- board
@@ -150,28 +135,12 @@ class _Board:
         room = self.room
         grid = np.where(np.frombuffer(room.walls, dtype=np.uint8) == 1, WALL, FLOOR)
         grid[list(room.targets)] = TARGET
-        cells = _cells(boxes)
+        cells = cells_of(boxes)
         on = [p for p in cells if self.target_mask >> p & 1]
         grid[[p for p in cells if p not in on]] = BOX
         grid[on] = BOX_ON_TARGET
         grid[player] = PLAYER_ON_TARGET if self.target_mask >> player & 1 else PLAYER
         return grid.reshape(room.height, room.width)
-
-
-def _cells(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out
-
-
-def _mask(cells: Sequence[int]) -> int:
-    mask = 0
-    for p in cells:
-        mask |= 1 << p
-    return mask
 
 
 @lru_cache(maxsize=4096)
@@ -182,88 +151,6 @@ def _generated(seed: int, dim: tuple[int, int], num_boxes: int, search_depth: in
     same seeds come back often (a GRPO group's members, a served session that resets to its
     seed, evaluation seeds)."""
     return generate(seed, dim, num_boxes, search_depth)
-
-
-# ------------------------------------------------------------------------------- tiles
-#: gym_sokoban's tile files, by cell code (RAGEN's frames are drawn from them).
-_GYM_TILES = ("wall", "floor", "box_target", "box_on_target", "box", "player",
-              "player_on_target")
-
-
-@lru_cache(maxsize=1)
-def tiles() -> np.ndarray:
-    """``(7, TILE, TILE, 3)`` uint8 images, one per cell code, loaded once per process.
-
-    gym_sokoban's own tiles when it is installed (read from its package files without
-    importing it), so frames are pixel-identical to RAGEN's; otherwise tiles drawn in code.
-    """
-    found = _gym_sokoban_tiles()
-    return found if found is not None else _drawn_tiles()
-
-
-def _gym_sokoban_tiles() -> np.ndarray | None:
-    import importlib.util
-    from pathlib import Path
-
-    try:
-        spec = importlib.util.find_spec("gym_sokoban")
-        import imageio.v2 as imageio
-    except ImportError:
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    surface = Path(next(iter(spec.submodule_search_locations))) / "envs" / "surface"
-    try:
-        images = [np.asarray(imageio.imread(surface / f"{name}.png"))[..., :3]
-                  for name in _GYM_TILES]
-    except OSError:
-        return None
-    if any(im.shape != (TILE, TILE, 3) for im in images):
-        return None
-    out = np.ascontiguousarray(np.stack(images).astype(np.uint8))
-    out.setflags(write=False)
-    return out
-
-
-def _drawn_tiles() -> np.ndarray:
-    """Tiles drawn in code (no gym_sokoban): same size and layout, other pixels."""
-    y, x = np.mgrid[0:TILE, 0:TILE]
-    centre = (TILE - 1) / 2
-    square = np.maximum(np.abs(x - centre), np.abs(y - centre))
-    disc = (x - centre) ** 2 + (y - centre) ** 2
-
-    def filled(rgb: tuple[int, int, int]) -> np.ndarray:
-        tile = np.empty((TILE, TILE, 3), dtype=np.uint8)
-        tile[:] = rgb
-        return tile
-
-    floor = filled((48, 48, 56))
-    floor[(x == 0) | (y == 0)] = (58, 58, 68)
-    wall = filled((156, 74, 44))
-    half = TILE // 2
-    mortar = (y % half == 0) | ((x % TILE == 0) & (y < half)) | ((x == half) & (y > half))
-    wall[mortar] = (96, 92, 88)
-    target = floor.copy()
-    target[(square >= 3.5) & (square <= 5.5)] = (214, 64, 64)
-
-    def with_box(under: np.ndarray, rgb: tuple[int, int, int]) -> np.ndarray:
-        tile = under.copy()
-        body = square <= 6.5
-        tile[body] = rgb
-        tile[body & ((square >= 5.5) | (np.abs(x - y) <= 0.5) | (np.abs(x + y - 2 * centre)
-                                                                   <= 0.5))] = (92, 60, 28)
-        return tile
-
-    def with_player(under: np.ndarray) -> np.ndarray:
-        tile = under.copy()
-        tile[disc <= 5.2**2] = (64, 128, 232)
-        tile[disc <= 2.0**2] = (236, 236, 240)
-        return tile
-
-    out = np.stack([wall, floor, target, with_box(target, (88, 176, 88)),
-                    with_box(floor, (194, 142, 64)), with_player(floor), with_player(target)])
-    out.setflags(write=False)
-    return out
 
 
 # --------------------------------------------------------------------------------- env
@@ -310,8 +197,8 @@ class SokobanEnv(TextEnv):
         self.render_mode = render_mode
         self.observation_format = check_format(observation_format)  # RAGEN v2's CoordSokoban
         del grid_vocab  # accepted for RAGEN configs; it only shapes the prompt (managers)
-        self._symbols = _symbols(grid_lookup)
-        self._names = _action_names(action_lookup)
+        self._symbols = grid_symbols(grid_lookup)
+        self._names = action_names(action_lookup)
         self._ids = {name.lower(): aid for aid, name in self._names.items()}
         self._board: _Board | None = None
         self._player = 0
@@ -347,7 +234,7 @@ class SokobanEnv(TextEnv):
             raise ValueError("a room needs one player, distinct boxes as many as targets, "
                              "none of them on a wall")
         if not _walled(room):
-            room = _pad(room)
+            room = walled_in(room)
         self.seed = None
         self.generation_failures = 0
         obs = self._start(room)
@@ -357,7 +244,7 @@ class SokobanEnv(TextEnv):
     def _start(self, room: Room) -> str:
         self._board = _Board.build(room, self._symbols)
         self._player = room.player
-        self._boxes = _mask(room.boxes)
+        self._boxes = mask_of(room.boxes)
         self._on_target = (self._boxes & self._board.target_mask).bit_count()
         self._steps = 0
         self._terminated = self._boxes == self._board.target_mask
@@ -442,7 +329,7 @@ class SokobanEnv(TextEnv):
         if self._board is None:
             raise RuntimeError("call reset() first")
         r = self._board.room
-        return Room(r.height, r.width, r.walls, r.targets, tuple(_cells(self._boxes)),
+        return Room(r.height, r.width, r.walls, r.targets, tuple(cells_of(self._boxes)),
                     self._player)
 
     @property
@@ -478,165 +365,11 @@ class SokobanEnv(TextEnv):
         self.np_random.bit_generator.state = state["rng"]
 
 
-# ------------------------------------------------------------------------------ frames
-def frame_from_obs(obs: str, env_config: Mapping[str, Any] | None = None) -> np.ndarray:
-    """The ``rgb_array`` frame of an observation text: the text names every cell, so the
-    frame a worker would draw is drawn here from the text alone (no pixels cross processes).
-    Frames are cached by text (group members and unchanged rooms share one); read-only.
-    """
-    return _frame(obs, _symbols((env_config or {}).get("grid_lookup")))
-
-
-@lru_cache(maxsize=4096)
-def _frame(obs: str, symbols: tuple[str, ...]) -> np.ndarray:
-    code_of = {sym: code for code, sym in enumerate(symbols)}
-    rows = obs.split("\n")
-    if len(obs) > MAX_OBS_CHARS or len({len(r) for r in rows}) != 1:
-        raise ValueError("not a rectangular Sokoban grid")
-    codes = np.array([[code_of[ch] for ch in row] for row in rows], dtype=np.intp)
-    h, w = codes.shape
-    frame = np.ascontiguousarray(
-        tiles()[codes].transpose(0, 2, 1, 3, 4).reshape(h * TILE, w * TILE, 3))
-    frame.setflags(write=False)
-    return frame
-
-
-# ------------------------------------------------------------------------------ solver
-def parse_observation(obs: str, grid_lookup: Mapping[Any, Any] | None = None) -> Room | None:
-    """The room drawn in an observation text, or None if it is not a Sokoban grid.
-
-    The grid need not have a wall border (cells outside it count as walls). Box and target
-    counts must match and there must be exactly one player.
-    """
-    if not isinstance(obs, str) or len(obs) > MAX_OBS_CHARS:
-        return None
-    try:
-        symbols = _symbols(grid_lookup)
-    except (TypeError, ValueError):
-        return None
-    rows = obs.strip("\r\n").replace("\r\n", "\n").split("\n")
-    height, width = len(rows), len(rows[0])
-    if width == 0 or height * width > MAX_CELLS or any(len(r) != width for r in rows):
-        return None
-    code_of = {s: c for c, s in enumerate(symbols)}
-    walls = bytearray(height * width)
-    targets, boxes, players = [], [], []
-    for p, ch in enumerate("".join(rows)):
-        code = code_of.get(ch)
-        if code is None:
-            return None
-        if code == WALL:
-            walls[p] = 1
-        if code in (TARGET, BOX_ON_TARGET, PLAYER_ON_TARGET):
-            targets.append(p)
-        if code in (BOX, BOX_ON_TARGET):
-            boxes.append(p)
-        if code in (PLAYER, PLAYER_ON_TARGET):
-            players.append(p)
-    if len(players) != 1 or not boxes or len(boxes) != len(targets):
-        return None
-    return Room(height, width, bytes(walls), tuple(targets), tuple(boxes), players[0])
-
-
-def _pad(room: Room) -> Room:
-    """The room inside a one-cell wall frame, so every neighbour index is valid."""
-    h, w = room.height + 2, room.width + 2
-
-    def at(p: int) -> int:
-        return p + w + 1 + 2 * (p // room.width)
-
-    walls = bytearray(b"\x01") * (h * w)
-    for p, is_wall in enumerate(room.walls):
-        walls[at(p)] = is_wall
-    return Room(h, w, bytes(walls), tuple(at(p) for p in room.targets),
-                tuple(at(p) for p in room.boxes), at(room.player))
-
-
 def _walled(room: Room) -> bool:
     """Whether every border cell is a wall (the env's moves never leave the grid then)."""
     h, w, walls = room.height, room.width, room.walls
     return all(walls[c] and walls[(h - 1) * w + c] for c in range(w)) and all(
         walls[r * w] and walls[r * w + w - 1] for r in range(h))
-
-
-def _live_cells(room: Room) -> bytearray:
-    """Cells from which a lone box can still be pushed onto some target."""
-    live = bytearray(room.height * room.width)
-    walls = room.walls
-    todo = list(room.targets)
-    for t in todo:
-        live[t] = 1
-    while todo:
-        x = todo.pop()
-        for d in room.deltas():
-            y = x - d  # the box came from y, pushed by a player standing at y - d
-            if not walls[y] and not live[y] and not walls[y - d]:
-                live[y] = 1
-                todo.append(y)
-    return live
-
-
-def solve_room(room: Room, max_nodes: int = MAX_NODES) -> list[int] | None:
-    """A shortest action sequence (ids 1-4) that puts every box on a target.
-
-    ``[]`` when the room is already solved, None when it is unsolvable or the search would
-    exceed ``max_nodes`` states.
-    """
-    if len(room.boxes) != len(room.targets) or room.player in room.boxes:
-        return None
-    room = _pad(room)
-    walls, target_mask = room.walls, _mask(room.targets)
-    start_boxes = _mask(room.boxes)
-    if start_boxes == target_mask:
-        return []
-    live = _live_cells(room)
-    if any(not live[b] for b in room.boxes):
-        return None
-    shift = (room.height * room.width).bit_length()
-    low = (1 << shift) - 1
-    moves = tuple(zip((1, 2, 3, 4), room.deltas()))
-    start = start_boxes << shift | room.player
-    parent: dict[int, tuple[int, int] | None] = {start: None}
-    frontier = [start]
-    while frontier:
-        following: list[int] = []
-        for key in frontier:
-            p, mask = key & low, key >> shift
-            for action, d in moves:
-                q = p + d
-                if walls[q]:
-                    continue
-                if mask >> q & 1:
-                    b = q + d
-                    if walls[b] or mask >> b & 1 or not live[b]:
-                        continue
-                    new_mask = mask ^ (1 << q) ^ (1 << b)
-                    new_key = new_mask << shift | q
-                    if new_key in parent:
-                        continue
-                    parent[new_key] = (key, action)
-                    if new_mask == target_mask:
-                        return _path(parent, new_key)
-                else:
-                    new_key = mask << shift | q
-                    if new_key in parent:
-                        continue
-                    parent[new_key] = (key, action)
-                following.append(new_key)
-            if len(parent) > max_nodes:
-                return None
-        frontier = following
-    return None
-
-
-def _path(parent: dict[int, tuple[int, int] | None], key: int) -> list[int]:
-    actions = []
-    step = parent[key]
-    while step is not None:
-        key, action = step
-        actions.append(action)
-        step = parent[key]
-    return actions[::-1]
 
 
 def solve(source: SokobanEnv | Room | str, grid_lookup: Mapping[Any, Any] | None = None,
@@ -662,7 +395,7 @@ def oracle(obs: str, env_config: Mapping[str, Any] | None = None) -> list[str]:
     """
     config = env_config or {}
     try:
-        names = _action_names(config.get("action_lookup"))
+        names = action_names(config.get("action_lookup"))
     except (TypeError, ValueError):
         return []
     return [names[a] for a in solve(obs, config.get("grid_lookup"))]
@@ -670,3 +403,8 @@ def oracle(obs: str, env_config: Mapping[str, Any] | None = None) -> list[str]:
 
 SokobanEnv.oracle = staticmethod(oracle)
 SokobanEnv.frame_from_obs = staticmethod(frame_from_obs)
+
+
+__all__ = ["ACTIONS", "BOX_OFF_REWARD", "BOX_ON_REWARD", "GRID_LOOKUP", "MAX_CELLS", "MAX_NODES",
+           "MAX_OBS_CHARS", "SOLVED_REWARD", "STEP_REWARD", "SokobanEnv", "frame_from_obs",
+           "oracle", "parse_observation", "solve", "solve_room", "tiles"]

@@ -60,19 +60,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from turnpool.policies import make_policy
 from turnpool.policies.base import Message, Policy, TokenPolicy, TokenTurn, TurnContext
 from turnpool.pool import EnvGroupSpec, EnvPool
 from turnpool.rollout.async_driver import play_async
+from turnpool.rollout.batch import RolloutBatch
 from turnpool.rollout.episode import (
     EpisodeState,
     SeedSchedule,
@@ -89,66 +87,15 @@ from turnpool.rollout.scoring import compute_scores
 from turnpool.rollout.seats import num_seats, play_games, seat_runners
 from turnpool.rollout.settings import CollectorSettings, RolloutPlan, TagSpec
 from turnpool.rollout.trajectory import (
-    TokenView,
     Trajectory,
-    Turn,
     completion_tokens,
     step_group_uid,
     token_prefix,
-    turn_samples,
-    write_jsonl,
 )
-from turnpool.rollout.tree import TreeNode, TreeTally, check_tree, group_uid, path_turns, play_tree
+from turnpool.rollout.tree import TreeTally, check_tree, group_uid, play_tree
 from turnpool.worker.failures import FAILURE_CLASSES, Failure
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RolloutBatch:
-    """What `TrajectoryCollector.collect` returns: trajectories (group members adjacent) and
-    metrics (per tag ``{tag}/success``, ``{tag}/pass@{k}``, ...; ``timing/...``;
-    ``dynamic/...``)."""
-
-    trajectories: list[Trajectory]
-    metrics: dict[str, float]
-    #: tree rollouts: every node of the returned groups' trees, in the order played
-    tree: list[TreeNode] = field(default_factory=list)
-    #: the first episode that failed for good: ``"<failure class>: <ExcType>: message"``
-    first_error: str | None = None
-
-    def to_jsonl(self, dest: str | Path | IO[str]) -> int:
-        """Write the trajectories as canonical JSONL; returns the number of lines."""
-        return write_jsonl(self.trajectories, dest)
-
-    def chosen(self) -> list[Trajectory]:
-        """Tree rollouts (best_of_n, beam): each group's chosen path."""
-        return [t for t in self.trajectories if t.chosen]
-
-    def to_tree(self) -> list[dict[str, Any]]:
-        """The trees as JSON objects, one per node (``node_id``, ``parent_id``, ``group_uid``,
-        ``turn``, ``env_id``, ``score``, ``kept``, ``chosen`` and the turn ``record``); the
-        nodes of one group form a forest rooted at its reset state (``parent_id`` None)."""
-        return [n.to_dict() for n in self.tree]
-
-    def write_tree(self, dest: str | Path | IO[str]) -> int:
-        """Write `to_tree` as canonical JSONL (one node a line); returns the number of lines."""
-        if isinstance(dest, (str, Path)):
-            with open(dest, "w", encoding="utf-8") as fh:
-                return self.write_tree(fh)
-        for node in self.to_tree():
-            dest.write(json.dumps(node, sort_keys=True, ensure_ascii=False, allow_nan=False)
-                       + "\n")
-        return len(self.tree)
-
-    def path(self, node_id: str) -> list[Turn]:
-        """The turns from the reset state to ``node_id`` (any node, discarded ones too)."""
-        return path_turns(self.tree, node_id)
-
-    def path_samples(self, node_id: str) -> list[TokenView]:
-        """The path to ``node_id`` as token-exact training samples (as
-        `Trajectory.token_samples`: token policies only)."""
-        return turn_samples(self.path(node_id), f"node {node_id}")
 
 
 class TrajectoryCollector:
@@ -540,3 +487,6 @@ def _tags_from_pool(pool: EnvPool) -> list[TagSpec]:
     return [TagSpec(tag=s.tag, env_type=str(s.env_type), n_groups=s.n_groups,
                     env_kwargs=dict(s.env_kwargs),
                     member_kwargs=tuple(dict(m) for m in s.member_kwargs)) for s in pool.specs]
+
+
+__all__ = ["RolloutBatch", "TrajectoryCollector", "build_pool"]
