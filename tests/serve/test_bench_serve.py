@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from turnpool.bench.servers import backend_of, fronts_of, known_server
 from turnpool.cli import main
 from turnpool.serve import ServeSettings, TurnpoolServer
 
@@ -83,6 +84,18 @@ def test_bench_serve_runs_a_server_of_several_fronts(tmp_path: Path) -> None:
     assert "turnpool-f2: 7 sessions x openenv" in res.output
     bad = CliRunner().invoke(main, ["bench", "serve", "--servers", "turnpool-fx"])
     assert bad.exit_code == 2 and "turnpool-f<N>" in bad.output
+
+
+def test_bench_serve_server_kinds_name_fronts_or_a_backend() -> None:
+    """``turnpool-f<N>`` is N fronts on the default backend; ``turnpool-<backend>`` one front
+    whose pool runs on that backend; anything else is refused before a server starts."""
+    assert (fronts_of("turnpool-f3"), backend_of("turnpool-f3")) == (3, None)
+    seq = "turnpool-sequential"
+    assert (fronts_of(seq), backend_of(seq)) == (1, "sequential")
+    assert backend_of("turnpool-process_pool") == "process_pool"
+    assert not any(known_server(k) for k in ("turnpool-ray2", "turnpool-f", "turnpool-"))
+    bad = CliRunner().invoke(main, ["bench", "serve", "--servers", "openenv,turnpool-gpu"])
+    assert bad.exit_code == 2 and "turnpool-<sequential|thread|process_pool>" in bad.output
 
 
 def test_bench_serve_loads_with_either_websocket_client(tmp_path: Path) -> None:

@@ -57,7 +57,6 @@ from turnpool.bench.servers import (
     RunningServer,
     ServerProcess,
     _read_line,
-    fronts_of,
     known_server,
 )
 from turnpool.bench.ws_client import CLIENTS, DEFAULT_CLIENT, SKETCH
@@ -339,7 +338,7 @@ def render(report: dict[str, Any]) -> list[Any]:
                             ms((e.get("openenv") or {}).get("cpu_us_per_step")))
         out.append(summary)
         extra = sorted({k for e in report["summary"] for k in e
-                        if isinstance(e[k], dict) and fronts_of(k) > 1})
+                        if isinstance(e[k], dict) and k not in SERVERS})
         for kind in extra:
             out.append(f"{kind}: " + "; ".join(
                 f"{e['sessions']} sessions x openenv {ratio(e[kind].get('x_openenv_median'))}"
@@ -406,7 +405,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
 @click.option("--warmup", default=2.0, show_default=True, help="Unmeasured seconds first.")
 @click.option("--servers", default=",".join(SERVERS), show_default=True,
               help="Servers compared, interleaved: openenv, turnpool, turnpool-f<N> "
-                   "(turnpool serve --frontends N).")
+                   "(turnpool serve --frontends N), turnpool-sequential / -thread / "
+                   "-process_pool (its pool on that backend).")
 @click.option("--pairs", default=4, show_default=True,
               help="Interleaved rounds per level: each gives every server one window.")
 @click.option("--url", "urls", multiple=True, metavar="NAME=URL",
@@ -435,8 +435,8 @@ def command(sessions: str, hold: int, seconds: float, warmup: float, servers: st
     chosen = tuple(s.strip() for s in servers.split(",") if s.strip())
     unknown = {s for s in chosen if not known_server(s)}
     if unknown:
-        raise click.BadParameter(f"unknown servers {sorted(unknown)}; known: {SERVERS} and "
-                                 "turnpool-f<N> (turnpool serve --frontends N)")
+        raise click.BadParameter(f"unknown servers {sorted(unknown)}; known: {SERVERS}, "
+                                 "turnpool-f<N>, turnpool-<sequential|thread|process_pool>")
     given: dict[str, str] = {}
     for item in urls:
         name, sep, url = item.partition("=")

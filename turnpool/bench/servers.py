@@ -22,14 +22,25 @@ ENV = "sokoban"
 SERVERS = ("openenv", "turnpool")
 
 
+#: ``turnpool-f<N>``: ``turnpool serve --frontends N``; ``turnpool-<backend>``: its pool on
+#: another backend (``turnpool serve`` defaults to ``process``)
+_VARIANT = re.compile(r"turnpool-(?:f(?P<fronts>\d+)|(?P<backend>sequential|thread|process_pool))")
+
+
 def fronts_of(kind: str) -> int:
     """The front processes of a server kind: ``turnpool`` 1, ``turnpool-f<N>`` N."""
-    m = re.fullmatch(r"turnpool-f(\d+)", kind)
-    return int(m.group(1)) if m else 1
+    m = _VARIANT.fullmatch(kind)
+    return int(m["fronts"]) if m and m["fronts"] else 1
+
+
+def backend_of(kind: str) -> str | None:
+    """The pool backend of a server kind: ``turnpool-sequential`` -> ``sequential``."""
+    m = _VARIANT.fullmatch(kind)
+    return m["backend"] if m else None
 
 
 def known_server(kind: str) -> bool:
-    return kind in SERVERS or fronts_of(kind) > 1
+    return kind in SERVERS or _VARIANT.fullmatch(kind) is not None
 
 
 def reference_app(max_sessions: int) -> Any:
@@ -122,6 +133,8 @@ class ServerProcess:
             cmd = [sys.executable, "-m", "turnpool.cli", "serve", "--env", ENV, "--port", "0",
                    "--max-sessions", str(max_sessions), "--session-timeout", "3600",
                    "--frontends", str(fronts_of(kind))]
+            if backend_of(kind):
+                cmd += ["--backend", str(backend_of(kind))]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         line = _read_line(self.proc, timeout)
