@@ -37,13 +37,17 @@ def deepcoder_folder(tmp_path: Path) -> Path:
     return folder
 
 
-_FRAMES = re.compile(r"Traceback \(most recent call last\):\n(?:  .*\n)*")
+#: a frame of the harness (RAGEN's a random temporary file, turnpool's ``harness.py``): its
+#: ``File`` line and the source and caret lines under it
+_FRAMES = re.compile(r'  File "(?:harness\.py|/tmp/deepcoder_debug/solution_[^"]*\.py)", '
+                     r"line \d+, in .*\n(?:    .*\n)*")
 
 
 def traceback_free(text: str) -> str:
-    """A runtime error's feedback without the traceback's frames, which are each harness's
-    own (RAGEN's name a random temporary file): the exception line stays."""
-    return _FRAMES.sub("Traceback:\n", text)
+    """A runtime error's feedback without the harness's frames, which are each harness's own:
+    the reply's frames (``File "<string>"``, with their source and carets) and the exception
+    line stay."""
+    return _FRAMES.sub("", text)
 
 
 def data_config(env_type: str, tmp_path: Path) -> dict[str, Any]:
