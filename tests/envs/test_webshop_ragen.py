@@ -23,9 +23,13 @@ from turnpool.envs.webshop_ragen import RagenWebShopEnv, oracle
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "webshop_ragen" / "pages.json.gz"
 
 
+#: the reference data was recorded from RAGEN v1's WebShop env (turnpool's default is v2's)
+V1 = {"ragen_version": "v1", "binarize_reward": False}
+
+
 @pytest.fixture()
 def env() -> RagenWebShopEnv:
-    made = turnpool.make("webshop")
+    made = turnpool.make("webshop", **V1)
     assert isinstance(made, RagenWebShopEnv)
     return made
 
@@ -73,15 +77,17 @@ def test_default_search_finds_the_goal_and_buys_it() -> None:
     assert max(rewards) == 1.0
 
 
-def test_hostile_actions_are_invalid_and_harmless() -> None:
-    env = turnpool.make("webshop", split="val")
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_hostile_actions_are_invalid_and_harmless(version: str) -> None:
+    env = turnpool.make("webshop", split="val", ragen_version=version)
     env.reset(seed=3)
     page = env.anchor_obs()
     for bad in [None, 7, "", "click[]", "x" * 100_000, "click[" * 5000,
                 "search[" + "a" * 10_000 + "]", "\udcff", "click[search]", "search[]"]:
         _, reward, terminated, truncated, info = env.step(bad)
-        # RAGEN's rule: any search[...] is valid on a page with a search bar (it does nothing)
-        assert info["action_is_valid"] is (bad == "search[]"), bad
+        # RAGEN v1's rule: any search[...] is valid on a page with a search bar (it does
+        # nothing); v2's parse wants text in the brackets
+        assert info["action_is_valid"] is (bad == "search[]" and version == "v1"), bad
         assert not info["action_is_effective"]
         assert reward == 0.0 and not terminated and not truncated
         assert env.anchor_obs() == page
@@ -113,7 +119,7 @@ def test_config_checks() -> None:
 
 
 def test_oracle_buys_within_ragens_turn_limit() -> None:
-    env = turnpool.make("webshop", split="test")
+    env = turnpool.make("webshop", split="test", **V1)  # WebShop's own reward, not binarized
     rewards = []
     for seed in range(20):
         obs, _ = env.reset(seed=seed)
@@ -147,8 +153,8 @@ def test_oracle_buys_the_goals_item_when_its_options_fit_in_a_turn() -> None:
 def test_ragen_manager_mode_picks_the_split() -> None:
     from turnpool.ragen.state_manager import EnvStateManager
 
-    # an unpinned non-RAGEN config gets v2 (turnpool's default): v2's hint lines
-    envs = {mode: turnpool.make("webshop", mode=mode, ragen_version="v2")
+    # an unpinned non-RAGEN config gets v2 (turnpool's default), as plain ``make`` does
+    envs = {mode: turnpool.make("webshop", mode=mode)
             for mode in ("train", "val")}
     for mode, env in envs.items():
         cfg = {"es_manager": {mode: {"env_groups": 1, "group_size": 1, "env_configs": {
@@ -158,6 +164,15 @@ def test_ragen_manager_mode_picks_the_split() -> None:
             state = es.reset(seed=123 if mode == "val" else 10000)[0]["history"][0]["state"]
         assert state == env.reset(seed=123 if mode == "val" else 10000)[0], mode
     assert envs["train"].render() != envs["val"].render()
+    # a config pinned to RAGEN v1 builds v1's WebShop (its hint lines run two together)
+    v1_cfg = {"es_manager": {"train": {"env_groups": 1, "group_size": 1, "env_configs": {
+        "tags": ["WebShop"], "n_groups": [1]}}}, "turnpool": {"backend": "sequential",
+                                                             "ragen_version": "v1"}}
+    with EnvStateManager(v1_cfg, mode="train") as es:
+        state = es.reset(seed=10000)[0]["history"][0]["state"]
+    v1 = turnpool.make("webshop", mode="train", **V1).reset(seed=10000)[0]
+    assert state == v1 != envs["train"].reset(seed=10000)[0]
+    assert "2 times.Almost never" in v1
 
 
 def test_shop_service_serves_ragens_task() -> None:
