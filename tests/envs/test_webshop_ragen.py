@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -242,3 +243,26 @@ def test_pool_backends_give_identical_episodes() -> None:
     sequential = run("sequential")
     assert sequential[0][0] == sequential[0][1] != sequential[0][2]  # groups share a goal
     assert run("process") == sequential
+
+
+def test_plain_make_replays_ragen_v2s_webshop_env() -> None:
+    """Episodes recorded from RAGEN v2's own ``WebShopEnv`` with v2's env_config (``dataset:
+    small``; how: docs/ragen.md, "Recording the fixtures again"): plain ``make`` is that env, page,
+    reward, done flag and every info value RAGEN reports."""
+    with gzip.open(FIXTURE.with_name("v2_episodes.json.gz"), "rt", encoding="utf-8") as f:
+        episodes = json.load(f)["episodes"]
+    envs: dict[str, Any] = {}
+    for ep in episodes:
+        env = envs.setdefault(ep["mode"], turnpool.make("webshop", dataset="small",
+                                                        mode=ep["mode"]))
+        assert env.reset(seed=ep["seed"])[0] == ep["render"], (ep["mode"], ep["seed"])
+        for i, st in enumerate(ep["steps"]):
+            obs, reward, terminated, truncated, info = env.step(st["action"])
+            where = (ep["mode"], ep["seed"], i, st["action"])
+            assert obs == st["render"], where
+            assert (reward, terminated or truncated) == (st["reward"], st["done"]), where
+            assert {k: info[k] for k in st["info"]} == pytest.approx(st["info"]), where
+    bought = [ep["steps"][-1] for ep in episodes if ep["steps"][-1]["done"]]
+    # purchases with partial credit: WebShop's raw reward in info, v2's binarized reward 0
+    assert len(bought) >= 6 and {s["reward"] for s in bought} == {0.0}
+    assert len({s["info"]["raw_reward"] for s in bought}) >= 4
