@@ -66,13 +66,14 @@ def test_retries_earn_half_each_time_and_the_limit_truncates() -> None:
     env.step("still wrong")
     assert env.step(answer)[:3] == (CORRECT, 0.25, True)
 
-    env.reset(seed=3)
-    results = [env.step("wrong") for _ in range(3)]
+    limited = MetaMathQAEnv(max_attempts=3)
+    limited.reset(seed=3)
+    results = [limited.step("wrong") for _ in range(3)]
     assert [r[3] for r in results] == [False, False, True]  # truncated on the 3rd miss
     assert not any(r[2] for r in results)
-    assert env.step(answer)[1:3] == (0.0, True)  # over: even the right answer pays nothing
+    assert limited.step(answer)[1:3] == (0.0, True)  # over: even the right answer pays nothing
 
-    unlimited = MetaMathQAEnv(max_attempts=None)
+    unlimited = turnpool.make("metamathqa")  # RAGEN's env (v1 and v2): no attempt limit
     unlimited.reset(seed=3)
     assert not any(unlimited.step("wrong")[3] for _ in range(10))
     assert unlimited.step(answer)[1] == pytest.approx(1 / 2**10)

@@ -183,8 +183,8 @@ def test_webshop_seed_to_goal_fails_exactly_where_ragen_does() -> None:
 
 
 def test_webshop_v2_binarizes_the_reward_and_keeps_the_raw_one() -> None:
-    plain = make("webshop", split="test")
-    binary = make("webshop", split="test", binarize_reward=True)
+    plain = make("webshop", split="test", binarize_reward=False)
+    binary = make("webshop", split="test")  # v2's default, as its config class's
     for seed in range(40):
         rewards = []
         for env in (plain, binary):
@@ -208,8 +208,8 @@ def test_webshop_v2_binarizes_the_reward_and_keeps_the_raw_one() -> None:
 def test_webshop_v2_hint_lines_and_validity_rule() -> None:
     from turnpool.envs.webshop_ragen import RagenWebShopEnv
 
-    v1 = make("webshop", split="test")
-    v2 = make("webshop", split="test", **ragen_defaults(RagenWebShopEnv, "v2"))
+    v1 = make("webshop", split="test", **ragen_defaults(RagenWebShopEnv, "v1"))
+    v2 = make("webshop", split="test")  # the class's own defaults are v2's
     obs1, obs2 = v1.reset(seed=3)[0], v2.reset(seed=3)[0]
     # v1 runs two hint lines together (a missing comma in its list); v2 has them apart
     assert "2 times.Almost never click[< prev]" in obs1

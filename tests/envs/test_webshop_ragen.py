@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,9 +24,13 @@ from turnpool.envs.webshop_ragen import RagenWebShopEnv, oracle
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "webshop_ragen" / "pages.json.gz"
 
 
+#: the reference data was recorded from RAGEN v1's WebShop env (turnpool's default is v2's)
+V1 = {"ragen_version": "v1", "binarize_reward": False}
+
+
 @pytest.fixture()
 def env() -> RagenWebShopEnv:
-    made = turnpool.make("webshop")
+    made = turnpool.make("webshop", **V1)
     assert isinstance(made, RagenWebShopEnv)
     return made
 
@@ -73,15 +78,17 @@ def test_default_search_finds_the_goal_and_buys_it() -> None:
     assert max(rewards) == 1.0
 
 
-def test_hostile_actions_are_invalid_and_harmless() -> None:
-    env = turnpool.make("webshop", split="val")
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_hostile_actions_are_invalid_and_harmless(version: str) -> None:
+    env = turnpool.make("webshop", split="val", ragen_version=version)
     env.reset(seed=3)
     page = env.anchor_obs()
     for bad in [None, 7, "", "click[]", "x" * 100_000, "click[" * 5000,
                 "search[" + "a" * 10_000 + "]", "\udcff", "click[search]", "search[]"]:
         _, reward, terminated, truncated, info = env.step(bad)
-        # RAGEN's rule: any search[...] is valid on a page with a search bar (it does nothing)
-        assert info["action_is_valid"] is (bad == "search[]"), bad
+        # RAGEN v1's rule: any search[...] is valid on a page with a search bar (it does
+        # nothing); v2's parse wants text in the brackets
+        assert info["action_is_valid"] is (bad == "search[]" and version == "v1"), bad
         assert not info["action_is_effective"]
         assert reward == 0.0 and not terminated and not truncated
         assert env.anchor_obs() == page
@@ -113,7 +120,7 @@ def test_config_checks() -> None:
 
 
 def test_oracle_buys_within_ragens_turn_limit() -> None:
-    env = turnpool.make("webshop", split="test")
+    env = turnpool.make("webshop", split="test", **V1)  # WebShop's own reward, not binarized
     rewards = []
     for seed in range(20):
         obs, _ = env.reset(seed=seed)
@@ -147,8 +154,8 @@ def test_oracle_buys_the_goals_item_when_its_options_fit_in_a_turn() -> None:
 def test_ragen_manager_mode_picks_the_split() -> None:
     from turnpool.ragen.state_manager import EnvStateManager
 
-    # an unpinned non-RAGEN config gets v2 (turnpool's default): v2's hint lines
-    envs = {mode: turnpool.make("webshop", mode=mode, ragen_version="v2")
+    # an unpinned non-RAGEN config gets v2 (turnpool's default), as plain ``make`` does
+    envs = {mode: turnpool.make("webshop", mode=mode)
             for mode in ("train", "val")}
     for mode, env in envs.items():
         cfg = {"es_manager": {mode: {"env_groups": 1, "group_size": 1, "env_configs": {
@@ -158,6 +165,15 @@ def test_ragen_manager_mode_picks_the_split() -> None:
             state = es.reset(seed=123 if mode == "val" else 10000)[0]["history"][0]["state"]
         assert state == env.reset(seed=123 if mode == "val" else 10000)[0], mode
     assert envs["train"].render() != envs["val"].render()
+    # a config pinned to RAGEN v1 builds v1's WebShop (its hint lines run two together)
+    v1_cfg = {"es_manager": {"train": {"env_groups": 1, "group_size": 1, "env_configs": {
+        "tags": ["WebShop"], "n_groups": [1]}}}, "turnpool": {"backend": "sequential",
+                                                             "ragen_version": "v1"}}
+    with EnvStateManager(v1_cfg, mode="train") as es:
+        state = es.reset(seed=10000)[0]["history"][0]["state"]
+    v1 = turnpool.make("webshop", mode="train", **V1).reset(seed=10000)[0]
+    assert state == v1 != envs["train"].reset(seed=10000)[0]
+    assert "2 times.Almost never" in v1
 
 
 def test_shop_service_serves_ragens_task() -> None:
@@ -227,3 +243,26 @@ def test_pool_backends_give_identical_episodes() -> None:
     sequential = run("sequential")
     assert sequential[0][0] == sequential[0][1] != sequential[0][2]  # groups share a goal
     assert run("process") == sequential
+
+
+def test_plain_make_replays_ragen_v2s_webshop_env() -> None:
+    """Episodes recorded from RAGEN v2's own ``WebShopEnv`` with v2's env_config (``dataset:
+    small``; how: docs/ragen.md, "Recording the fixtures again"): plain ``make`` is that env, page,
+    reward, done flag and every info value RAGEN reports."""
+    with gzip.open(FIXTURE.with_name("v2_episodes.json.gz"), "rt", encoding="utf-8") as f:
+        episodes = json.load(f)["episodes"]
+    envs: dict[str, Any] = {}
+    for ep in episodes:
+        env = envs.setdefault(ep["mode"], turnpool.make("webshop", dataset="small",
+                                                        mode=ep["mode"]))
+        assert env.reset(seed=ep["seed"])[0] == ep["render"], (ep["mode"], ep["seed"])
+        for i, st in enumerate(ep["steps"]):
+            obs, reward, terminated, truncated, info = env.step(st["action"])
+            where = (ep["mode"], ep["seed"], i, st["action"])
+            assert obs == st["render"], where
+            assert (reward, terminated or truncated) == (st["reward"], st["done"]), where
+            assert {k: info[k] for k in st["info"]} == pytest.approx(st["info"]), where
+    bought = [ep["steps"][-1] for ep in episodes if ep["steps"][-1]["done"]]
+    # purchases with partial credit: WebShop's raw reward in info, v2's binarized reward 0
+    assert len(bought) >= 6 and {s["reward"] for s in bought} == {0.0}
+    assert len({s["info"]["raw_reward"] for s in bought}) >= 4

@@ -3,6 +3,12 @@ each run still gets its own text's code, its own globals, and python's errors.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
 from tests.sandbox.conftest import FAST
 from turnpool.sandbox import Outcome, Sandbox
 
@@ -30,3 +36,28 @@ def test_errors_of_a_trusted_program_read_as_pythons(box: Sandbox) -> None:
     assert outcome is Outcome.RUNTIME_ERROR
     assert 'File "harness.py", line 2, in <module>' in stderr and "KeyError: 'k'" in stderr
     assert _run(box, "import sys\nsys.exit(3)\n")[0] is Outcome.RUNTIME_ERROR
+
+
+#: programs whose tracebacks the ``traceback`` module words unlike python's own display (the
+#: caret under an IndentationError of exec'd text), and the other common shapes
+ERRORS = (
+    "exec('class S:\\n    def m(self):\\n\\n\\n    def f():\\n        return 1')\n",
+    "def f(xs):\n    return xs[0] + xs[1]['k']\nf([1, {}])\n",
+    "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    raise ValueError('v') from e\n",
+    "def f(:\n",
+)
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+@pytest.mark.parametrize("code", ERRORS)
+def test_a_traceback_reads_as_python_file_prints_it(box: Sandbox, tmp_path: Path,
+                                                    code: str, trusted: bool) -> None:
+    """Byte for byte what ``python main.py`` prints (its absolute path of the file aside)."""
+    (tmp_path / "main.py").write_text(code)
+    real = subprocess.run([sys.executable, "-I", "main.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=30)
+    want = real.stderr.replace(f'"{tmp_path / "main.py"}"', '"main.py"')
+    r = box.run(["python", "main.py"], files={"main.py": code}, limits=FAST,
+                trusted_program=trusted)
+    assert r.outcome is Outcome.RUNTIME_ERROR
+    assert r.stderr == want and 'File "main.py"' in want

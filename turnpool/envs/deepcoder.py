@@ -178,31 +178,35 @@ def assemble(code: str, starter_code: str) -> str:
 
 
 def _records(stdout: str, mark: str) -> tuple[dict[int, dict[str, Any]], str]:
-    """The harness's records by test index, and what else the reply printed."""
+    """The harness's records by test index, and what else the reply printed (a reply that
+    writes to fd 1 without a newline puts its text before a record, on the record's line)."""
     records: dict[int, dict[str, Any]] = {}
     other = []
     for line in stdout.splitlines(keepends=True):
-        if line.startswith(mark):
-            try:
-                rec = json.loads(line[len(mark):])
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("i"), int):
-                records.setdefault(rec["i"], rec)
-        else:
+        head, found, tail = line.partition(mark)
+        if not found:
             other.append(line)
+            continue
+        other.append(head)
+        try:
+            rec = json.loads(tail)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("i"), int):
+            records.setdefault(rec["i"], rec)
     return records, "".join(other)
 
 
 def judge(tests: list[dict[str, Any]], func_name: str | None, records: dict[int, dict[str, Any]]
-          ) -> tuple[bool, str, int, int, bool]:
-    """``(is_correct, detail, passed, total, runnable)`` from per-test outputs, worded as
-    RAGEN words them."""
-    passed, runnable, first = 0, True, None
+          ) -> tuple[bool, str, int, int, bool, list[bool]]:
+    """``(is_correct, detail, passed, total, runnable, passed per test)`` from per-test
+    outputs, worded as RAGEN words them."""
+    passed, runnable, first, oks = 0, True, None, []
     for idx, test in enumerate(tests):
         rec = records[idx]
         expected = test.get("output")
         functional = test.get("testtype") == "functional" and bool(func_name)
+        oks.append(False)
         if not rec.get("ok"):
             runnable = False
             what = "Exception" if functional else "Runtime error"
@@ -215,11 +219,33 @@ def judge(tests: list[dict[str, Any]], func_name: str | None, records: dict[int,
             first = first or f"Wrong answer on test {idx}: got {got} expected {expected}"
             continue
         passed += 1
+        oks[-1] = True
     total = len(tests)
     if passed == total and total > 0:
-        return True, "All tests passed.", passed, total, runnable
+        return True, "All tests passed.", passed, total, runnable, oks
     summary = f"Passed {passed}/{total} tests."
-    return False, summary if first is None else f"{summary} {first}", passed, total, runnable
+    return (False, summary if first is None else f"{summary} {first}", passed, total, runnable,
+            oks)
+
+
+def ragen_stdout_breaks(other: str, verdict: tuple[bool, str, int, int, bool, list[bool]]
+                        ) -> str | None:
+    """RAGEN's harness prints its result as one JSON line after whatever the reply wrote to
+    the real stdout, and reads the last line back: a reply that left a partial line there
+    glues it to the JSON, and RAGEN reports ``Sandbox malformed output:`` and all of stdout.
+    That text here (the same JSON rebuilt from ``verdict``), or None when RAGEN reads its
+    line."""
+    correct, detail, passed, total, runnable, oks = verdict
+    payload = json.dumps({"is_correct": correct, "detail": detail, "passed_tests": passed,
+                          "total_tests": total, "runnable": runnable,
+                          "events": [{"idx": i, "ok": ok} for i, ok in enumerate(oks)]},
+                         ensure_ascii=False)
+    text = (other + payload).strip()
+    try:
+        json.loads(text.splitlines()[-1])
+    except ValueError:
+        return f"Sandbox malformed output: {text}"
+    return None
 
 
 def run_reply(box: Sandbox, code: str, problem: dict[str, Any], timeout_s: float = 3.0
@@ -259,9 +285,11 @@ def _run_reply(box: Sandbox, code: str, problem: dict[str, Any], timeout_s: floa
                     result.outcome)
         why = result.stderr or other or result.error
         return False, f"Sandbox runtime error: {why}", 0, total, False, result.outcome
-    if other and not other.endswith("\n"):  # RAGEN's last stdout line would not parse
-        return False, f"Sandbox malformed output: {other.strip()}", 0, total, False, result.outcome
-    return (*judge(tests, func_name, records), result.outcome)
+    verdict = judge(tests, func_name, records)
+    broken = ragen_stdout_breaks(other, verdict) if other else None
+    if broken is not None:
+        return False, broken, 0, total, False, result.outcome
+    return (*verdict[:5], result.outcome)
 
 
 # ------------------------------------------------------------------------------- sandbox

@@ -5,8 +5,9 @@ correct when it equals the reference after lowercasing and removing all whitespa
 reference is what follows ``"The answer is:"`` in the row's ``response`` (MetaMathQA's
 schema). A correct answer on attempt ``k`` (0-based) earns ``1 / 2**k``, shows ``"Correct!"``
 and ends the episode; a wrong one shows ``"Incorrect. Please think again."`` and earns 0.
-After ``max_attempts`` wrong answers (default 3; ``None`` = no limit, leaving the budget to the
-manager as RAGEN does) the episode is truncated. Answers longer than ``max_answer_chars``
+With ``max_attempts`` set, the episode is truncated after that many wrong answers; by default
+(``None``) it never ends on a wrong answer, as RAGEN's env (both versions): the turn budget of
+the manager or collector ends it. Answers longer than ``max_answer_chars``
 are not examined and count as a wrong, invalid attempt.
 
 Data: ``data_path`` (or RAGEN's ``dataset_path``) names a local JSON-list / JSONL / Parquet
@@ -115,16 +116,12 @@ class MetaMathQAEnv(TextEnv):
     ragen_info_keys = ("action_is_valid", "success")
     instruction = "Solve the math problem and give only the final answer. "
 
-    #: RAGEN's env never ends an episode on a wrong answer (its manager's budget does);
-    #: RAGEN configs get that, turnpool's own default stays 3 attempts
-    ragen_v1_defaults = {"max_attempts": None}  # noqa: RUF012
-    ragen_v2_defaults = {"max_attempts": None}  # noqa: RUF012
     #: RAGEN's cache_dir and split (the split a ``dataset_path`` folder is read for)
     extra_kwargs = frozenset({"cache_dir", "split"})
 
     def __init__(
         self, data_path: str | Path | None = None, dataset_path: str | Path | None = None,
-        max_attempts: int | None = 3, max_answer_chars: int = 1000, **config: Any,
+        max_attempts: int | None = None, max_answer_chars: int = 1000, **config: Any,
     ) -> None:
         # RAGEN's cache_dir and render_mode are accepted and unused (no downloads).
         super().__init__(data_path=data_path, dataset_path=dataset_path,

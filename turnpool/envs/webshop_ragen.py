@@ -11,11 +11,15 @@ RAGEN's ``WebShopEnv``:
 * observation: RAGEN's render text: the page (``[SEP]``-joined, see
   `turnpool.webshop.ragen_shop`; after reset only ``Instruction: <goal>``), ``"."``, RAGEN's hint
   lines and ``"\\n You must choose from these actions:"`` with the actions and ``"."``;
-* ``action_is_valid``: the action is one of the listed actions, or a ``search[...]`` where the
-  list offers ``search[<content>]`` (so ``search[]`` is valid there, and does nothing); texts
-  over 4,096 characters are invalid and do nothing. As in RAGEN an unlisted action still runs
-  when the page accepts it (a search on any page, ``click[next >]`` past the last page,
-  ``click[Buy Now]``);
+* ``action_is_valid`` (RAGEN v2's rule, the default): webshop-minimal's parse of the text, a
+  ``search[text]`` on a page with a search bar or a ``click[x]`` on a clickable of the page;
+  with ``ragen_version: v1`` (RAGEN v1 configs) v1's: one of the listed actions, or any
+  ``search[...]`` where the list offers ``search[<content>]`` (so ``search[]`` is valid there,
+  and does nothing). Texts over 4,096 characters are invalid and do nothing. As in RAGEN an
+  unlisted action still runs when the page accepts it (a search on any page, ``click[next >]``
+  past the last page, ``click[Buy Now]``);
+* reward: 1.0 when WebShop's reward is at least 1, else 0.0 (v2's ``binarize_reward``, the
+  default; ``info["raw_reward"]`` keeps WebShop's); v1 configs get WebShop's own;
 * ``action_is_effective``: the page text changed; ``success`` / ``success_find``: reward == 1;
   ``success_purchase``: the episode ended (bought); ``end_of_page``: the actions are exactly
   back-to-search and prev. The done step's info also carries WebShop's reward parts.
@@ -76,9 +80,9 @@ class RagenWebShopEnv(TextEnv):
     ``items_human_ins.json`` for human goals), ``num_products``, ``draw_seed`` (the stream of
     WebShop's price draws, 0), ``max_steps`` (None: no cap). RAGEN's other keys (``dataset``,
     ``observation_mode``, ``server``, ``filter_goals``, ``limit_goals``, ``show_attrs``) are
-    accepted at their defaults only. ``binarize_reward`` (RAGEN v2, its default there): the
+    accepted at their defaults only. ``binarize_reward`` (True, RAGEN v2's default): the
     reward is 1.0 when WebShop's reward is at least 1, else 0.0, and ``info["raw_reward"]``
-    keeps WebShop's. ``ragen_version`` ("v1" | "v2"): whose hint lines and validity rule the
+    keeps WebShop's. ``ragen_version`` ("v2" | "v1"): whose hint lines and validity rule the
     env follows (v2: the hint lines apart; ``action_is_valid`` by the parsed action: a
     ``search[text]`` on a page with a search bar or a ``click[x]`` on a clickable of the page).
     """
@@ -87,7 +91,9 @@ class RagenWebShopEnv(TextEnv):
     #: RAGEN's manager passes its mode (train / val) to this env's reset; RAGEN configs give it
     #: to turnpool's envs as the ``mode`` kwarg (`turnpool.ragen.config.rollout_plan`).
     ragen_reset_mode = True
-    ragen_v2_defaults = {"binarize_reward": True, "ragen_version": "v2"}  # noqa: RUF012
+    #: the class's own defaults are RAGEN v2's (turnpool's default version, so ``make`` with
+    #: v2's env_config is v2's env); RAGEN v1 configs get v1's
+    ragen_v1_defaults = {"binarize_reward": False, "ragen_version": "v1"}  # noqa: RUF012
     #: every key it reads is named; any other warns (`TextEnv.extra_kwargs`)
     extra_kwargs = frozenset()
     instruction = (
@@ -102,7 +108,7 @@ class RagenWebShopEnv(TextEnv):
                  draw_seed: int = 0, max_steps: int | None = None, dataset: str = "small",
                  observation_mode: str = "text", limit_goals: int = -1,
                  filter_goals: Any = None, server: Any = None, show_attrs: bool = False,
-                 binarize_reward: bool = False, ragen_version: str = "v1", **config: Any
+                 binarize_reward: bool = True, ragen_version: str = "v2", **config: Any
                  ) -> None:
         split = split or mode or "train"
         if split not in SPLITS:

@@ -37,7 +37,6 @@ import signal
 import struct
 import sys
 import time
-import traceback
 import types
 from types import CodeType
 
@@ -287,7 +286,12 @@ def run_python(args: list[str], stdio: Stdio, compiled: CodeType | None = None) 
         tb = exc.__traceback__  # from the program's own frames, as `python FILE` shows it
         while tb is not None and tb.tb_frame.f_code.co_filename != filename:
             tb = tb.tb_next
-        traceback.print_exception(type(exc), exc, tb)
+        # python's own display (C), which words some SyntaxError carets unlike `traceback`
+        exc.__traceback__ = tb
+        try:
+            sys.excepthook(type(exc), exc, tb)
+        except BaseException:  # a program's broken excepthook: python falls back too
+            sys.__excepthook__(type(exc), exc, tb)
         code = 1
     try:
         atexit._run_exitfuncs()
