@@ -6,13 +6,13 @@ renders each turn's prompt, the trainer's model answers, the pool steps the env,
 episode comes back as one token-exact sample (model tokens trained, env tokens masked).
 
 1. Warm-up: supervised fine-tuning on episodes of the env's oracle with epsilon noise (each
-   action replaced by a random one with probability ``--epsilon``, 0.5 on FrozenLake; on
-   Sokoban calibrated per room, from 0.25 along 0.05-0.5 until the warm-up model solves 10-50%
+   action replaced by a random one with probability ``--epsilon``, 0.5 on FrozenLake, 0.25 on
+   Sokoban; ``--calibrate``: per room, along 0.05-0.5 until the warm-up model solves 10-50%
    of 32 episodes): the answer format and a weak policy, short on purpose; 64 episodes per
    board (``--warmup-episodes``) so that each state's answer is the oracle's about as often as
    epsilon says.
-2. GRPO from the warm-up model (loss ``dapo`` on FrozenLake, ``grpo`` on Sokoban), and a
-   control run from the same model and seeds with learning rate 0 (no update).
+2. GRPO from the warm-up model (``--loss-type``, TRL's ``dapo``), and a control run from
+   the same model and seeds with learning rate 0 (no update).
 
 Envs: ``frozen_lake`` (4x4, not slippery, up to 6 turns) and ``sokoban`` (6x6, one box, up
 to 10 turns). Each run trains on a set of ``--maps`` boards (one reset seed each, drawn from
@@ -123,18 +123,16 @@ class Task:
     epsilon: float = 0.5  # the warm-up oracle's noise (``--epsilon``'s default)
     #: epsilons to calibrate the warm-up over (empty: ``epsilon`` as it is; see `warm_up`)
     ladder: tuple[float, ...] = ()
-    loss_type: str = "dapo"  # GRPOConfig.loss_type (``--loss-type``'s default)
 
 
-# Sokoban: rooms of 3+ moves (the warm-up alone solves 2); warm-up noise calibrated per room
-# (one epsilon left rooms never solved, others solved by the warm-up alone); loss normalised
-# per episode (DAPO's per-token sum lets long failures outweigh a rare short success on the
-# format tokens every turn shares: a few updates broke the format)
+# Sokoban: rooms of 3+ moves (the warm-up alone solves 2), a less noisy warm-up (at 0.5 a
+# random push strands the box and the model learnt too little of the room); its ladder is
+# for ``--calibrate`` (one epsilon leaves some rooms unsolved, others solved by the warm-up)
 TASKS = {
     "frozen_lake": Task(BoardSetFrozenLake, {"size": 4, "is_slippery": False}, 6, 600),
     "sokoban": Task(BoardSetSokoban, {"dim_room": (6, 6), "num_boxes": 1, "max_steps": 100,
                                       "min_moves": 3}, 10, 1100, epsilon=0.25,
-                    ladder=(0.05, 0.1, 0.15, 0.25, 0.35, 0.5), loss_type="grpo"),
+                    ladder=(0.05, 0.1, 0.15, 0.25, 0.35, 0.5)),
 }
 CALIBRATION_BAND = (0.1, 0.5)  # warm-up success aimed at: GRPO signal, and room to learn
 
@@ -207,11 +205,11 @@ def base_model(kind: str, path: Path, seed: int) -> Path:
 
 
 def warm_up(args: argparse.Namespace, work: Path) -> Path:
-    """The warm-up model. With ``--epsilon`` or an env without a ladder: one warm-up at
-    ``args.epsilon``. Else calibrated: start at the env's epsilon, measure the model's success
-    (`model_success`), and while it is outside `CALIBRATION_BAND` warm up again from the base
-    model at the next epsilon of the ladder (less noise when below, more when above), until
-    inside or the ladder ends in that direction. Sets ``args.epsilon`` and
+    """The warm-up model: one warm-up at ``args.epsilon``; with ``--calibrate`` (no
+    ``--epsilon``, an env with a ladder), calibrated: from the env's epsilon, measure the
+    model's success (`model_success`) and, while it is outside `CALIBRATION_BAND`, warm up
+    again from the base model at the next epsilon of the ladder (less noise when below, more
+    when above), until inside or the ladder ends that way. Sets ``args.epsilon`` and
     ``args.calibration`` ([epsilon, success] per try); deterministic from the seed."""
     task = TASKS[args.env]
     if not args.calibrate:
@@ -431,7 +429,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="num_generations (default: 8 tiny, 4 smollm2)")
     parser.add_argument("--lr", type=float, default=None,
                         help="GRPO learning rate (default: 2e-3 tiny, 1e-5 smollm2)")
-    parser.add_argument("--loss-type", help="GRPOConfig.loss_type (default: per env)")
+    parser.add_argument("--loss-type", default="dapo", help="GRPOConfig.loss_type")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="choose the warm-up epsilon per room (Sokoban; see warm_up)")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens per reply")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--no-control", action="store_true",
@@ -442,8 +442,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="boards of a trained episode, turn by turn (.png)")
     args = parser.parse_args(argv)
     tiny = args.model == "tiny"
-    task, args.calibrate = TASKS[args.env], args.epsilon is None and bool(TASKS[args.env].ladder)
-    args.loss_type = args.loss_type or task.loss_type
+    task = TASKS[args.env]
+    args.calibrate = args.calibrate and args.epsilon is None and bool(task.ladder)
     args.epsilon = task.epsilon if args.epsilon is None else args.epsilon  # calibration's start
     if args.lr is None:
         args.lr = 2e-3 if tiny else 1e-5
