@@ -23,7 +23,8 @@ def local_ray() -> Iterator[None]:
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20,
+    # "local": its own runtime, never a cluster another test module started meanwhile
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20,
              log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()

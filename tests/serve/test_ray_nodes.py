@@ -5,6 +5,9 @@ each playing exactly the episode `turnpool.make` plays."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 
@@ -82,3 +85,24 @@ def test_served_sessions_land_on_both_nodes(two_nodes: list[str]) -> None:
                         want.step(action)[0]
             workers = httpx.get(server.url + "/api/status", timeout=30).json()["workers"]
             assert {w["node"] for w in workers if w["sessions"] == 1} == set(two_nodes)
+
+
+_OWN_RUNTIME = """
+import json
+from turnpool.pool import EnvPool
+with EnvPool("frozen_lake", env_num=2, group_n=2, seed=3, backend="ray", num_workers=2) as pool:
+    print(json.dumps([pool.reset(), pool.step([1, 2, 3, 4])]))
+"""
+
+
+def test_a_pool_without_an_address_starts_its_own_runtime_beside_a_cluster(
+        two_nodes: list[str]) -> None:
+    """This cluster is the machine's latest (what Ray joins when given no address, and then
+    refuses the pool's own settings): a pool given no ``ray_address`` in another process
+    starts a runtime of its own and plays what the sequential backend plays."""
+    proc = subprocess.run([sys.executable, "-c", _OWN_RUNTIME], capture_output=True, text=True,
+                          timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with EnvPool("frozen_lake", env_num=2, group_n=2, seed=3, backend="sequential") as ref:
+        want = [ref.reset(), ref.step([1, 2, 3, 4])]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == json.loads(json.dumps(want))

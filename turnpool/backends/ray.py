@@ -46,6 +46,9 @@ RAY_ENV_DEFAULTS = {
 }
 #: Local runtime started by the pool: text envs need little object store.
 RAY_INIT_DEFAULTS: dict[str, Any] = {
+    # a runtime of its own: without this, Ray joins the last cluster `ray start` left on the
+    # machine (which refuses the settings below); `ray_address` is how a pool joins one
+    "address": "local",
     "include_dashboard": False,
     "object_store_memory": 200 * 2**20,
     "log_to_driver": False,
