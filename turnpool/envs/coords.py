@@ -1,4 +1,5 @@
-"""RAGEN v2's coordinate observations (``observation_format``), shared by grid envs.
+"""RAGEN v2's coordinate observations (``observation_format``), shared by grid envs, and the
+backtrack their shortest-path searches share.
 
 ``grid`` is the symbol grid alone; ``coord`` lists the board size and, per entity kind, its
 zero-indexed ``(row, col)`` cells in row-major order (kinds without cells are left out);
@@ -11,13 +12,16 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 
 OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
 
 Entities = Sequence[tuple[str, Sequence[tuple[int, int]]]]
+
+Key = TypeVar("Key", bound=Hashable)
 
 
 def check_format(observation_format: str) -> str:
@@ -51,3 +55,15 @@ def formatted(observation_format: str, grid: str, shape: tuple[int, int],
     if observation_format == "coord":
         return coords
     return "Coordinates: \n" + coords + "\n" + "Grid Map: \n" + grid
+
+
+def backtrack(parent: Mapping[Key, tuple[Key, int] | None], key: Key) -> list[int]:
+    """The actions from a search's start to ``key``, given each reached key's ``(previous
+    key, action)`` (``None`` at the start)."""
+    actions = []
+    step = parent[key]
+    while step is not None:
+        key, action = step
+        actions.append(action)
+        step = parent[key]
+    return actions[::-1]

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from turnpool.envs.base import TextEnv
-from turnpool.envs.coords import cells, check_format, formatted
+from turnpool.envs.coords import backtrack, cells, check_format, formatted
 
 ACTIONS: dict[int, str] = {1: "Left", 2: "Down", 3: "Right", 4: "Up"}
 _MOVES: dict[int, tuple[int, int]] = {1: (0, -1), 2: (1, 0), 3: (0, 1), 4: (-1, 0)}
@@ -122,13 +122,7 @@ def _shortest_path(desc: Desc, start: Cell) -> list[int] | None:
     while queue:
         cell = queue.popleft()
         if desc[cell[0]][cell[1]] == "G":
-            path: list[int] = []
-            step = parent[cell]
-            while step is not None:
-                prev, action = step
-                path.append(action)
-                step = parent[prev]
-            return path[::-1]
+            return backtrack(parent, cell)
         for action in ACTIONS:
             nxt = _moved(cell, action, size)
             if nxt not in parent and desc[nxt[0]][nxt[1]] != "H":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from turnpool.envs.coords import backtrack
 from turnpool.envs.sokoban_gen import Room
 
 #: States `solve_room` explores at most.
@@ -103,7 +104,7 @@ def solve_room(room: Room, max_nodes: int = MAX_NODES) -> list[int] | None:
                         continue
                     parent[new_key] = (key, action)
                     if new_mask == target_mask:
-                        return _path(parent, new_key)
+                        return backtrack(parent, new_key)
                 else:
                     new_key = mask << shift | q
                     if new_key in parent:
@@ -115,12 +116,3 @@ def solve_room(room: Room, max_nodes: int = MAX_NODES) -> list[int] | None:
         frontier = following
     return None
 
-
-def _path(parent: dict[int, tuple[int, int] | None], key: int) -> list[int]:
-    actions = []
-    step = parent[key]
-    while step is not None:
-        key, action = step
-        actions.append(action)
-        step = parent[key]
-    return actions[::-1]
