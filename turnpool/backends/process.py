@@ -17,8 +17,10 @@ import os
 import pickle
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
 from typing import Any, ClassVar
 
@@ -49,6 +51,8 @@ def _worker_main(inbox: multiprocessing.connection.Connection,
     """A worker process: say it is up (a standby's readiness), wait for its `WorkerInit`
     (a standby waits long), then serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the pool's to handle
+    # started with SIGINT blocked (`_launch`): now that it is ignored, let it through
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     watch_parent(pool_pid, die_with_parent)
     try:
         outbox.send_bytes(pickle.dumps(None))
@@ -57,6 +61,26 @@ def _worker_main(inbox: multiprocessing.connection.Connection,
         return  # closed while on standby
     if isinstance(init, WorkerInit):
         serve_worker(inbox.recv_bytes, outbox.send_bytes, init)
+
+
+@contextmanager
+def sigint_blocked(method: str) -> Iterator[None]:
+    """SIGINT blocked in this thread for the block: children started in it start blocked.
+
+    A terminal's Ctrl-C reaches the whole process group: a child whose interpreter is still
+    starting would die of it ("Fatal Python error") before its own code could ignore it; it
+    unblocks SIGINT once it handles it. The mask survives fork and the spawn's exec. The
+    signal stays this process's, delivered when the mask is restored. Spawn and forkserver
+    start multiprocessing's resource tracker on their first start and unblock SIGINT in this
+    thread right after, so the tracker is started first.
+    """
+    if method != "fork":
+        resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -102,7 +126,8 @@ class ProcessBackend(StreamBackend[_Proc]):
         proc = self._ctx.Process(  # type: ignore[attr-defined]
             target=_worker_main, name="turnpool-worker",
             args=(req_r, rep_w, os.getpid(), die_with_parent), daemon=False)
-        proc.start()
+        with sigint_blocked(self.method):
+            proc.start()
         req_r.close()
         rep_w.close()
         # its progress file comes with its slice (`_load`): an idle standby holds none

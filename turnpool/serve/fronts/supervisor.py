@@ -8,13 +8,13 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import shutil
-import signal
 import socket
 import tempfile
 import threading
 import time
 from typing import Any
 
+from turnpool.backends.process import sigint_blocked
 from turnpool.serve.engine import ServeSettings
 from turnpool.serve.fronts.placement import LoadBoard
 from turnpool.serve.fronts.process import run_front
@@ -87,16 +87,13 @@ class FrontGroup:
         proc = self._ctx.Process(target=run_front, args=(self.specs[k], theirs),
                                  name=f"turnpool-front-{k}")
         # a front is stopped by this supervisor (SIGTERM), never by the terminal's Ctrl-C: it
-        # starts with SIGINT blocked (the mask survives the spawn's exec), so a Ctrl-C while
-        # its interpreter starts is the supervisor's alone, not a fatal error in the front;
-        # the Ctrl-C lands here once the front is on record, so `stop` ends it too
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
+        # starts with SIGINT blocked, so a Ctrl-C while its interpreter starts is the
+        # supervisor's alone, not a fatal error in the front; the Ctrl-C lands here once the
+        # front is on record, so `stop` ends it too
+        with sigint_blocked("spawn"):
             proc.start()
             theirs.close()
             self._ready[k], self._procs[k], self._up[k] = ours, proc, False
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def _await_ready(self, k: int) -> None:
         proc, conn = self._procs[k], self._ready[k]
