@@ -77,6 +77,8 @@ class FrameDecoder:
     ``(fin, opcode, payload)`` (unmasked); `FrameError` for one a peer may not send.
     ``masked``: the frames must be masked (a server reading a client) or not (a client)."""
 
+    __slots__ = ("buf", "masked", "max_bytes")
+
     def __init__(self, max_bytes: int, masked: bool = True) -> None:
         self.max_bytes = max_bytes
         self.masked = masked
@@ -125,6 +127,8 @@ class MessageAssembler:
     """Whole messages from frames: fragments joined, control frames passed through.
     ``add`` gives ``(opcode, payload)`` for a complete message or control frame, None while
     a message is incomplete; `FrameError` for a broken sequence or an oversize message."""
+
+    __slots__ = ("max_bytes", "opcode", "parts")
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
