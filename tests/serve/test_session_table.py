@@ -5,7 +5,9 @@ among fronts (the cost model the slot engine shares)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import tempfile
+import weakref
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from turnpool.pool.slots import PoolFull, PoolTimeout
 from turnpool.serve.engine import ServeSettings
 from turnpool.serve.errors import ProtocolError
 from turnpool.serve.fronts.placement import LoadBoard, Placer, Row, owner_of
+from turnpool.serve.running import SERVING_GC_THRESHOLD, collector_for_serving
 from turnpool.serve.sessions import SessionTable
 
 
@@ -209,3 +212,28 @@ def test_the_board_keeps_each_fronts_row_and_blanks_a_dead_one() -> None:
     finally:
         mine.close()
         theirs.close()
+
+
+class _Box:
+    """A weakly referenceable holder, put in a reference cycle."""
+
+    def __init__(self, inner: list[Any]) -> None:
+        self.inner = inner
+        inner.append(self)
+
+
+def test_a_foreground_server_sets_the_collector_and_puts_it_back() -> None:
+    before = gc.get_threshold()
+    built = [object() for _ in range(3)]  # alive before: frozen while serving
+    with collector_for_serving():
+        assert gc.get_threshold() == (SERVING_GC_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0
+        cycle: list[Any] = []
+        cycle.append(cycle)  # cyclic garbage made while serving is still collected
+        ref = weakref.ref(_Box(cycle))
+        del cycle
+        gc.collect()
+        assert ref() is None
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+    assert built

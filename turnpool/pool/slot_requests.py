@@ -71,7 +71,10 @@ class OneSlot:
         return (self.slot,)
 
 
-@dataclass(frozen=True, slots=True)
+# The two records of a served step and reset are not frozen: a frozen dataclass's
+# ``__init__`` sets each field through ``object.__setattr__`` (0.64 µs against 0.15 here),
+# once per served step. Nobody changes them after they are made either way.
+@dataclass(slots=True)
 class StepSlotRequest(OneSlot):
     """Run ``actions`` in ``slot``; ``waiter`` gets its `TurnResult`."""
 
@@ -80,7 +83,7 @@ class StepSlotRequest(OneSlot):
     waiter: Waiter
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ResetSlotRequest(OneSlot):
     """Start an episode in ``slot`` from ``seed`` (None: the pool's schedule); ``waiter``
     gets its `SlotReset`."""
@@ -272,15 +275,16 @@ def deliver(out: Deliveries) -> None:
 
 def resolve(out: Deliveries) -> None:
     for waiter, value, exc in out:
-        if waiter.done():  # the caller went away (cancelled, timed out) while its call ran
-            continue
+        # no ``done()`` first (a call per result): a waiter whose caller went away
+        # (cancelled, timed out) while its call ran refuses the value, and a `LoopWaiter`
+        # ignores it
         try:
             if exc is not None:
                 waiter.set_exception(exc)
             else:
                 waiter.set_result(value)
         except (concurrent.futures.InvalidStateError, asyncio.InvalidStateError):
-            pass  # cancelled by its caller in another thread just now
+            pass
 
 
 __all__ = ["BranchRequest", "Branched", "Deliveries", "EnvPoolSlots", "ForkSlotRequest",

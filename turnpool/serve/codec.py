@@ -41,16 +41,20 @@ def unmask(data: bytes, mask: bytes) -> bytes:
     return (int.from_bytes(data, "big") ^ key).to_bytes(n, "big")
 
 
+_HEAD16 = struct.Struct("!BBH").pack
+_HEAD64 = struct.Struct("!BBQ").pack
+
+
 def encode_frame(opcode: int, payload: bytes, mask: bytes | None = None) -> bytes:
     """One unfragmented frame: unmasked (a server's) or masked with ``mask`` (a client's)."""
     n = len(payload)
     mbit = 0x80 if mask is not None else 0
     if n < 126:
         head = bytes((0x80 | opcode, mbit | n))
-    elif n < 65536:
-        head = struct.pack("!BBH", 0x80 | opcode, mbit | 126, n)
+    elif n < 65536:  # a step's reply (~500 bytes)
+        head = _HEAD16(0x80 | opcode, mbit | 126, n)
     else:
-        head = struct.pack("!BBQ", 0x80 | opcode, mbit | 127, n)
+        head = _HEAD64(0x80 | opcode, mbit | 127, n)
     if mask is None:
         return head + payload
     return head + mask + (payload if mask == b"\0\0\0\0" else unmask(payload, mask))
@@ -73,6 +77,8 @@ class FrameDecoder:
     ``(fin, opcode, payload)`` (unmasked); `FrameError` for one a peer may not send.
     ``masked``: the frames must be masked (a server reading a client) or not (a client)."""
 
+    __slots__ = ("buf", "masked", "max_bytes")
+
     def __init__(self, max_bytes: int, masked: bool = True) -> None:
         self.max_bytes = max_bytes
         self.masked = masked
@@ -84,7 +90,9 @@ class FrameDecoder:
             b0, b1 = data[0], data[1]
             if b1 & 0x80 and (b1 & 0x7F) == n - 6 < 126 and not b0 & 0x70 and \
                     n - 6 <= self.max_bytes:
-                return [(bool(b0 & 0x80), b0 & 0x0F, unmask(data[6:], data[2:6]))]
+                payload = _apply_mask(data[6:], data[2:6]) if _apply_mask is not None \
+                    else unmask(data[6:], data[2:6])
+                return [(b0 >= 0x80, b0 & 0x0F, payload)]
         buf = self.buf + data if self.buf else data
         out: list[tuple[bool, int, bytes]] = []
         i, n = 0, len(buf)
@@ -119,6 +127,8 @@ class MessageAssembler:
     """Whole messages from frames: fragments joined, control frames passed through.
     ``add`` gives ``(opcode, payload)`` for a complete message or control frame, None while
     a message is incomplete; `FrameError` for a broken sequence or an oversize message."""
+
+    __slots__ = ("max_bytes", "opcode", "parts")
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes

@@ -36,12 +36,19 @@ loads: Callable[[str | bytes], Any] | None
 try:  # orjson writes a step's frame ~10x faster than json (0.55 vs 6.8 µs measured here)
     import orjson
 
-    _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+    _ORJSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+    # non-str dict keys (an env's info may have them) only on a second try: the option
+    # makes orjson walk every dict more slowly (0.73 vs 0.42 µs for a step's reply here)
+    _ORJSON_ANY_KEYS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
     def dumps_bytes(obj: Any) -> bytes:
         try:
             return orjson.dumps(obj, default=_jsonable, option=_ORJSON_OPTIONS)
-        except (TypeError, orjson.JSONEncodeError):  # e.g. an int beyond 64 bits
+        except TypeError:  # orjson.JSONEncodeError is one: a non-str key, a huge int
+            pass
+        try:
+            return orjson.dumps(obj, default=_jsonable, option=_ORJSON_ANY_KEYS)
+        except TypeError:  # e.g. an int beyond 64 bits
             return _json_dumps(obj).encode()
 
     def dumps(obj: Any) -> str:

@@ -5,10 +5,12 @@ on a background thread (tests, benchmarks, notebooks).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import ipaddress
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -97,11 +99,44 @@ def _first(hook: Callable[[], None], shutdown: Callable[..., Awaitable[None]]
     return shutdown_after_hook
 
 
+#: The cyclic collector's first threshold while a server runs in the foreground (CPython's
+#: default is 700): see `collector_for_serving`.
+SERVING_GC_THRESHOLD = 10_000
+
+
+@contextlib.contextmanager
+def collector_for_serving() -> Iterator[None]:
+    """The cyclic garbage collector set for a server that owns its process, restored after.
+
+    Why: each round of served steps leaves hundreds of objects alive until its replies are
+    written (requests, waiters, results), so at CPython's default threshold the collector ran
+    every few rounds, and each object that lived through two of those runs (the pool's replay
+    log keeps every turn's actions) brought the next full collection nearer; every full one
+    walked the whole heap (modules, the app, every session): 30-70 ms each, ~3 µs of server
+    CPU per step at 1,024 sessions (docs/performance.md). So what exists once the server is
+    built is frozen out of the collector's sight (`gc.freeze`), and the young generation is
+    collected every `SERVING_GC_THRESHOLD` net allocations: a round's objects are freed by
+    their reference counts before a collection sees them. Cyclic garbage is still
+    collected, a little later."""
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(SERVING_GC_THRESHOLD, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
 def run_app(service: Service, sockets: list[socket.socket],
             peers: FrontPeers | None = None,
             before_shutdown: Callable[[], None] | None = None) -> None:
-    """Serve ``service`` on already bound ``sockets`` until uvicorn exits."""
-    uvicorn_server(service, peers, before_shutdown).run(sockets=sockets)
+    """Serve ``service`` on already bound ``sockets`` until uvicorn exits, in the
+    foreground of a process the server owns (`collector_for_serving`)."""
+    server = uvicorn_server(service, peers, before_shutdown)
+    with collector_for_serving():
+        server.run(sockets=sockets)
 
 
 class TurnpoolServer:
@@ -149,4 +184,5 @@ class TurnpoolServer:
 
 
 __all__ = ["FrontPeers", "TurnpoolServer", "UvicornThread", "bind_socket", "check_bind",
-           "exit_on_sigterm", "is_loopback", "run_app", "uvicorn_server"]
+           "collector_for_serving", "exit_on_sigterm", "is_loopback", "run_app",
+           "uvicorn_server"]

@@ -65,7 +65,7 @@ class Slots(Protocol):
     def abandon(self, slot: int) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)  # the step path reads and writes several fields per message
 class Session:
     id: str
     slot: int

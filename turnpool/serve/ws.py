@@ -35,7 +35,6 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any, cast
 
 import turnpool.serve.codec as codec
@@ -94,19 +93,17 @@ async def _rpc_text(service: Service, session: Session, raw: str) -> bytes | Non
 
 
 class StepCall:
-    """One ``/ws`` step (or reset) in flight: the slot engine's waiter for it (a
-    `LoopWaiter`), which the driver's round resolves on the loop straight into ``then``
-    (`WsConnection.stepped` or `WsConnection.was_reset`), with no future and no callback of
-    its own. The session table's sweep fails a late one the same way (then the pool's
-    answer, when it comes, finds it done)."""
+    """One ``/ws`` step in flight: the slot engine's waiter for it (a `LoopWaiter`), which
+    the driver's round resolves on the loop straight into `WsConnection.stepped`, with no
+    future and no callback of its own (`ResetCall`: a reset, into
+    `WsConnection.was_reset`). The session table's sweep fails a late one the same way
+    (then the pool's answer, when it comes, finds it done)."""
 
-    __slots__ = ("conn", "finished", "then")
+    __slots__ = ("conn", "finished")
 
-    def __init__(self, conn: WsConnection,
-                 then: Callable[[Any, BaseException | None], None]) -> None:
+    def __init__(self, conn: WsConnection) -> None:
         self.conn = conn
         self.finished = False
-        self.then = then
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self.conn.loop
@@ -117,13 +114,30 @@ class StepCall:
     def set_result(self, value: Any) -> None:
         if not self.finished:
             self.finished = True
-            self.then(value, None)
+            self.conn.stepped(value, None)
 
     def set_exception(self, exc: BaseException) -> None:
         if not self.finished:
             self.finished = True
             # the sweep fails calls while it walks the sessions: answer after it
-            self.conn.loop.call_soon(self.then, None, exc)
+            self.conn.loop.call_soon(self.answer, None, exc)
+
+    def answer(self, value: Any, exc: BaseException | None) -> None:
+        self.conn.stepped(value, exc)
+
+
+class ResetCall(StepCall):
+    """One ``/ws`` reset in flight (`StepCall`'s, answered by `WsConnection.was_reset`)."""
+
+    __slots__ = ()
+
+    def set_result(self, value: Any) -> None:
+        if not self.finished:
+            self.finished = True
+            self.conn.was_reset(value, None)
+
+    def answer(self, value: Any, exc: BaseException | None) -> None:
+        self.conn.was_reset(value, exc)
 
 
 class StepBatcher:
@@ -152,6 +166,12 @@ class WsConnection(asyncio.Protocol):
     """One WebSocket connection = one session, served from ``data_received``: first the
     upgrade request's head, then frames."""
 
+    # slots: the step path reads a dozen of these per message, for ~1,000 connections
+    __slots__ = ("attached", "began", "episode_id", "frames", "head", "hops", "loop", "lost",
+                 "messages", "open", "passed", "paused", "pending", "rpc", "running",
+                 "server_state", "session", "transport")
+
+    #: set per server on the subclass `bind` makes
     service: Service
     batcher: StepBatcher
     placement: Placement | None = None
@@ -252,23 +272,25 @@ class WsConnection(asyncio.Protocol):
             messages = self.messages
             for fin, opcode, payload in self.frames.feed(data):
                 # a whole text frame with no fragments pending is its message (no call)
-                message = (opcode, payload) if fin and opcode == codec.OP_TEXT and \
-                    not messages.parts else messages.add(fin, opcode, payload)
-                if message is not None:
-                    self._message(*message)
+                if fin and opcode == codec.OP_TEXT and not messages.parts:
+                    self._message(opcode, payload)
+                else:
+                    message = messages.add(fin, opcode, payload)
+                    if message is not None:
+                        self._message(*message)
                 if not self.open:
                     return
         except codec.FrameError as exc:
             self.end(exc.code)
 
     def _message(self, opcode: int, payload: bytes) -> None:
-        if opcode == codec.OP_CLOSE:
-            self.end(1000)
-            return
-        if opcode == codec.OP_PING:
-            self._write(codec.encode_frame(codec.OP_PONG, payload))
-            return
-        if opcode == codec.OP_PONG:
+        if opcode >= codec.OP_CLOSE:  # a control frame
+            if opcode == codec.OP_CLOSE:
+                self.end(1000)
+            elif opcode == codec.OP_PING:
+                self._write(codec.encode_frame(codec.OP_PONG, payload))
+            elif opcode != codec.OP_PONG:  # a reserved one
+                raise codec.FrameError(1002)
             return
         item = self._read(opcode, payload)
         if not self.running and not self.pending:  # the common case: nothing to queue behind
@@ -334,7 +356,7 @@ class WsConnection(asyncio.Protocol):
         service = self.service
         try:
             actions = service.begin_step(session, data)
-            call = StepCall(self, self.stepped)
+            call = StepCall(self)
             service.submit(session, lambda: self.batcher.add(
                 StepSlotRequest(session.slot, actions, call), call))
         except ProtocolError as exc:
@@ -351,7 +373,7 @@ class WsConnection(asyncio.Protocol):
         service, verb = self.service, BY_NAME["reset"]
         try:
             seed, self.episode_id = service.begin_reset(session, verb.parse(msg.get("data")))
-            call = StepCall(self, self.was_reset)
+            call = ResetCall(self)
             service.submit(session, lambda: self.batcher.add(
                 ResetSlotRequest(session.slot, seed, call), call))
         except ProtocolError as exc:
@@ -379,8 +401,9 @@ class WsConnection(asyncio.Protocol):
             self.running = False
             self.end(1011)
             return
-        if self.open:  # `_reply` without its two calls: this runs once per step
-            self._transport().write(codec.encode_frame(
+        transport = self.transport
+        if self.open and transport is not None:  # `_reply` without its calls: once per step
+            transport.write(codec.encode_frame(
                 codec.OP_TEXT, dumps_bytes({"type": "observation", "data": payload})))
         self._done()
 
@@ -471,7 +494,7 @@ def bind(service: Service, inner_class: Any, placement: Placement | None = None
     """The `Entry` and `WsConnection` classes of one server, to give uvicorn as ``http``
     and ``ws``; ``inner_class`` is uvicorn's HTTP protocol class that serves every other
     request; ``placement`` places new sessions among several fronts."""
-    ws = type("TurnpoolWs", (WsConnection,), {"service": service,
+    ws = type("TurnpoolWs", (WsConnection,), {"__slots__": (), "service": service,
                                               "batcher": StepBatcher(service),
                                               "placement": placement})
     entry = type("TurnpoolEntry", (Entry,), {"ws_class": ws, "inner_class": inner_class})
@@ -487,5 +510,5 @@ def adopt(ws_class: type[WsConnection], server_state: Any, data: bytes, hops: in
     return conn
 
 
-__all__ = ["WS_PATHS", "Entry", "MAX_FRAME_BYTES", "Placement", "StepBatcher", "StepCall",
-           "WsConnection", "adopt", "answer", "bind"]
+__all__ = ["WS_PATHS", "Entry", "MAX_FRAME_BYTES", "Placement", "ResetCall", "StepBatcher",
+           "StepCall", "WsConnection", "adopt", "answer", "bind"]
