@@ -141,7 +141,6 @@ TASKS = {
                     ladder=(0.05, 0.1, 0.15, 0.25, 0.35, 0.5), calibrate=True, lr=1e-3),
 }
 CALIBRATION_BAND = (0.1, 0.5)  # warm-up success aimed at: GRPO signal, and room to learn
-ROOM_FLOOR = 0.05  # a room whose best warm-up success is below this (1 of 32) is out of reach
 ROOM_TRIES = 3  # rooms a calibration tries, the seed's own and its next ones
 
 
@@ -152,8 +151,9 @@ def next_try(tried: list[tuple[int, float, float]], ladder: tuple[float, ...], s
     warm-up, in order); None: stop. Within a room it walks the ladder from ``start``: down
     (less noise) while the success is below ``band``, up while above, until inside, at the
     ladder's end or back at a rung it tried. A room is given up for the next one (from
-    ``start``) when its walk ends below the band with no try reaching `ROOM_FLOOR`, or as soon
-    as two rungs in a row solve nothing; at most ``rooms`` rooms."""
+    ``start``) when its walk ends below the band without any try reaching it (no epsilon
+    brings the warm-up model to GRPO's signal), or as soon as two rungs in a row solve
+    nothing; at most ``rooms`` rooms."""
     if not tried:
         return 0, start
     room, eps, success = tried[-1]
@@ -165,7 +165,7 @@ def next_try(tried: list[tuple[int, float, float]], ladder: tuple[float, ...], s
     k = ladder.index(eps) + (-1 if success < low else 1)
     if not hopeless and 0 <= k < len(ladder) and ladder[k] not in {t[1] for t in in_room}:
         return room, ladder[k]
-    if success < low and max(t[2] for t in in_room) < ROOM_FLOOR and room + 1 < rooms:
+    if success < low and max(t[2] for t in in_room) < low and room + 1 < rooms:
         return room + 1, start
     return None
 
