@@ -95,7 +95,7 @@ def test_calibration_walks_the_ladder_then_the_rooms() -> None:
     for room in rooms:
         assert 3 <= len(example.SokobanEnv.oracle(room.reset(seed=0)[0], {})) <= 6
     args = example.parse_args(["--env", "sokoban"])
-    assert args.calibrate and args.lr == 1e-3 and args.room == 0
+    assert args.calibrate and args.lr == 1e-3 and args.room == 0 and args.steps == 50
     assert not example.parse_args(["--env", "sokoban", "--epsilon", "0.25"]).calibrate
     assert not example.parse_args(["--env", "frozen_lake"]).calibrate
 
