@@ -9,9 +9,9 @@ episode comes back as one token-exact sample (model tokens trained, env tokens m
    action replaced by a random one with probability ``--epsilon``, 0.5 on FrozenLake): the
    answer format and a weak policy, short on purpose; 64 episodes per board
    (``--warmup-episodes``) so that each state's answer is the oracle's about as often as
-   epsilon says. ``--calibrate`` (Sokoban's default): from 0.25, along 0.05-0.5 until the
-   warm-up model solves 10-50% of 32 episodes, and on to the seed's next room when its room
-   is out of the warm-up's reach (`next_try`).
+   epsilon says. ``--calibrate`` (Sokoban's default): from 0.25 up to 0.5 while the warm-up
+   model solves over 50% of 32 episodes, and on to the seed's next room when it solves none
+   (`next_try`).
 2. GRPO from the warm-up model (``--loss-type``, TRL's ``dapo``; ``--lr``, 2e-3 FrozenLake,
    1e-3 Sokoban), and a control run from the same model and seeds with learning rate 0.
 
@@ -140,7 +140,7 @@ TASKS = {
     "frozen_lake": Task(BoardSetFrozenLake, {"size": 4, "is_slippery": False}, 6, 600),
     "sokoban": Task(BoardSetSokoban, {"dim_room": (6, 6), "num_boxes": 1, "max_steps": 100,
                                       "min_moves": 3}, 10, 1100, epsilon=0.25,
-                    ladder=(0.05, 0.1, 0.15, 0.25, 0.35, 0.5), calibrate=True, lr=1e-3,
+                    ladder=(0.25, 0.35, 0.5), calibrate=True, lr=1e-3,
                     steps=50),
 }
 CALIBRATION_BAND = (0.1, 0.5)  # warm-up success aimed at: GRPO signal, and room to learn
@@ -151,24 +151,18 @@ def next_try(tried: list[tuple[int, float, float]], ladder: tuple[float, ...], s
              band: tuple[float, float] = CALIBRATION_BAND, rooms: int = ROOM_TRIES
              ) -> tuple[int, float] | None:
     """The calibration's next (room, epsilon) after ``tried`` ((room, epsilon, success) per
-    warm-up, in order); None: stop. Within a room it walks the ladder from ``start``: down
-    (less noise) while the success is below ``band``, up while above, until inside, at the
-    ladder's end or back at a rung it tried. A room is given up for the next one (from
-    ``start``) when its walk ends below the band without any try reaching it (no epsilon
-    brings the warm-up model to GRPO's signal), or as soon as two rungs in a row solve
-    nothing; at most ``rooms`` rooms."""
+    warm-up, in order); None: stop. Within a room it walks the ladder from ``start`` up (more
+    noise) while the success is above ``band``, and stops when inside, at the ladder's end, or
+    below it: a room whose warm-ups solve some episodes is kept (less noise did not bring seed
+    0's room into the band, and training from it did not learn), one whose warm-ups solve none
+    is given up for the seed's next room, from ``start``; at most ``rooms`` rooms."""
     if not tried:
         return 0, start
     room, eps, success = tried[-1]
     low, high = band
-    if low <= success <= high:
-        return None
-    in_room = [t for t in tried if t[0] == room]
-    hopeless = len(in_room) >= 2 and in_room[-2][2] == 0 == success
-    k = ladder.index(eps) + (-1 if success < low else 1)
-    if not hopeless and 0 <= k < len(ladder) and ladder[k] not in {t[1] for t in in_room}:
-        return room, ladder[k]
-    if success < low and max(t[2] for t in in_room) < low and room + 1 < rooms:
+    if success > high and eps != ladder[-1]:
+        return room, ladder[ladder.index(eps) + 1]
+    if success < low and max(t[2] for t in tried if t[0] == room) == 0 and room + 1 < rooms:
         return room + 1, start
     return None
 
@@ -176,9 +170,10 @@ def next_try(tried: list[tuple[int, float, float]], ladder: tuple[float, ...], s
 def chosen_try(tried: list[tuple[int, float, float]],
                band: tuple[float, float] = CALIBRATION_BAND) -> int:
     """Index of the try to train from: the one whose success is nearest the band (inside:
-    distance 0), the first of equals."""
+    distance 0), one that solved nothing only when all did, the first of equals."""
     low, high = band
-    return min(range(len(tried)), key=lambda i: max(low - tried[i][2], tried[i][2] - high, 0))
+    return min(range(len(tried)), key=lambda i: (tried[i][2] == 0,
+                                                 max(low - tried[i][2], tried[i][2] - high, 0)))
 
 
 def env_name(env: str) -> str:
