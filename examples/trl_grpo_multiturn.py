@@ -6,13 +6,14 @@ renders each turn's prompt, the trainer's model answers, the pool steps the env,
 episode comes back as one token-exact sample (model tokens trained, env tokens masked).
 
 1. Warm-up: supervised fine-tuning on episodes of the env's oracle with epsilon noise (each
-   action replaced by a random one with probability ``--epsilon``, 0.5 on FrozenLake, 0.25 on
-   Sokoban; ``--calibrate``: per room, along 0.05-0.5 until the warm-up model solves 10-50%
-   of 32 episodes): the answer format and a weak policy, short on purpose; 64 episodes per
-   board (``--warmup-episodes``) so that each state's answer is the oracle's about as often as
-   epsilon says.
-2. GRPO from the warm-up model (``--loss-type``, TRL's ``dapo``), and a control run from
-   the same model and seeds with learning rate 0 (no update).
+   action replaced by a random one with probability ``--epsilon``, 0.5 on FrozenLake): the
+   answer format and a weak policy, short on purpose; 64 episodes per board
+   (``--warmup-episodes``) so that each state's answer is the oracle's about as often as
+   epsilon says. ``--calibrate`` (Sokoban's default): from 0.25 up to 0.5 while the warm-up
+   model solves over 50% of 32 episodes, and on to the seed's next room when it solves none
+   (`next_try`).
+2. GRPO from the warm-up model (``--loss-type``, TRL's ``dapo``; ``--lr``, 2e-3 FrozenLake,
+   1e-3 Sokoban), and a control run from the same model and seeds with learning rate 0.
 
 Envs: ``frozen_lake`` (4x4, not slippery, up to 6 turns) and ``sokoban`` (6x6, one box, up
 to 10 turns). Each run trains on a set of ``--maps`` boards (one reset seed each, drawn from
@@ -59,27 +60,28 @@ from turnpool.envs.sokoban import SokobanEnv  # noqa: E402
 # ------------------------------------------------------------------------------ the envs
 @lru_cache(maxsize=16)
 def board_seeds(base: type, kwargs: tuple[tuple[str, Any], ...], maps: int, map_seed: int,
-                min_moves: int, max_moves: int) -> tuple[int, ...]:
+                min_moves: int, max_moves: int, room: int = 0) -> tuple[int, ...]:
     """``maps`` reset seeds of ``base`` whose oracle solution has ``min_moves`` to
-    ``max_moves`` moves, the first ones found counting up from ``map_seed * 100_000``."""
+    ``max_moves`` moves, counting up from ``map_seed * 100_000``: the first ones found for
+    ``room`` 0, the ``room``-th next set after them otherwise (the seed's next rooms)."""
     env = base(**dict(kwargs))
     found: list[int] = []
     seed = map_seed * 100_000
-    while len(found) < maps:
+    while len(found) < maps * (room + 1):
         obs, _ = env.reset(seed=seed)
         if min_moves <= len(base.oracle(obs, dict(kwargs))) <= max_moves:
             found.append(seed)
         seed += 1
-    return tuple(found)
+    return tuple(found[maps * room:])
 
 
 class _BoardSet:
     """Mixin: reset seed ``s`` plays board ``s % maps`` of a fixed set (see `board_seeds`)."""
 
     def _init_boards(self, base: type, kwargs: dict[str, Any], maps: int, map_seed: int,
-                     min_moves: int, max_moves: int) -> None:
+                     min_moves: int, max_moves: int, room: int) -> None:
         self._boards = board_seeds(base, tuple(sorted(kwargs.items())), int(maps),
-                                   int(map_seed), int(min_moves), int(max_moves))
+                                   int(map_seed), int(min_moves), int(max_moves), int(room))
 
     def _reset(self, seed: int, options: dict[str, Any]) -> str:
         return super()._reset(self._boards[seed % len(self._boards)], options)  # type: ignore[misc]
@@ -91,25 +93,26 @@ def _own_kwargs(base: type) -> frozenset[str]:
 
 
 class BoardSetFrozenLake(_BoardSet, FrozenLakeEnv):
-    """FrozenLake on a fixed set of boards (kwargs ``maps``, ``map_seed``, move bounds)."""
+    """FrozenLake on a fixed set of boards (kwargs ``maps``, ``map_seed``, move bounds,
+    ``room``)."""
 
     extra_kwargs = FrozenLakeEnv.extra_kwargs | _own_kwargs(FrozenLakeEnv)
 
     def __init__(self, maps: int = 4, map_seed: int = 0, min_moves: int = 2,
-                 max_moves: int = 6, **kwargs: Any) -> None:
+                 max_moves: int = 6, room: int = 0, **kwargs: Any) -> None:
         FrozenLakeEnv.__init__(self, **kwargs)
-        self._init_boards(FrozenLakeEnv, kwargs, maps, map_seed, min_moves, max_moves)
+        self._init_boards(FrozenLakeEnv, kwargs, maps, map_seed, min_moves, max_moves, room)
 
 
 class BoardSetSokoban(_BoardSet, SokobanEnv):
-    """Sokoban on a fixed set of rooms (kwargs ``maps``, ``map_seed``, move bounds)."""
+    """Sokoban on a fixed set of rooms (kwargs ``maps``, ``map_seed``, move bounds, ``room``)."""
 
     extra_kwargs = frozenset(SokobanEnv.extra_kwargs or ()) | _own_kwargs(SokobanEnv)
 
     def __init__(self, maps: int = 4, map_seed: int = 0, min_moves: int = 2,
-                 max_moves: int = 6, **kwargs: Any) -> None:
+                 max_moves: int = 6, room: int = 0, **kwargs: Any) -> None:
         SokobanEnv.__init__(self, **kwargs)
-        self._init_boards(SokobanEnv, kwargs, maps, map_seed, min_moves, max_moves)
+        self._init_boards(SokobanEnv, kwargs, maps, map_seed, min_moves, max_moves, room)
 
 
 @dataclass(frozen=True)
@@ -123,18 +126,54 @@ class Task:
     epsilon: float = 0.5  # the warm-up oracle's noise (``--epsilon``'s default)
     #: epsilons to calibrate the warm-up over (empty: ``epsilon`` as it is; see `warm_up`)
     ladder: tuple[float, ...] = ()
+    calibrate: bool = False  # ``--calibrate``'s default
+    lr: float = 2e-3  # the tiny model's GRPO learning rate (``--lr``'s default)
+    steps: int = 30  # GRPO steps per run (``--steps``'s default)
 
 
 # Sokoban: rooms of 3+ moves (the warm-up alone solves 2), a less noisy warm-up (at 0.5 a
-# random push strands the box and the model learnt too little of the room); its ladder is
-# for ``--calibrate`` (one epsilon leaves some rooms unsolved, others solved by the warm-up)
+# random push strands the box and the model learnt too little of the room), calibrated per
+# seed (one epsilon leaves some rooms unsolved, others solved by the warm-up), and a lower
+# learning rate (2e-3 broke the answer format from the rarely-successful calibrated starts),
+# so more steps (at 30, seed 1 was still climbing)
 TASKS = {
     "frozen_lake": Task(BoardSetFrozenLake, {"size": 4, "is_slippery": False}, 6, 600),
     "sokoban": Task(BoardSetSokoban, {"dim_room": (6, 6), "num_boxes": 1, "max_steps": 100,
                                       "min_moves": 3}, 10, 1100, epsilon=0.25,
-                    ladder=(0.05, 0.1, 0.15, 0.25, 0.35, 0.5)),
+                    ladder=(0.25, 0.35, 0.5), calibrate=True, lr=1e-3,
+                    steps=50),
 }
 CALIBRATION_BAND = (0.1, 0.5)  # warm-up success aimed at: GRPO signal, and room to learn
+ROOM_TRIES = 3  # rooms a calibration tries, the seed's own and its next ones
+
+
+def next_try(tried: list[tuple[int, float, float]], ladder: tuple[float, ...], start: float,
+             band: tuple[float, float] = CALIBRATION_BAND, rooms: int = ROOM_TRIES
+             ) -> tuple[int, float] | None:
+    """The calibration's next (room, epsilon) after ``tried`` ((room, epsilon, success) per
+    warm-up, in order); None: stop. Within a room it walks the ladder from ``start`` up (more
+    noise) while the success is above ``band``, and stops when inside, at the ladder's end, or
+    below it: a room whose warm-ups solve some episodes is kept (less noise did not bring seed
+    0's room into the band, and training from it did not learn), one whose warm-ups solve none
+    is given up for the seed's next room, from ``start``; at most ``rooms`` rooms."""
+    if not tried:
+        return 0, start
+    room, eps, success = tried[-1]
+    low, high = band
+    if success > high and eps != ladder[-1]:
+        return room, ladder[ladder.index(eps) + 1]
+    if success < low and max(t[2] for t in tried if t[0] == room) == 0 and room + 1 < rooms:
+        return room + 1, start
+    return None
+
+
+def chosen_try(tried: list[tuple[int, float, float]],
+               band: tuple[float, float] = CALIBRATION_BAND) -> int:
+    """Index of the try to train from: the one whose success is nearest the band (inside:
+    distance 0), one that solved nothing only when all did, the first of equals."""
+    low, high = band
+    return min(range(len(tried)), key=lambda i: (tried[i][2] == 0,
+                                                 max(low - tried[i][2], tried[i][2] - high, 0)))
 
 
 def env_name(env: str) -> str:
@@ -145,8 +184,8 @@ def env_name(env: str) -> str:
     return name
 
 
-def env_kwargs(env: str, maps: int, seed: int) -> dict[str, Any]:
-    return {**TASKS[env].env_kwargs, "maps": maps, "map_seed": seed}
+def env_kwargs(env: str, maps: int, seed: int, room: int = 0) -> dict[str, Any]:
+    return {**TASKS[env].env_kwargs, "maps": maps, "map_seed": seed, "room": room}
 
 
 def settings_for(env: str) -> Any:
@@ -156,11 +195,11 @@ def settings_for(env: str) -> Any:
                              turn=TurnSettings(max_actions_per_turn=1, enable_think=False))
 
 
-def tag_for(env: str, maps: int, seed: int, n_groups: int) -> Any:
+def tag_for(env: str, maps: int, seed: int, n_groups: int, room: int = 0) -> Any:
     from turnpool.rollout.settings import TagSpec
 
     return TagSpec(tag=env, env_type=env_name(env), n_groups=n_groups,
-                   env_kwargs=env_kwargs(env, maps, seed),
+                   env_kwargs=env_kwargs(env, maps, seed, room),
                    max_actions_per_traj=TASKS[env].max_turn)
 
 
@@ -205,28 +244,27 @@ def base_model(kind: str, path: Path, seed: int) -> Path:
 
 
 def warm_up(args: argparse.Namespace, work: Path) -> Path:
-    """The warm-up model: one warm-up at ``args.epsilon``; with ``--calibrate`` (no
-    ``--epsilon``, an env with a ladder), calibrated: from the env's epsilon, measure the
-    model's success (`model_success`) and, while it is outside `CALIBRATION_BAND`, warm up
-    again from the base model at the next epsilon of the ladder (less noise when below, more
-    when above), until inside or the ladder ends that way. Sets ``args.epsilon`` and
-    ``args.calibration`` ([epsilon, success] per try); deterministic from the seed."""
-    task = TASKS[args.env]
+    """The warm-up model: one warm-up at ``args.epsilon`` on room ``args.room``; with
+    ``--calibrate`` (no ``--epsilon``, an env with a ladder), calibrated: warm up from the
+    base model at each (room, epsilon) `next_try` picks, measuring each model's success
+    (`model_success`), and keep the try `chosen_try` picks. Sets ``args.epsilon``,
+    ``args.room`` and ``args.calibration`` ([room, epsilon, success] per try); deterministic
+    from the seed."""
     if not args.calibrate:
         return warm_up_at(args, work, args.epsilon)
-    eps, tried = args.epsilon, []
-    while True:
-        model_dir = warm_up_at(args, work / f"eps{eps:g}", eps)
-        success = model_success(args, model_dir)
-        tried.append([eps, success])
-        print(f"calibration: epsilon {eps:g} -> success {success:.3f}", file=sys.stderr)
-        low, high = CALIBRATION_BAND
-        k = task.ladder.index(eps) + (-1 if success < low else 1)
-        if low <= success <= high or k in (-1, len(task.ladder)) or task.ladder[k] in dict(tried):
-            break
-        eps = task.ladder[k]
-    args.epsilon, args.calibration = eps, tried
-    return model_dir
+    first_room, start = args.room, args.epsilon
+    tried: list[tuple[int, float, float]] = []
+    models: list[Path] = []
+    while (step := next_try(tried, TASKS[args.env].ladder, start)) is not None:
+        args.room = first_room + step[0]
+        models.append(warm_up_at(args, work / f"room{args.room}-eps{step[1]:g}", step[1]))
+        tried.append((step[0], step[1], model_success(args, models[-1])))
+        print(f"calibration: room {args.room} epsilon {step[1]:g} -> success "
+              f"{tried[-1][2]:.3f}", file=sys.stderr)
+    best = chosen_try(tried)
+    args.room, args.epsilon = first_room + tried[best][0], tried[best][1]
+    args.calibration = [[first_room + r, e, s] for r, e, s in tried]
+    return models[best]
 
 
 def model_success(args: argparse.Namespace, model_dir: Path, episodes: int = 32) -> float:
@@ -241,7 +279,7 @@ def model_success(args: argparse.Namespace, model_dir: Path, episodes: int = 32)
     policy = HFPolicy.from_model(model, AutoTokenizer.from_pretrained(model_dir),
                                  max_new_tokens=args.max_new_tokens, temperature=1.0,
                                  seed=args.seed * 1000 + 500)
-    tag = tag_for(args.env, args.maps, args.seed, n_groups=episodes)
+    tag = tag_for(args.env, args.maps, args.seed, n_groups=episodes, room=args.room)
     pool = build_pool([tag], 1, {"backend": "sequential"}, seed=args.seed + 500)
     with TrajectoryCollector(pool, policy, [tag], settings_for(args.env),
                              owns_pool=True) as collector:
@@ -262,7 +300,8 @@ def warm_up_at(args: argparse.Namespace, work: Path, epsilon: float) -> Path:
     model_dir = base_model(args.model, work / "model", args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    tag = tag_for(args.env, args.maps, args.seed, n_groups=args.maps * args.warmup_episodes)
+    tag = tag_for(args.env, args.maps, args.seed, n_groups=args.maps * args.warmup_episodes,
+                  room=args.room)
     pool = build_pool([tag], 1, {"backend": "sequential"}, seed=args.seed)
     prompts, replies = [], []
     with TrajectoryCollector(pool, OraclePolicy(seed=args.seed, epsilon=epsilon), [tag],
@@ -308,7 +347,8 @@ def grpo_run(args: argparse.Namespace, model_dir: Path, work: Path, lr: float
     task = TASKS[args.env]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    rollout = TurnpoolRollout(env_name(args.env), env_kwargs(args.env, args.maps, args.seed),
+    rollout = TurnpoolRollout(env_name(args.env),
+                              env_kwargs(args.env, args.maps, args.seed, args.room),
                               settings=settings_for(args.env),
                               pool_options={"backend": "sequential"},
                               max_new_tokens=args.max_new_tokens, seed=args.seed * 1000,
@@ -391,7 +431,7 @@ def plot_boards(args: argparse.Namespace, trajectories: list[Any], path: Path) -
     import matplotlib.pyplot as plt
 
     chosen = next((t for t in trajectories if t.success), trajectories[0])
-    env = TASKS[args.env].env_class(**env_kwargs(args.env, args.maps, args.seed))
+    env = TASKS[args.env].env_class(**env_kwargs(args.env, args.maps, args.seed, args.room))
     env.reset(seed=chosen.seed)
     frames, titles = [env.render("rgb_array")], ["start"]
     for k, turn in enumerate(chosen.turns, 1):
@@ -415,7 +455,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--env", choices=sorted(TASKS), default="frozen_lake")
     parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=30, help="GRPO steps per run")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="GRPO steps per run (default: 30 frozen_lake, 50 sokoban)")
     parser.add_argument("--maps", type=int, default=1, help="boards in the training set")
     parser.add_argument("--sft-steps", type=int, default=None,
                         help="warm-up SFT steps (default: 400 tiny, 30 smollm2)")
@@ -423,15 +464,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="noisy oracle episodes per board in the warm-up data")
     parser.add_argument("--epsilon", type=float, default=None,
                         help="share of the warm-up oracle's actions replaced by random ones "
-                             "(default: 0.5 frozen_lake; sokoban: calibrated per room)")
+                             "(default: 0.5 frozen_lake; sokoban: calibrated from 0.25)")
+    parser.add_argument("--room", type=int, default=0,
+                        help="play the seed's N-th set of boards (calibration may move on)")
     parser.add_argument("--groups", type=int, default=4, help="GRPO groups per step")
     parser.add_argument("--group-size", type=int, default=None,
                         help="num_generations (default: 8 tiny, 4 smollm2)")
     parser.add_argument("--lr", type=float, default=None,
-                        help="GRPO learning rate (default: 2e-3 tiny, 1e-5 smollm2)")
+                        help="GRPO learning rate (default tiny: 2e-3 frozen_lake, 1e-3 "
+                             "sokoban; 1e-5 smollm2)")
     parser.add_argument("--loss-type", default="dapo", help="GRPOConfig.loss_type")
-    parser.add_argument("--calibrate", action="store_true",
-                        help="choose the warm-up epsilon per room (Sokoban; see warm_up)")
+    parser.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=None,
+                        help="choose the warm-up epsilon and room per seed (default on "
+                             "sokoban, without --epsilon; see warm_up)")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens per reply")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--no-control", action="store_true",
@@ -443,10 +488,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     tiny = args.model == "tiny"
     task = TASKS[args.env]
-    args.calibrate = args.calibrate and args.epsilon is None and bool(task.ladder)
+    calibrate = task.calibrate if args.calibrate is None else args.calibrate
+    args.calibrate = calibrate and args.epsilon is None and bool(task.ladder)
     args.epsilon = task.epsilon if args.epsilon is None else args.epsilon  # calibration's start
+    if args.steps is None:
+        args.steps = task.steps
     if args.lr is None:
-        args.lr = 2e-3 if tiny else 1e-5
+        args.lr = task.lr if tiny else 1e-5
     if args.group_size is None:
         args.group_size = 8 if tiny else 4
     if args.sft_steps is None:
@@ -471,7 +519,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         control = None if args.no_control else grpo_run(args, model_dir, work, 0.0)[0]
     summary: dict[str, Any] = {
         "env": args.env, "model": args.model, "seed": args.seed, "steps": args.steps,
-        "maps": args.maps, "epsilon": args.epsilon, "loss_type": args.loss_type,
+        "maps": args.maps, "room": args.room, "epsilon": args.epsilon,
+        "loss_type": args.loss_type, "learning_rate": args.lr,
         "calibration": getattr(args, "calibration", None), "sft_steps": args.sft_steps,
         "warmup_episodes": args.warmup_episodes,
         "episodes_per_step": args.groups * args.group_size, "device": args.device,

@@ -55,6 +55,47 @@ def test_board_sets_are_fixed_by_seed_and_solvable() -> None:
     assert img is not None and img.shape == (96, 96, 3) and img.dtype == np.uint8
 
 
+def _calibrate(success: dict[tuple[int, float], float]) -> list[tuple[int, float, float]]:
+    """The tries `next_try` makes when each (room, epsilon)'s warm-up model succeeds as
+    ``success`` says (0 where absent), Sokoban's ladder from its start epsilon."""
+    example = _example()
+    task = example.TASKS["sokoban"]
+    tried: list[tuple[int, float, float]] = []
+    while (step := example.next_try(tried, task.ladder, task.epsilon)) is not None:
+        tried.append((*step, success.get(step, 0.0)))
+        assert len(tried) <= len(task.ladder) * example.ROOM_TRIES
+    return tried
+
+
+def test_calibration_walks_the_ladder_then_the_rooms() -> None:
+    """The calibration's choices without training, on the documented seeds' measured
+    warm-ups: seed 2 (0.25 too easy, 0.35 in the band), seed 0 (below the band but solving
+    some: kept), seed 1 (solving none: the seed's next room); and its bounds."""
+    example = _example()
+    seed2 = _calibrate({(0, 0.25): 0.81, (0, 0.35): 0.16})
+    assert seed2 == [(0, 0.25, 0.81), (0, 0.35, 0.16)] and example.chosen_try(seed2) == 1
+    assert _calibrate({(0, 0.25): 0.03}) == [(0, 0.25, 0.03)]
+    seed1 = _calibrate({(1, 0.25): 0.125})
+    assert seed1 == [(0, 0.25, 0.0), (1, 0.25, 0.125)] and example.chosen_try(seed1) == 1
+    nowhere = _calibrate({})  # ROOM_TRIES rooms at most, then the first
+    assert nowhere == [(0, 0.25, 0.0), (1, 0.25, 0.0), (2, 0.25, 0.0)]
+    assert example.chosen_try(nowhere) == 0
+    easy = _calibrate({(0, e): 0.9 for e in (0.25, 0.35, 0.5)})  # the ladder's end
+    assert [t[1] for t in easy] == [0.25, 0.35, 0.5] and example.chosen_try(easy) == 0
+    overshot = _calibrate({(0, 0.25): 0.8})  # 0.35 solves none: 0.25 is kept
+    assert overshot == [(0, 0.25, 0.8), (0, 0.35, 0.0)] and example.chosen_try(overshot) == 0
+    # the next rooms are the seed's next qualifying boards: fixed, distinct, in bounds
+    rooms = [example.BoardSetSokoban(**example.env_kwargs("sokoban", 1, 1, room))
+             for room in range(3)]
+    assert [r._boards for r in rooms] == [(100000,), (100001,), (100002,)]
+    for room in rooms:
+        assert 3 <= len(example.SokobanEnv.oracle(room.reset(seed=0)[0], {})) <= 6
+    args = example.parse_args(["--env", "sokoban"])
+    assert args.calibrate and args.lr == 1e-3 and args.room == 0 and args.steps == 50
+    assert not example.parse_args(["--env", "sokoban", "--epsilon", "0.25"]).calibrate
+    assert not example.parse_args(["--env", "frozen_lake"]).calibrate
+
+
 # about 80 CPU-seconds; 6 minutes of wall time on the shared 2-core machine at load 12
 @pytest.mark.slow(seconds=75)
 @pytest.mark.timeout(900)
