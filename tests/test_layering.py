@@ -197,7 +197,8 @@ def _floor(module: str) -> int | None:
 #: ``"a.b.*"`` is it and everything below it. The first matching rule wins.
 #: What the floors above the pool may read of the worker: the protocol and its records
 WORKER_FACE = ("turnpool.worker.protocol", "turnpool.worker.failures", "turnpool.worker.results",
-               "turnpool.worker.errors", "turnpool.worker.defaults")
+               "turnpool.worker.errors", "turnpool.worker.defaults",
+               "turnpool.worker.children")  # how serve's fronts start, as workers do
 ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("turnpool.extras", ()),
     ("turnpool.listen", ()),

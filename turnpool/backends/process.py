@@ -17,10 +17,8 @@ import os
 import pickle
 import signal
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
 from typing import Any, ClassVar
 
@@ -30,6 +28,7 @@ from turnpool.backends.base import one_per_core
 from turnpool.backends.choice import unguarded_main_call
 from turnpool.backends.remote import Stream, StreamBackend, WorkerInit, serve_worker
 from turnpool.worker.build import EnvBuild
+from turnpool.worker.children import sigint_blocked
 from turnpool.worker.transport import ProgressSlot, watch_parent
 
 #: The standby's nice value while it waits (lowest priority: it must not slow live steps).
@@ -61,26 +60,6 @@ def _worker_main(inbox: multiprocessing.connection.Connection,
         return  # closed while on standby
     if isinstance(init, WorkerInit):
         serve_worker(inbox.recv_bytes, outbox.send_bytes, init)
-
-
-@contextmanager
-def sigint_blocked(method: str) -> Iterator[None]:
-    """SIGINT blocked in this thread for the block: children started in it start blocked.
-
-    A terminal's Ctrl-C reaches the whole process group: a child whose interpreter is still
-    starting would die of it ("Fatal Python error") before its own code could ignore it; it
-    unblocks SIGINT once it handles it. The mask survives fork and the spawn's exec. The
-    signal stays this process's, delivered when the mask is restored. Spawn and forkserver
-    start multiprocessing's resource tracker on their first start and unblock SIGINT in this
-    thread right after, so the tracker is started first.
-    """
-    if method != "fork":
-        resource_tracker.ensure_running()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @dataclass(eq=False, kw_only=True)

@@ -46,6 +46,7 @@ from turnpool.serve.jsonio import MAX_MESSAGE_CHARS, dumps_bytes, loads
 from turnpool.serve.service import Service
 from turnpool.serve.sessions import Session
 from turnpool.serve.verbs import BY_NAME, rpc
+from turnpool.serve.ws_calls import ResetCall, StepBatcher, StepCall
 
 log = logging.getLogger(__name__)
 
@@ -90,76 +91,6 @@ async def _rpc_text(service: Service, session: Session, raw: str) -> bytes | Non
     """The reply frame's payload to one message of a WebSocket on ``/mcp``: its JSON-RPC
     response."""
     return dumps_bytes(await rpc(service, session, raw))
-
-
-class StepCall:
-    """One ``/ws`` step in flight: the slot engine's waiter for it (a `LoopWaiter`), which
-    the driver's round resolves on the loop straight into `WsConnection.stepped`, with no
-    future and no callback of its own (`ResetCall`: a reset, into
-    `WsConnection.was_reset`). The session table's sweep fails a late one the same way
-    (then the pool's answer, when it comes, finds it done)."""
-
-    __slots__ = ("conn", "finished")
-
-    def __init__(self, conn: WsConnection) -> None:
-        self.conn = conn
-        self.finished = False
-
-    def get_loop(self) -> asyncio.AbstractEventLoop:
-        return self.conn.loop
-
-    def done(self) -> bool:
-        return self.finished
-
-    def set_result(self, value: Any) -> None:
-        if not self.finished:
-            self.finished = True
-            self.conn.stepped(value, None)
-
-    def set_exception(self, exc: BaseException) -> None:
-        if not self.finished:
-            self.finished = True
-            # the sweep fails calls while it walks the sessions: answer after it
-            self.conn.loop.call_soon(self.answer, None, exc)
-
-    def answer(self, value: Any, exc: BaseException | None) -> None:
-        self.conn.stepped(value, exc)
-
-
-class ResetCall(StepCall):
-    """One ``/ws`` reset in flight (`StepCall`'s, answered by `WsConnection.was_reset`)."""
-
-    __slots__ = ()
-
-    def set_result(self, value: Any) -> None:
-        if not self.finished:
-            self.finished = True
-            self.conn.was_reset(value, None)
-
-    def answer(self, value: Any, exc: BaseException | None) -> None:
-        self.conn.was_reset(value, exc)
-
-
-class StepBatcher:
-    """The steps and resets that sessions submit within one event-loop pass, handed to the
-    slot engine as one inbox item at the end of it (one hand-off per pass, not per call)."""
-
-    def __init__(self, service: Service) -> None:
-        self.engine = service.engine
-        self.items: list[StepSlotRequest | ResetSlotRequest] = []
-
-    def add(self, request: StepSlotRequest | ResetSlotRequest, call: StepCall) -> StepCall:
-        """``request`` (whose waiter is ``call``) goes with this pass's batch."""
-        self.engine.check(request.slot)
-        self.items.append(request)
-        if len(self.items) == 1:
-            call.conn.loop.call_soon(self.flush)
-        return call
-
-    def flush(self) -> None:
-        items, self.items = self.items, []
-        if items:
-            self.engine.post(items)
 
 
 class WsConnection(asyncio.Protocol):

@@ -14,12 +14,12 @@ import threading
 import time
 from typing import Any
 
-from turnpool.backends.process import sigint_blocked
 from turnpool.serve.engine import ServeSettings
 from turnpool.serve.fronts.placement import LoadBoard
 from turnpool.serve.fronts.process import run_front
 from turnpool.serve.fronts.spec import FrontSpec, front_settings, reuse_port_socket
 from turnpool.serve.running import check_bind
+from turnpool.worker.children import sigint_blocked
 
 log = logging.getLogger(__name__)
 
