@@ -41,6 +41,10 @@ def unmask(data: bytes, mask: bytes) -> bytes:
     return (int.from_bytes(data, "big") ^ key).to_bytes(n, "big")
 
 
+#: `unmask` without its dispatch, for the one-frame path of every served step
+_unmask = _apply_mask if _apply_mask is not None else unmask
+
+
 _HEAD16 = struct.Struct("!BBH").pack
 _HEAD64 = struct.Struct("!BBQ").pack
 
@@ -90,9 +94,7 @@ class FrameDecoder:
             b0, b1 = data[0], data[1]
             if b1 & 0x80 and (b1 & 0x7F) == n - 6 < 126 and not b0 & 0x70 and \
                     n - 6 <= self.max_bytes:
-                payload = _apply_mask(data[6:], data[2:6]) if _apply_mask is not None \
-                    else unmask(data[6:], data[2:6])
-                return [(b0 >= 0x80, b0 & 0x0F, payload)]
+                return [(b0 >= 0x80, b0 & 0x0F, _unmask(data[6:], data[2:6]))]
         buf = self.buf + data if self.buf else data
         out: list[tuple[bool, int, bytes]] = []
         i, n = 0, len(buf)
