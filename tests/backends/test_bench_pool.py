@@ -12,6 +12,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_bench_pool_quick_writes_json_and_png(tmp_path: Path) -> None:
+    from turnpool.backends.base import one_per_core
     from turnpool.bench.pool import command
 
     out, png = tmp_path / "pool.json", tmp_path / "pool.png"
@@ -26,6 +27,10 @@ def test_bench_pool_quick_writes_json_and_png(tmp_path: Path) -> None:
             row = rows[(env, backend, 8)]
             assert row["error"] is None and row["batch_s"] > 0 and row["steps"] >= 2
     assert rows[("trivial", "auto", 8)]["active_backend"] == "auto->sequential"
+    # the floor row (the same envs over bare pipes) on the trivial env only
+    floor = rows[("trivial", "bare_pipes", 8)]
+    assert floor["error"] is None and floor["batch_s"] > 0 and floor["workers"] == one_per_core(8)
+    assert ("sleep", "bare_pipes", 8) not in rows
     # the CPU the pool's processes spent per env-step is measured, not just wall time
     assert rows[("trivial", "sequential", 8)]["cpu_us_per_env_step"] > 0
     assert rows[("trivial", "process_pool", 8)]["cpu_us_per_env_step"] > 0

@@ -11,7 +11,10 @@ The table answers one question per env kind, each against the in-process loop:
 
 gymnasium's ``AsyncVectorEnv`` (one process per env, ``shared_memory=False`` because its
 shared-memory path returns stale text observations) runs the same envs through an adapter as
-the external reference column. Ray is measured last so that no process is forked after Ray's
+the external reference column. The ``bare_pipes`` row (trivial and cpu envs) is the floor
+under any process pool here: the process backend's envs, workers and pickled pipes with none
+of the pool's safety (`turnpool.bench.pool_floor`); a goal below it cannot be reached by
+trimming the pool. Ray is measured last so that no process is forked after Ray's
 threads exist.
 
 Every row records the CPU its own process tree spent per pool step (``cpu_s``; printed as µs
@@ -59,6 +62,7 @@ from turnpool.bench.harness import (
 from turnpool.bench.pool_measure import (
     ALL_ENVS,
     BENCH_BACKENDS,
+    FLOOR,
     GYM,
     RAY2,
     THREAD16,
@@ -67,6 +71,7 @@ from turnpool.bench.pool_measure import (
     Row,
     Settings,
     env_cases,
+    measure_floor,
     measure_gym,
     measure_pool,
     measure_sokoban_turn,
@@ -102,6 +107,8 @@ def _plan(settings: Settings, cases: Sequence[EnvCase]) -> list[Step]:
                 if (settings.gym and n <= settings.gym_max_n
                         and (settings.gym_envs is None or case.name in settings.gym_envs)):
                     plan.append(Step(case, GYM, GYM, n))
+                if case.name in settings.floor_envs:
+                    plan.append(Step(case, FLOOR, FLOOR, n))
                 if settings.thread16 and case.name == "sleep":
                     plan.append(Step(case, THREAD16, "thread", n, 16))
         if (ray_pass and not settings.quick and "ray" in settings.backends
@@ -152,6 +159,8 @@ def _measure_step(step: Step, settings: Settings, text: str) -> Row:
         try:
             if step.backend == GYM:
                 row = measure_gym(step.case, step.n, settings)
+            elif step.backend == FLOOR:
+                row = measure_floor(step.case, step.n, settings)
             else:
                 row = measure_pool(step.case, step.backend, step.n, settings, step.workers)
             row.backend = step.label
@@ -203,7 +212,7 @@ def summarize(report: dict) -> dict[str, Any]:
         for n in sizes:
             auto = idx.get((env, "auto", n))
             others = [r["batch_s"] for (e, b, m), r in idx.items()
-                      if e == env and m == n and b not in ("auto", GYM, THREAD16, RAY2)]
+                      if e == env and m == n and b not in ("auto", GYM, THREAD16, RAY2, FLOOR)]
             if auto and others:
                 auto_ratio.setdefault(env, {})[n] = auto["batch_s"] / min(others)
 
@@ -247,7 +256,9 @@ def summarize(report: dict) -> dict[str, Any]:
              sk["reset_ms"] <= 15)
         goal("128 sokoban envs one turn (in-process)", "<= 5 ms", sk["turn_ms"],
              sk["turn_ms"] <= 5)
-    return {"speedup": speedup, "auto_ratio": auto_ratio, "goals": goals}
+    floor = {n: (us("process", n), us(FLOOR, n)) for n in sizes
+             if us("process", n) is not None and us(FLOOR, n) is not None}
+    return {"speedup": speedup, "auto_ratio": auto_ratio, "goals": goals, "floor": floor}
 
 
 def first_steps_speedup(idx: dict, backend: str, n: int) -> float | None:
@@ -266,7 +277,7 @@ _TITLES = {
     "sokoban": "sokoban (6x6, 1 box): ms per turn of the whole batch",
 }
 _LABELS = {THREAD16: "thread, 16 threads", RAY2: "ray, 2 actors",
-           GYM: "gymnasium AsyncVectorEnv"}
+           GYM: "gymnasium AsyncVectorEnv", FLOOR: "bare pipes (floor: no safety)"}
 
 
 def _cell(report: dict, idx: dict, env: str, backend: str, n: int) -> str:
@@ -299,7 +310,7 @@ def render(report: dict) -> list[Any]:
         table.add_column("workers", justify="right")
         for n in sizes:
             table.add_column(f"N={n}", justify="right")
-        for backend in (*BENCH_BACKENDS, THREAD16, RAY2, GYM):
+        for backend in (*BENCH_BACKENDS, THREAD16, RAY2, FLOOR, GYM):
             mine = [r for r in rows if r["backend"] == backend]
             if not mine or all(r["n"] not in sizes for r in mine):
                 continue
@@ -318,12 +329,18 @@ def render(report: dict) -> list[Any]:
         "goals (measured on a shared machine: noisy)", ["goal", "target", "measured", "met"],
         [[g["goal"], g["target"], f"{g['measured']:.2f}", "yes" if g["met"] else "no"]
          for g in measured], right=["measured"]))
-    first = {b: first_steps_speedup(idx, b, sizes[0]) for b in BENCH_BACKENDS
+    first = {b: first_steps_speedup(idx, b, sizes[0]) for b in (*BENCH_BACKENDS, FLOOR)
              if b != "sequential"}
     if any(v is not None for v in first.values()):
         out.append(f"cpu env, first {report['settings']['first_steps']} steps after start, "
                    f"N={sizes[0]}: speedup " + ", ".join(f"{b} {v:.2f}x"
                                                         for b, v in first.items() if v))
+    floor = report["summary"].get("floor") or {}
+    if floor:
+        out.append("trivial env, process backend / its floor (the same envs, workers and "
+                   "pickled pipes with none of the pool's safety), µs per env-step: " +
+                   "; ".join(f"N={n} {p:.2f} / {f:.2f} ({p / f:.2f}x)"
+                             for n, (p, f) in floor.items()))
     cpu = [(r["backend"], r["n"], r.get("cpu_us_per_env_step")) for r in report["rows"]
            if r["env"] == "trivial" and r.get("cpu_us_per_env_step") is not None]
     if cpu:
@@ -429,13 +446,16 @@ def _csv(kind: type, choices: Sequence[Any] | None = None) -> Callable[..., Any]
 @click.option("--wait-quiet", type=float, default=0.0, show_default=True,
               help="Seconds to wait, before each row, for the machine to be that quiet.")
 @click.option("--no-gym", is_flag=True, help="Skip the gymnasium AsyncVectorEnv column.")
+@click.option("--no-floor", is_flag=True,
+              help="Skip the bare-pipes floor row (trivial and cpu envs).")
 @click.option("--gym-max-n", type=int, default=256,
               help="Largest N for AsyncVectorEnv (it starts one process per env).")
 def command(json_path: Path | None, plot_path: Path | None, mode: str,
             backends: tuple[str, ...] | None, envs: tuple[str, ...] | None,
             sizes: tuple[int, ...] | None, workers: int | None, mp_context: str | None,
             min_time: float | None, repeats: int | None, retries: int | None,
-            max_other_load: float, wait_quiet: float, no_gym: bool, gym_max_n: int) -> None:
+            max_other_load: float, wait_quiet: float, no_gym: bool, no_floor: bool,
+            gym_max_n: int) -> None:
     """Every pool backend on trivial / cpu / sleep / sokoban envs (quick: N=8).
 
     \b
@@ -449,6 +469,8 @@ def command(json_path: Path | None, plot_path: Path | None, mode: str,
     settings = Settings(workers=workers, mp_context=mp_context, gym=not no_gym,
                         gym_max_n=gym_max_n, quick=quick, max_other_load=max_other_load,
                         wait_quiet_s=wait_quiet)
+    if no_floor:
+        settings.floor_envs = ()
     if quick:
         settings.sizes, settings.min_time_s, settings.repeats, settings.warmup = (8,), 0.1, 3, 1
         settings.thread16, settings.retries, settings.sokoban_turn = False, 0, False

@@ -26,6 +26,8 @@ BENCH_BACKENDS = tuple(BACKENDS)  # every registered backend, ray included
 ALL_ENVS = ("trivial", "cpu", "sleep", "sokoban")
 ALL_SIZES = (8, 64, 256)
 GYM = "gym_async"
+#: the floor row: the same envs over bare pipes (`turnpool.bench.pool_floor`)
+FLOOR = "bare_pipes"
 THREAD16 = "thread16"
 RAY2 = "ray_2actors"
 # Episodes long enough that no synthetic env finishes while it is being timed.
@@ -46,6 +48,8 @@ class Settings:
     #: env kinds that get the AsyncVectorEnv column (None: all)
     gym_envs: tuple[str, ...] | None = None
     thread16: bool = True
+    #: the ``bare_pipes`` floor row on these env kinds (empty: none)
+    floor_envs: tuple[str, ...] = ("trivial", "cpu")
     min_time_s: float = 0.3
     repeats: int = 3
     warmup: int = 3
@@ -364,6 +368,24 @@ def measure_gym(case: EnvCase, n: int, settings: Settings) -> Row:
         venv.close(terminate=True)
     return Row(case.name, GYM, n, median, best, steps, n, "AsyncVectorEnv", other,
                first_s=first, cpu_s=cpu)
+
+
+# ------------------------------------------------------------------------ the floor
+def measure_floor(case: EnvCase, n: int, settings: Settings) -> Row:
+    """`turnpool.bench.pool_floor.BarePipes` over ``n`` envs on as many workers as the
+    ``process`` backend would use."""
+    from turnpool.backends.base import one_per_core
+    from turnpool.bench.pool_floor import BarePipes
+
+    floor = BarePipes(case.env_type, case.kwargs, n,
+                      settings.workers if settings.workers else one_per_core(n))
+    try:
+        median, best, steps, other, first, cpu = _time_loop(
+            floor.reset, floor.step, case, n, settings)
+    finally:
+        floor.close()
+    return Row(case.name, FLOOR, n, median, best, steps, floor.num_workers,
+               "bare pipes", other, first_s=first, cpu_s=cpu)
 
 
 # ------------------------------------------------------------------ sokoban in-process
