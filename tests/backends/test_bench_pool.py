@@ -35,6 +35,9 @@ def test_bench_pool_quick_writes_json_and_png(tmp_path: Path) -> None:
     assert rows[("trivial", "sequential", 8)]["cpu_us_per_env_step"] > 0
     assert rows[("trivial", "process_pool", 8)]["cpu_us_per_env_step"] > 0
     assert "CPU of the caller and its workers per env-step" in result.output
+    # the machine's speed before and after, to read the absolute µs against
+    assert all(v > 0 for v in report["machine"]["python_ns_per_iter"])
+    assert "pure-Python speed of this machine" in result.output
     assert report["summary"]["speedup"]["sleep"]["thread"]["8"] > 0
     assert {g["goal"] for g in report["summary"]["goals"]} >= {
         "auto / best backend, worst env and N"}

@@ -42,6 +42,8 @@ def test_bench_serve_compares_both_servers_interleaved(tmp_path: Path) -> None:
     assert {k: h["held"] for k, h in report["holds"].items()} == {"openenv": 16, "turnpool": 16}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "x openenv" in res.output and "sessions held" in res.output
+    assert len(report["machine"]["python_ns_per_iter"]) == 2
+    assert "pure-Python speed of this machine" in res.output
 
 
 def test_bench_serve_drives_a_running_server_by_url(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import platform
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +44,35 @@ def machine_info(**extra: Any) -> dict[str, Any]:
     """Where a report was measured: cores, Python, platform, plus ``extra`` fields."""
     return {"cpu_count": os.cpu_count(), "python": platform.python_version(),
             "platform": platform.platform(), **extra}
+
+
+def python_speed(iterations: int = 100_000, repeats: int = 3) -> float:
+    """This machine's pure-Python speed now: CPU nanoseconds per iteration of a fixed loop
+    (the ``cpu`` env's arithmetic), best of ``repeats``; ~50 ms.
+
+    A shared or virtual machine's speed moves by tens of percent within minutes, and every
+    absolute µs in a report moves with it; benches with µs goals record this before and
+    after their run (`speed_text`), so a number can be read against the speed it was taken
+    at. Side-by-side ratios need no such help.
+    """
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.thread_time_ns()
+        acc = 0
+        for i in range(iterations):
+            acc = (acc + i * i) % 1_000_003
+        best = min(best, time.thread_time_ns() - t0)
+    return best / iterations
+
+
+def speed_text(machine: dict[str, Any]) -> str | None:
+    """The report line for ``machine["python_ns_per_iter"]`` (`python_speed` before, after)."""
+    speed = machine.get("python_ns_per_iter")
+    if not speed:
+        return None
+    return ("pure-Python speed of this machine (a fixed loop, CPU ns per iteration, before / "
+            "after the run; absolute µs scale with it): " +
+            " / ".join(f"{v:.0f}" for v in speed))
 
 
 def json_option(help: str) -> Callable[[F], F]:

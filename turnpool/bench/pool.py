@@ -21,7 +21,9 @@ Every row records the CPU its own process tree spent per pool step (``cpu_s``; p
 per env-step for the trivial rows, the steadier number on a shared machine) and how much CPU
 other processes used while it was timed (``other_load``); a row disturbed beyond
 ``--max-other-load`` is measured again (``--retries``) and the least disturbed attempt is
-kept, and ``--wait-quiet`` waits for a quiet machine before each row.
+kept, and ``--wait-quiet`` waits for a quiet machine before each row. The report also records
+the machine's pure-Python speed before and after the run (`turnpool.bench.harness
+.python_speed`): the absolute µs move with it, the side-by-side ratios do not.
 
 The default run is the quick one (under a minute): every backend but Ray at N = 8 (the
 AsyncVectorEnv column on the trivial and cpu envs only), each timed right after its pool has
@@ -56,6 +58,8 @@ from turnpool.bench.harness import (
     machine_info,
     measure_and_print,
     plot_option,
+    python_speed,
+    speed_text,
     start,
     write_outputs,
 )
@@ -121,6 +125,7 @@ def _plan(settings: Settings, cases: Sequence[EnvCase]) -> list[Step]:
 def run_benchmark(settings: Settings, progress: Callable[..., None] | None = None) -> dict:
     """Run every configuration and return the report (what ``--json`` writes)."""
     started = time.time()
+    speed_before = python_speed()
     cases = env_cases(settings)
     rows: list[Row] = []
     ray_started_here = False
@@ -139,7 +144,8 @@ def run_benchmark(settings: Settings, progress: Callable[..., None] | None = Non
     if ray_started_here:
         _ray_shutdown()
     report = {
-        "machine": machine_info(processor=platform.processor()),
+        "machine": machine_info(processor=platform.processor(),
+                                python_ns_per_iter=[speed_before, python_speed()]),
         "settings": asdict(settings),
         "env_kwargs": {c.name: c.kwargs for c in cases},
         "rows": [{**asdict(r), "us_per_env_step": r.us_per_env_step,
@@ -347,6 +353,9 @@ def render(report: dict) -> list[Any]:
         out.append("trivial env, CPU of the caller and its workers per env-step (µs; steadier "
                    "than wall time when others load the machine): " + "; ".join(
                        f"{b} N={n} {v:.2f}" for b, n, v in cpu))
+    speed = speed_text(report["machine"])
+    if speed:
+        out.append(speed)
     ratio = report["summary"]["auto_ratio"]
     if ratio:
         out.append("auto / best backend: " + "; ".join(

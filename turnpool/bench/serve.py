@@ -17,7 +17,9 @@ load level ``--pairs`` rounds each give every server one window, in alternating 
 A, A B, ...), so a change in the machine's load between windows falls on both. Each window
 records the machine's 1-minute load and the share of CPU the servers and the client did not
 use (``other_busy``); the report gives, per level, the median and the spread of the per-pair
-ratio (turnpool over OpenEnv, steps/s and p99).
+ratio (turnpool over OpenEnv, steps/s and p99), and the machine's pure-Python speed before and
+after the run (`turnpool.bench.harness.python_speed`), against which to read the absolute
+CPU µs per step.
 
 Then each server is asked to hold as many sessions as it can, up to ``--hold``: the client
 opens them, resets each and steps each once, all kept open; "held" counts the sessions whose
@@ -48,6 +50,8 @@ from turnpool.bench.harness import (
     machine_info,
     measure_and_print,
     plot_option,
+    python_speed,
+    speed_text,
     start,
     write_outputs,
 )
@@ -251,6 +255,7 @@ def run(levels: list[int], hold: int, warmup: float, seconds: float,
     holds: dict[str, dict[str, Any]] = {}
     capacity = max([hold, *levels])
     running: dict[str, ServerProcess | RunningServer] = {}
+    speed_before = python_speed()
     try:
         for kind in servers:
             if kind in urls:
@@ -290,7 +295,9 @@ def run(levels: list[int], hold: int, warmup: float, seconds: float,
             "clients": clients, "client": client,
             "rows": rows,
             "summary": summarize(rows, levels), "holds": holds,
-            "external": sorted(urls), "machine": machine_info(loadavg_1m_at_end=load)}
+            "external": sorted(urls),
+            "machine": machine_info(loadavg_1m_at_end=load,
+                                    python_ns_per_iter=[speed_before, python_speed()])}
 
 
 def render(report: dict[str, Any]) -> list[Any]:
@@ -356,6 +363,9 @@ def render(report: dict[str, Any]) -> list[Any]:
                "reference server at the same load; cpu us/step: CPU time of the server process "
                "and its workers per step served (reads the same on a busy machine, unlike "
                "steps/s); RSS: server process + its children.")
+    speed = speed_text(report["machine"])
+    if speed:
+        out.append(speed)
     return out
 
 
