@@ -122,9 +122,11 @@ def test_bench_pool_fits_80_columns_and_reports_progress(tmp_path: Path) -> None
     lines = _lines(res.stdout)
     assert max(len(line) for line in lines) <= 80 and "…" not in res.stdout
     assert "measured" in res.stdout and "process trivial overhead N=8" in res.stdout
-    # not a terminal: one progress line per configuration on stderr
-    assert "[0/2] measuring trivial sequential N=8" in res.stderr
-    assert "[1/2] measuring trivial process N=8" in res.stderr
+    # not a terminal: one progress line per configuration on stderr (the floor row last)
+    assert "[0/3] measuring trivial sequential N=8" in res.stderr
+    assert "[1/3] measuring trivial process N=8" in res.stderr
+    assert "[2/3] measuring trivial bare_pipes N=8" in res.stderr
+    assert "process backend / its floor" in res.stdout
 
 
 # --------------------------------------------------------------------------- CLI sugar
