@@ -9,14 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from turnpool.bench.harness import speed_text
-from turnpool.bench.pool_measure import (
-    ALL_ENVS,
-    BENCH_BACKENDS,
-    FLOOR,
-    GYM,
-    RAY2,
-    THREAD16,
-)
+from turnpool.bench.pool_measure import ALL_ENVS, BENCH_BACKENDS, FLOOR, GYM, RAY2, THREAD16
 from turnpool.cli.layout import make_table
 
 
