@@ -4,9 +4,12 @@ the same envs, answers and lists, so comparing the two rows compares only the ma
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
+from tests.faults import GONE_S, gone, wait_gone
 from turnpool.bench.pool_floor import BarePipes
 from turnpool.pool import EnvPool
 
@@ -36,3 +39,23 @@ def test_bare_pipes_steps_the_envs_as_the_pool_does() -> None:
     for pid in pids:  # no worker left behind
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_bare_pipes_workers_go_when_their_parent_is_killed() -> None:
+    # a forked worker holds its own pipe's write end, so no EOF comes: it must die with its
+    # owner on its own (no orphans)
+    script = ("from turnpool.bench.pool_floor import BarePipes\n"
+              "f = BarePipes('trivial', {}, num_envs=6, num_workers=3)\n"
+              "f.reset()\n"
+              "print(' '.join(str(p.pid) for p in f._procs), flush=True)\n"
+              "input()\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 3 and not any(gone(p) for p in pids)
+    finally:
+        parent.kill()
+        parent.wait(GONE_S)
+    assert wait_gone(pids, GONE_S) == []

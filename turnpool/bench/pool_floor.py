@@ -28,6 +28,7 @@ from typing import Any
 
 from turnpool.envs.registry import make
 from turnpool.worker.build import split_evenly
+from turnpool.worker.transport import watch_parent
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 #: Seconds `BarePipes.close` waits for a worker to exit before killing it.
@@ -36,9 +37,14 @@ _JOIN_S = 2.0
 
 def _serve(inbox: multiprocessing.connection.Connection,
            outbox: multiprocessing.connection.Connection,
-           env_type: str, kwargs: dict[str, Any], seeds: list[int]) -> None:
-    """A bare worker: reset / step its envs until the pipe closes or ``None`` arrives."""
+           env_type: str, kwargs: dict[str, Any], seeds: list[int], owner: int) -> None:
+    """A bare worker: reset / step its envs until ``None`` arrives or its owner is gone.
+
+    A forked worker holds its own request pipe's write end (and its elder siblings'), so the
+    pipe never reads EOF when the owner dies: it dies with its owner instead (`watch_parent`,
+    a thread that sleeps between checks; nothing on the step path)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the benchmark's to handle
+    watch_parent(owner, die_with_parent=True)
     envs = [make(env_type, **kwargs) for _ in seeds]
     while True:
         try:
@@ -71,7 +77,8 @@ class BarePipes:
             req_r, req_w = ctx.Pipe(duplex=False)
             rep_r, rep_w = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_serve, name="turnpool-bare-pipes", daemon=True,
-                               args=(req_r, rep_w, env_type, kwargs, list(range(lo, hi))))
+                               args=(req_r, rep_w, env_type, kwargs, list(range(lo, hi)),
+                                     os.getpid()))
             proc.start()
             req_r.close()
             rep_w.close()
