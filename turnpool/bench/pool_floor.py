@@ -28,9 +28,8 @@ from typing import Any
 
 from turnpool.envs.registry import make
 from turnpool.worker.build import split_evenly
-from turnpool.worker.transport import watch_parent
+from turnpool.worker.transport import PROTOCOL, watch_parent
 
-PROTOCOL = pickle.HIGHEST_PROTOCOL
 #: Seconds `BarePipes.close` waits for a worker to exit before killing it.
 _JOIN_S = 2.0
 
